@@ -1,0 +1,50 @@
+"""Shared fixtures: small scenarios that run in well under a second."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from wirelessfl.scenario.loader import scenario_from_document
+
+SMALL = {
+    "name": "small",
+    "seed": 3,
+    "channel": "seed002-cell",
+    "energy": "seed002-accelerator",
+    "population": {"num_devices": 8},
+    "data": {"name": "digits"},
+    "model": {"name": "logistic"},
+    "quantization_bits": 16,
+    "target_accuracy": 0.5,
+    "algorithms": [
+        {"name": "dzofl", "rounds": 30, "eval_every": 10},
+        {"name": "fedsgd", "rounds": 6, "eval_every": 2, "lr": 0.5},
+        {"name": "fedavg", "rounds": 4, "eval_every": 2, "local_steps": 3},
+    ],
+}
+
+
+def small_doc(**changes) -> dict:
+    """A copy of the small scenario document with top-level keys replaced."""
+    doc = copy.deepcopy(SMALL)
+    doc.update(copy.deepcopy(changes))
+    return doc
+
+
+def small_scenario(overrides=(), **changes):
+    return scenario_from_document(small_doc(**changes), "small.yaml", list(overrides))
+
+
+@pytest.fixture
+def scenario_file(tmp_path):
+    """Write a scenario document to a YAML file and return its path."""
+    import yaml
+
+    def write(doc, name="scenario.yaml"):
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(doc, sort_keys=False) if not isinstance(doc, str) else doc)
+        return path
+
+    return write

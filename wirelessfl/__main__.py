@@ -1,0 +1,5 @@
+import sys
+
+from wirelessfl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,93 @@
+"""The algorithm base class, its typed parameters, and the registry of algorithm names.
+
+An algorithm is the base station's SimPy process. The base owns the round loop (template method):
+``setup`` once, then ``round(k)`` for k = 0..rounds-1, with evaluation and bookkeeping between
+rounds done by the run context. A subclass writes ``round`` like its pseudocode: compute with the
+batched evaluator, ``yield from net.collect(...)`` / ``net.broadcast(...)``, then update using only
+what was delivered.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from wirelessfl.errors import UserError
+
+if TYPE_CHECKING:
+    from wirelessfl.engine.context import RunContext
+
+
+class AlgorithmParams(BaseModel):
+    """Parameters every algorithm has; subclasses add their own (unknown keys are rejected)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    label: str | None = Field(None, description="name shown in tables and plots (default: name)")
+    rounds: int = Field(100, gt=0, description="communication rounds (DZOFL: iterations)")
+    batch_size: int = Field(10, gt=0, description="minibatch size per device per pass")
+    eval_every: int = Field(10, gt=0, description="evaluate the global model every this many rounds")
+    bits: int | None = Field(None, ge=1, le=32,
+                             description="M, bits per transmitted value (default: quantization_bits)")
+
+    @property
+    def display_name(self) -> str:
+        return self.label or self.name
+
+
+class Algorithm:
+    """Base station process of one federated algorithm; subclasses define Params and round()."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
+    summary: ClassVar[str] = ""
+
+    def __init__(self, params: AlgorithmParams, ctx: RunContext):
+        self.params = params
+        self.ctx = ctx
+        self.bits = int(params.bits)
+        self.theta: torch.Tensor = ctx.theta0.clone()
+
+    def setup(self) -> None:
+        """Per-run state beyond theta (control variates, momenta, ...)."""
+
+    def round(self, k: int):
+        """One round as a generator of SimPy events; updates ``self.theta``."""
+        raise NotImplementedError
+
+    def process(self):
+        """The base station's process: the round loop, with evaluation between rounds."""
+        self.setup()
+        self.ctx.end_round(0, self.theta)
+        for k in range(self.params.rounds):
+            yield from self.round(k)
+            self.ctx.end_round(k + 1, self.theta)
+
+
+REGISTRY: dict[str, type[Algorithm]] = {}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator adding an algorithm under its ``name``."""
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def algorithm_class(name: str, where: str = "algorithms[].name") -> type[Algorithm]:
+    """Look a name up, with a did-you-mean suggestion on a miss."""
+    _load_builtin_algorithms()
+    if name in REGISTRY:
+        return REGISTRY[name]
+    close = difflib.get_close_matches(name, REGISTRY, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    raise UserError(f"{where}: unknown algorithm '{name}'; {hint}"
+                    f"choose one of: {', '.join(sorted(REGISTRY))}")
+
+
+def _load_builtin_algorithms() -> None:
+    # Importing the modules runs their @register decorators.
+    from wirelessfl.algorithms import dzofl, fedavg  # noqa: F401

@@ -1,0 +1,93 @@
+"""DZOFL: digital zeroth-order federated learning (seed 002, Algorithm 1; spec dzofl.md, sec. 2).
+
+Iteration k, with a perturbation Phi_k shared by all devices:
+    device i:  Delta f_i = f_i(theta_k + gamma_k Phi_k; xi_i) - f_i(theta_k - gamma_k Phi_k; xi_i)
+               uploads Q(Delta f_i), one M-bit scalar
+    server:    Delta f_k = (N / |S_k|) sum_{i in S_k} Q(Delta f_i)   (0 if S_k is empty)
+               broadcasts Q(Delta f_k), one M-bit scalar
+    all:       theta_{k+1} = theta_k - alpha_k Phi_k Q(Delta f_k)
+with alpha_k = alpha_0 (1+k)^-v1, gamma_k = gamma_0 (1+k)^-v2 and Phi_k Rademacher +-1/sqrt(d).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field, model_validator
+
+from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
+from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.learning.quantize import quantize_scalars
+from wirelessfl.learning.seeds import keyed_generator
+
+
+class DZOFLParams(AlgorithmParams):
+    alpha0: float = Field(2.0, gt=0, description="alpha_0, step size scale")
+    gamma0: float = Field(0.05, gt=0, description="gamma_0, perturbation radius scale")
+    v1: float = Field(0.26, ge=0, description="alpha_k decay exponent")
+    v2: float = Field(0.26, ge=0, description="gamma_k decay exponent")
+    scalar_range: float = Field(
+        1.0, gt=0, description="uplink quantiser range [-r, r]; the broadcast uses [-N r, N r]")
+    check_schedule: bool = Field(
+        True, description="enforce the paper's step-size conditions on v1, v2 (seed 002, Thm. 1)")
+
+    @model_validator(mode="after")
+    def _paper_conditions(self):
+        v1, v2 = self.v1, self.v2
+        if self.check_schedule and not (v1 + v2 <= 1 and v1 + 3 * v2 > 1 and v1 + v2 > 0.5):
+            raise ValueError(
+                f"v1={v1}, v2={v2} break seed 002's conditions 0 < v1+v2 <= 1, v1+3 v2 > 1, "
+                "v1+v2 > 0.5 (e.g. v1 = v2 = 0.26); set check_schedule: false to run anyway")
+        return self
+
+
+def aggregate_delivered(q_up: torch.Tensor, delivered: torch.Tensor) -> torch.Tensor | None:
+    """Delta f_k = (N / |S_k|) sum_{i in S_k} Q(Delta f_i); None when S_k is empty.
+
+    Only entries of delivered devices are read: a lost packet cannot reach the aggregate.
+    """
+    received = int(delivered.sum())
+    if not received:
+        return None
+    return (q_up.numel() / received) * q_up[delivered].sum()
+
+
+@register
+class DZOFL(Algorithm):
+    name = "dzofl"
+    Params = DZOFLParams
+    summary = "seed 002: two-point zeroth-order FL, one quantised scalar up and down per iteration"
+
+    def setup(self) -> None:
+        self.saturated = 0  # quantised values that hit the grid's ends (reported)
+
+    def perturbation(self, k: int) -> torch.Tensor:
+        """Phi_k, Rademacher +-1/sqrt(d), regenerated from (seed, k) on every call: never stored."""
+        d = self.theta.numel()
+        gen = keyed_generator(self.ctx.seed, "dzofl-phi", k)
+        signs = torch.randint(0, 2, (d,), generator=gen, dtype=torch.int8).float() * 2 - 1
+        return (signs / d**0.5).to(self.theta.device)
+
+    def round(self, k: int):
+        p, ctx = self.params, self.ctx
+        n = ctx.num_devices
+        alpha = p.alpha0 * (1 + k) ** (-p.v1)
+        gamma = p.gamma0 * (1 + k) ** (-p.v2)
+        phi = self.perturbation(k)
+        idx = ctx.evaluator.sample(keyed_generator(ctx.seed, "batch", k), p.batch_size)[0]
+        diff = (ctx.evaluator.device_losses(self.theta + gamma * phi, idx)
+                - ctx.evaluator.device_losses(self.theta - gamma * phi, idx))
+        q_up, sat_up = quantize_scalars(diff, self.bits, p.scalar_range,
+                                        keyed_generator(ctx.seed, "dzofl-up", k))
+
+        scalar = Payload.scalar(self.bits)
+        result = yield from ctx.net.collect(Cost(forward_passes=2, batch_size=p.batch_size), scalar)
+        delivered = torch.as_tensor(result.delivered, device=q_up.device)
+        self.saturated += int(sat_up[delivered].sum())
+        aggregate = aggregate_delivered(q_up, delivered)
+        yield from ctx.net.broadcast(scalar)
+        if aggregate is None:  # S_k empty: the model stays as it is
+            return
+        q_down, sat_down = quantize_scalars(aggregate.reshape(1), self.bits, n * p.scalar_range,
+                                            keyed_generator(ctx.seed, "dzofl-down", k))
+        self.saturated += int(sat_down.sum())
+        self.theta = self.theta - alpha * phi * q_down[0]

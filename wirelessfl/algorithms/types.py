@@ -1,0 +1,59 @@
+"""What crosses the air (Payload) and what a device computes (Cost): the algorithm <-> engine contract.
+
+An algorithm declares sizes and work explicitly; the engine's radio and energy models turn them
+into seconds and joules, so every algorithm is costed by the same code (DESIGN.md, section 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# A vector quantised with a per-vector scale carries that scale as one float32 header.
+VECTOR_SCALE_HEADER_BITS = 32
+
+
+@dataclass(frozen=True)
+class Payload:
+    """One packet per device: ``values`` numbers of ``bits_per_value`` bits plus ``header_bits``."""
+
+    values: int
+    bits_per_value: int
+    header_bits: int = 0
+    label: str = ""
+
+    @property
+    def bits(self) -> int:
+        """Packet size [bit] before the link layer's own header."""
+        return self.values * self.bits_per_value + self.header_bits
+
+    @classmethod
+    def scalar(cls, bits_per_value: int, count: int = 1, label: str = "scalar") -> Payload:
+        """``count`` quantised scalars (DZOFL's upload and broadcast)."""
+        return cls(values=count, bits_per_value=bits_per_value, label=label)
+
+    @classmethod
+    def vectors(cls, length: int, bits_per_value: int, count: int = 1, label: str = "vector") -> Payload:
+        """``count`` vectors of ``length`` values; below 32 bits each carries its scale header."""
+        header = VECTOR_SCALE_HEADER_BITS * count if bits_per_value < 32 else 0
+        return cls(values=length * count, bits_per_value=bits_per_value, header_bits=header, label=label)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Local work of one device step: passes over a minibatch of ``batch_size`` samples.
+
+    ``forward_passes`` and ``backward_passes`` are scalars (same for every device) or arrays of
+    length N (per-device counts, e.g. heterogeneous local steps).
+    """
+
+    forward_passes: int | np.ndarray = 0
+    backward_passes: int | np.ndarray = 0
+    batch_size: int = 1
+
+    def per_device(self, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward pass counts as float arrays of length N."""
+        fwd = np.broadcast_to(np.asarray(self.forward_passes, dtype=float), (num_devices,))
+        bwd = np.broadcast_to(np.asarray(self.backward_passes, dtype=float), (num_devices,))
+        return fwd, bwd

@@ -1,0 +1,279 @@
+"""The command line: run, validate, report, list, profile, energy.
+
+Bad input ends in one ``error: ...`` line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from wirelessfl.errors import UserError
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+# Input shape and classes used by `wirelessfl profile` for each zoo model (the datasets they
+# are meant for: seed-002 CNN on 28x28 binary images, MLP/logistic on 8x8 digits).
+PROFILE_DEFAULTS = {"seed002-cnn": ((1, 28, 28), 2), "mlp": ((64,), 10), "logistic": ((64,), 10)}
+
+
+def _cmd_run(args) -> int:
+    from tqdm import tqdm
+
+    from wirelessfl.engine.build import build_world
+    from wirelessfl.engine.simulation import run_algorithm
+    from wirelessfl.report.plots import draw_report
+    from wirelessfl.results.records import RunWriter, read_run
+    from wirelessfl.results.summary import format_summary, summarize
+    from wirelessfl.scenario.loader import load_scenario, resolved_document
+
+    scenario = load_scenario(args.scenario, args.set or [])
+    world = build_world(scenario)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
+    writer = RunWriter(out, resolved_document(scenario), scenario.seed,
+                       extra={"model": _model_facts(world)})
+    print(f"{scenario.name}: {world.num_devices} devices, model {scenario.model.name} "
+          f"(d = {world.flat.d:,}), dataset {scenario.data.name}; results -> {out}",
+          file=sys.stderr)
+    total = sum(p.rounds for p in scenario.algorithms)
+    bar = tqdm(total=total, unit="round", disable=args.quiet, file=sys.stderr,
+               dynamic_ncols=True)
+    status = "complete"
+    try:
+        for params in scenario.algorithms:
+            bar.set_description(params.display_name)
+            run = run_algorithm(world, params, on_round=bar.update)
+            info = {"status": run.status, "message": run.message,
+                    "params": params.model_dump(mode="json"), **run.extra}
+            writer.add(run.label, run.rows, run.device_rows(world), info)
+            if run.status != "complete":
+                status = "partial"
+                tqdm.write(f"warning: {run.message}; the other algorithms continue", sys.stderr)
+    except KeyboardInterrupt:
+        bar.close()
+        writer.finish("interrupted")
+        print(f"interrupted: results recorded so far are in {out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    bar.close()
+    writer.finish(status)
+    record = read_run(out)
+    table = summarize(record.rounds, scenario.target_accuracy, world.num_devices)
+    table.to_csv(out / "summary.csv", index=False)
+    print(format_summary(table, scenario.target_accuracy))
+    if not args.no_report:
+        for path in draw_report(record):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _model_facts(world) -> dict:
+    """What the manifest records about the model and the per-pass energy it implies."""
+    prof = world.model_profile
+    facts = {"d": world.flat.d, "macs_per_sample": prof.macs_per_sample,
+             "activations_per_sample": prof.activations_per_sample,
+             "input_size": prof.input_size, "downlink_rate_bps": float(world.downlink().rate_bps)}
+    for p in world.scenario.algorithms:
+        cm = world.compute_model(p.bits)
+        facts.setdefault("per_pass", {})[p.display_name] = {
+            "batch": p.batch_size, "bits": p.bits,
+            "energy_forward_j": cm.forward_energy_j(p.batch_size),
+            "energy_backward_j": cm.backward_energy_j(p.batch_size),
+            "time_forward_s": cm.forward_time_s(p.batch_size),
+            "time_backward_s": cm.backward_time_s(p.batch_size)}
+    return facts
+
+
+def _cmd_validate(args) -> int:
+    from wirelessfl.scenario.loader import load_scenario
+
+    scenario = load_scenario(args.scenario, args.set or [])
+    names = ", ".join(p.display_name for p in scenario.algorithms)
+    print(f"{args.scenario}: valid ({scenario.population.num_devices} devices, channel "
+          f"'{scenario.channel.name}', energy '{scenario.energy.name}', algorithms: {names})")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from wirelessfl.report.plots import draw_report
+    from wirelessfl.results.records import read_run
+    from wirelessfl.results.summary import format_summary, summarize
+
+    record = read_run(args.run_dir)
+    n = record.manifest.get("scenario", {}).get("population", {}).get("num_devices", 1)
+    print(format_summary(summarize(record.rounds, record.target_accuracy, n),
+                         record.target_accuracy))
+    for path in draw_report(record, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def _cmd_list(args) -> int:
+    from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
+    from wirelessfl.learning.models import MODEL_NAMES
+    from wirelessfl.scenario import catalog
+
+    _load_builtin_algorithms()
+    print("algorithms:")
+    for name, cls in sorted(REGISTRY.items()):
+        print(f"  {name:<12} {cls.summary}")
+    for kind in catalog.KINDS:
+        print(f"{kind}:")
+        for name, path in catalog.entries(kind).items():
+            doc = catalog.read_yaml(path, kind)
+            desc = doc.get("description", "") if isinstance(doc, dict) else ""
+            print(f"  {name:<24} {str(desc).strip().splitlines()[0] if desc else ''}")
+    print("models:\n  " + "\n  ".join(MODEL_NAMES))
+    return 0
+
+
+def _load_energy_profile(name: str):
+    from pydantic import ValidationError
+
+    from wirelessfl.energy import EnergyProfile
+    from wirelessfl.scenario import catalog
+    from wirelessfl.scenario.loader import format_validation_error
+
+    doc = catalog.load_mapping("energy", name, "--energy")
+    try:
+        return EnergyProfile.model_validate(doc)
+    except ValidationError as err:
+        raise UserError(format_validation_error(err, f"energy profile '{name}'")) from None
+
+
+def _cmd_profile(args) -> int:
+    from wirelessfl.energy import ComputeModel, profile_model
+    from wirelessfl.learning.models import MODEL_NAMES, build_model
+
+    if args.model not in MODEL_NAMES:
+        raise UserError(f"profile: unknown model '{args.model}'; choose one of "
+                        f"{', '.join(MODEL_NAMES)}")
+    shape, classes = PROFILE_DEFAULTS[args.model]
+    if args.input_shape:
+        shape = _parse_shape(args.input_shape)
+    classes = args.classes or classes
+    profile = _load_energy_profile(args.energy)
+    model = build_model(args.model, shape, classes, hidden=tuple(args.hidden))
+    prof = profile_model(model, shape)
+    bits = args.bits or 16
+    cm = ComputeModel(profile, prof, bits)
+    result = {"d": prof.params, "macs": prof.macs(args.batch),
+              "activations": prof.activations(args.batch), "input_size": prof.input_size,
+              "energy_forward_j": cm.forward_energy_j(args.batch),
+              "energy_backward_j": cm.backward_energy_j(args.batch)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.model} on input {shape}, batch {args.batch}, {bits}-bit forward, "
+              f"energy profile '{profile.name}':")
+        for key, value in result.items():
+            print(f"  {key:<18} {value:,}" if isinstance(value, int) else f"  {key:<18} {value:.6g}")
+    return 0
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) <= 0:
+        raise UserError(f"--input-shape {text!r}: give positive integers separated by commas, "
+                        "e.g. 1,28,28")
+    return shape
+
+
+def _cmd_energy(args) -> int:
+    from wirelessfl.energy import backward_energy_j, forward_energy_j
+
+    profile = _load_energy_profile(args.profile)
+    for flag in ("macs", "activations", "params", "input_size"):
+        if getattr(args, flag) < 0:
+            raise UserError(f"--{flag.replace('_', '-')}: must be non-negative, "
+                            f"got {getattr(args, flag)}")
+    bits = args.bits or 16
+    counts = dict(macs=args.macs, activations=args.activations, params=args.params)
+    result = {"energy_forward_j": forward_energy_j(profile, input_size=args.input_size, bits=bits,
+                                                   **counts),
+              "energy_backward_j": backward_energy_j(profile, **counts)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:<18} {value:.6g}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wirelessfl",
+        description="Federated learning over a simulated wireless cell: every round timed in "
+                    "seconds and costed in joules.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a scenario and write its results folder")
+    run.add_argument("scenario", help="scenario file, or a name from the catalog (e.g. quickstart)")
+    run.add_argument("--out", help="results folder (default: runs/<scenario>-<time>)")
+    run.add_argument("--set", action="append", metavar="KEY.PATH=VALUE",
+                     help="override a scenario key, e.g. --set channel.uplink.tx_power_dbm=10")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--no-report", action="store_true", help="do not draw the PNG figures")
+    run.set_defaults(func=_cmd_run)
+
+    val = sub.add_parser("validate", help="check a scenario file without running it")
+    val.add_argument("scenario")
+    val.add_argument("--set", action="append", metavar="KEY.PATH=VALUE")
+    val.set_defaults(func=_cmd_validate)
+
+    rep = sub.add_parser("report", help="summary table and figures from a saved run")
+    rep.add_argument("run_dir")
+    rep.add_argument("--out", help="folder for the figures (default: the run folder)")
+    rep.set_defaults(func=_cmd_report)
+
+    lst = sub.add_parser("list", help="algorithms, channel and energy profiles, scenarios")
+    lst.set_defaults(func=_cmd_list)
+
+    prof = sub.add_parser("profile", help="count a model's parameters, MACs and activations")
+    prof.add_argument("model")
+    prof.add_argument("--energy", default="seed002-accelerator", help="energy profile")
+    prof.add_argument("--batch", type=int, default=1)
+    prof.add_argument("--bits", type=int, help="forward precision M (default 16)")
+    prof.add_argument("--input-shape", help="per-sample shape, e.g. 1,28,28")
+    prof.add_argument("--classes", type=int, help="number of outputs")
+    prof.add_argument("--hidden", type=int, nargs="*", default=[64], help="MLP hidden widths")
+    prof.add_argument("--json", action="store_true")
+    prof.set_defaults(func=_cmd_profile)
+
+    en = sub.add_parser("energy", help="seed-002 energy model (eqs. 5-10) for counts you give")
+    en.add_argument("profile")
+    en.add_argument("--macs", type=float, required=True, help="N_c, MACs of the pass")
+    en.add_argument("--activations", type=float, required=True, help="O_c, activations")
+    en.add_argument("--params", type=float, required=True, help="d, parameters")
+    en.add_argument("--input-size", type=float, required=True, help="x_in, input values read")
+    en.add_argument("--bits", type=int, help="forward precision M (default 16)")
+    en.add_argument("--json", action="store_true")
+    en.set_defaults(func=_cmd_energy)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "batch", 1) is not None and getattr(args, "batch", 1) <= 0:
+        print("error: --batch must be a positive integer", file=sys.stderr)
+        return EXIT_USER_ERROR
+    try:
+        return args.func(args)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""What an algorithm sees while it runs: the network, the evaluator, the seed, and the recorder."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import simpy
+import torch
+
+from wirelessfl.engine.ledger import Ledger
+from wirelessfl.learning.evaluator import BatchedEvaluator
+
+
+class Diverged(Exception):
+    """An algorithm's loss or parameters became NaN or infinite."""
+
+    def __init__(self, round_index: int, last_row: dict | None):
+        self.round_index = round_index
+        self.last_row = last_row
+        super().__init__(f"diverged at round {round_index}")
+
+
+@dataclass
+class RunContext:
+    """One algorithm's run: simulated world + learning problem + what gets recorded."""
+
+    algorithm: str
+    env: simpy.Environment
+    net: object  # a wirelessfl.engine.network.Network
+    ledger: Ledger
+    evaluator: BatchedEvaluator
+    theta0: torch.Tensor
+    seed: int
+    rounds: int
+    eval_every: int
+    on_round: Callable[[int], None] | None = None
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def num_devices(self) -> int:
+        return self.ledger.num_devices
+
+    def end_round(self, completed: int, theta: torch.Tensor) -> None:
+        """Called by the round loop after ``completed`` rounds: evaluate when due, report."""
+        if completed and self.on_round is not None:
+            self.on_round(1)
+        if completed % self.eval_every and completed != self.rounds:
+            return
+        if not bool(torch.isfinite(theta).all()):
+            raise Diverged(completed, self.rows[-1] if self.rows else None)
+        accuracy, loss = self.evaluator.evaluate(theta)
+        if not math.isfinite(loss):
+            raise Diverged(completed, self.rows[-1] if self.rows else None)
+        self.rows.append(self.snapshot(completed, accuracy, loss))
+
+    def snapshot(self, completed: int, accuracy: float, loss: float) -> dict:
+        """One ``rounds.parquet`` row: cumulative time, energy and bits at this point."""
+        by_kind = self.ledger.energy_by_kind()
+        compute = by_kind["compute_forward"] + by_kind["compute_backward"]
+        return {
+            "algorithm": self.algorithm,
+            "round": completed,
+            "sim_time_s": float(self.env.now),
+            "energy_j": compute + by_kind["uplink"] + by_kind["downlink"],
+            "energy_compute_j": compute,
+            "energy_compute_forward_j": by_kind["compute_forward"],
+            "energy_compute_backward_j": by_kind["compute_backward"],
+            "energy_uplink_j": by_kind["uplink"],
+            "energy_downlink_j": by_kind["downlink"],
+            "bits_up": float(self.ledger.bits_up.sum()),
+            "bits_down": float(self.ledger.bits_down.sum()),
+            "delivered_fraction": self.ledger.delivered_fraction(),
+            "test_accuracy": float(accuracy),
+            "test_loss": float(loss),
+        }

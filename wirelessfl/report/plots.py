@@ -1,0 +1,70 @@
+"""Figures drawn from a saved run alone (never re-simulating): accuracy vs energy and vs simulated
+time, and where the energy went."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from wirelessfl.results.records import RunRecord  # noqa: E402
+
+BREAKDOWN = [("energy_compute_forward_j", "compute (forward)"),
+             ("energy_compute_backward_j", "compute (backward)"),
+             ("energy_uplink_j", "uplink"), ("energy_downlink_j", "downlink")]
+
+
+def _accuracy_against(record: RunRecord, column: str, xlabel: str, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for algorithm, group in record.rounds.groupby("algorithm", sort=False):
+        group = group.sort_values("round")
+        x = group[column].where(group[column] > 0)
+        ax.plot(x, group.test_accuracy, marker=".", markersize=3, label=algorithm)
+    if record.target_accuracy is not None:
+        ax.axhline(record.target_accuracy, color="grey", linestyle="--", linewidth=1,
+                   label=f"target {record.target_accuracy:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("test accuracy")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    ax.set_title(record.manifest.get("scenario", {}).get("name", ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def energy_breakdown(record: RunRecord, path: Path) -> Path:
+    """Stacked bars of each algorithm's total energy by kind, at its last round."""
+    last = record.rounds.sort_values("round").groupby("algorithm", sort=False).tail(1)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    bottom = [0.0] * len(last)
+    names = list(last.algorithm)
+    for column, label in BREAKDOWN:
+        values = list(last[column])
+        ax.bar(names, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylabel("energy over the whole run [J] (all devices)")
+    ax.set_yscale("log" if max(bottom, default=0) / max(min(bottom, default=1), 1e-30) > 100
+                  else "linear")
+    ax.legend()
+    ax.set_title("energy by kind")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def draw_report(record: RunRecord, out_dir: Path | None = None) -> list[Path]:
+    """Write the run's PNG figures next to its results; returns their paths."""
+    out = Path(out_dir or record.path)
+    return [
+        _accuracy_against(record, "energy_j", "cumulative energy, all devices [J]",
+                          out / "accuracy_vs_energy.png"),
+        _accuracy_against(record, "sim_time_s", "simulated time [s]", out / "accuracy_vs_time.png"),
+        energy_breakdown(record, out / "energy_breakdown.png"),
+    ]

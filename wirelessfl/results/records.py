@@ -1,0 +1,131 @@
+"""A run folder on disk: rounds.parquet, devices.parquet and manifest.json (schema in docs/results.md).
+
+Files are rewritten atomically (temporary file + rename) after every algorithm finishes, so an
+interrupted or failing run never loses what was already recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import pandas as pd
+
+from wirelessfl.errors import UserError
+
+ROUND_COLUMNS = [
+    "algorithm", "round", "sim_time_s", "energy_j", "energy_compute_j", "energy_compute_forward_j",
+    "energy_compute_backward_j", "energy_uplink_j", "energy_downlink_j", "bits_up", "bits_down",
+    "delivered_fraction", "test_accuracy", "test_loss",
+]
+DEVICE_COLUMNS = [
+    "algorithm", "device", "distance_m", "mean_snr_db", "energy_compute_j", "energy_uplink_j",
+    "energy_downlink_j", "bits_up", "packets_sent", "packets_delivered",
+]
+PACKAGES = ("wirelessfl", "torch", "numpy", "scipy", "simpy", "pydantic", "pandas", "pyarrow")
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: Path, data: dict) -> None:
+    _atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
+
+
+def write_table(path: Path, rows: list[dict], columns: list[str]) -> None:
+    frame = pd.DataFrame(rows, columns=columns)
+    _atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+class RunWriter:
+    """Keeps a run folder up to date as algorithms finish."""
+
+    def __init__(self, out_dir: Path, scenario_doc: dict, seed: int, extra: dict | None = None):
+        self.dir = Path(out_dir)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"--out {out_dir}: cannot create the results folder ({err.strerror})")
+        self.round_rows: list[dict] = []
+        self.device_rows: list[dict] = []
+        self.manifest = {
+            "status": "running",
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "seed": seed,
+            "scenario": scenario_doc,
+            "versions": package_versions(),
+            "algorithms": {},
+            **(extra or {}),
+        }
+        self.flush()
+
+    def add(self, label: str, rounds: list[dict], devices: list[dict], info: dict) -> None:
+        self.round_rows += rounds
+        self.device_rows += devices
+        self.manifest["algorithms"][label] = info
+        self.flush()
+
+    def finish(self, status: str = "complete") -> None:
+        self.manifest["status"] = status
+        self.manifest["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.flush()
+
+    def flush(self) -> None:
+        write_table(self.dir / "rounds.parquet", self.round_rows, ROUND_COLUMNS)
+        write_table(self.dir / "devices.parquet", self.device_rows, DEVICE_COLUMNS)
+        write_json(self.dir / "manifest.json", self.manifest)
+
+
+@dataclass
+class RunRecord:
+    """A run folder read back: what reports and comparisons are drawn from."""
+
+    path: Path
+    rounds: pd.DataFrame
+    devices: pd.DataFrame
+    manifest: dict
+
+    @property
+    def target_accuracy(self) -> float | None:
+        return self.manifest.get("scenario", {}).get("target_accuracy")
+
+
+def read_run(path: str | Path) -> RunRecord:
+    """Load a run folder, with a clean error naming what is missing."""
+    folder = Path(path)
+    missing = [f for f in ("rounds.parquet", "devices.parquet", "manifest.json")
+               if not (folder / f).is_file()]
+    if missing:
+        raise UserError(f"{folder}: not a wirelessfl run folder (missing {', '.join(missing)}); "
+                        "pass the folder that 'wirelessfl run' wrote (see its --out)")
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        rounds = pd.read_parquet(folder / "rounds.parquet")
+        devices = pd.read_parquet(folder / "devices.parquet")
+    except (OSError, ValueError) as err:
+        raise UserError(f"{folder}: cannot read the run's files ({err}); rerun the scenario")
+    return RunRecord(folder, rounds, devices, manifest)

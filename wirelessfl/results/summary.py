@@ -1,0 +1,78 @@
+"""The comparison table: rounds, seconds and joules to the target accuracy, and the energy split."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+SUMMARY_COLUMNS = [
+    "algorithm", "rounds_to_target", "time_to_target_s", "energy_to_target_j",
+    "compute_share", "radio_share", "final_accuracy", "rounds", "sim_time_s", "energy_j",
+    "uplink_bits_per_device_round",
+]
+
+
+def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int) -> pd.DataFrame:
+    """One row per algorithm. The energy split is of the energy to target (of the total if the
+    target was not reached); 'radio' is uplink + downlink."""
+    out = []
+    for algorithm, group in rounds.groupby("algorithm", sort=False):
+        group = group.sort_values("round")
+        last = group.iloc[-1]
+        reached = group[group.test_accuracy >= target] if target is not None else group.iloc[:0]
+        at = reached.iloc[0] if len(reached) else None
+        basis = at if at is not None else last
+        radio = basis.energy_uplink_j + basis.energy_downlink_j
+        total = basis.energy_j
+        completed = max(int(last["round"]), 1)
+        out.append({
+            "algorithm": algorithm,
+            "rounds_to_target": int(at["round"]) if at is not None else None,
+            "time_to_target_s": float(at.sim_time_s) if at is not None else math.nan,
+            "energy_to_target_j": float(at.energy_j) if at is not None else math.nan,
+            "compute_share": basis.energy_compute_j / total if total else math.nan,
+            "radio_share": radio / total if total else math.nan,
+            "final_accuracy": float(last.test_accuracy),
+            "rounds": int(last["round"]),
+            "sim_time_s": float(last.sim_time_s),
+            "energy_j": float(last.energy_j),
+            "uplink_bits_per_device_round": float(last.bits_up) / (num_devices * completed),
+        })
+    return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
+
+
+def _fmt(value, kind: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "not reached" if kind in ("int", "time", "energy") else "-"
+    if kind == "int":
+        return f"{int(value):,}"
+    if kind == "pct":
+        return f"{100 * value:.1f}%"
+    if kind == "acc":
+        return f"{value:.4f}"
+    if kind == "bits":
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def format_summary(table: pd.DataFrame, target: float | None) -> str:
+    """A plain-text table for the terminal."""
+    head = [("algorithm", "algorithm", "str"),
+            ("rounds_to_target", "rounds to target", "int"),
+            ("time_to_target_s", "time to target [s]", "time"),
+            ("energy_to_target_j", "energy to target [J]", "energy"),
+            ("compute_share", "compute", "pct"), ("radio_share", "radio", "pct"),
+            ("final_accuracy", "final acc.", "acc"), ("rounds", "rounds", "int"),
+            ("sim_time_s", "sim time [s]", "time"), ("energy_j", "energy [J]", "energy"),
+            ("uplink_bits_per_device_round", "uplink bits/dev/round", "bits")]
+    cells = [[title for _, title, _ in head]]
+    for _, row in table.iterrows():
+        cells.append([str(row[c]) if k == "str" else _fmt(row[c], k) for c, _, k in head])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    lines.insert(1, "-" * len(lines[0]))
+    title = f"target accuracy {target:.3f}" if target is not None else "no target accuracy set"
+    return f"{title}; energy split is of the energy to target (or total if not reached)\n" + \
+        "\n".join(lines)

@@ -1,0 +1,79 @@
+"""The catalogs of named channel profiles, energy profiles and scenarios (YAML files).
+
+In a source checkout they are the top-level folders ``channels/``, ``energy/`` and ``scenarios/``;
+in an installed wheel they ship as ``wirelessfl/_catalog/<kind>/``. A name may also be a path to a
+YAML file of the user's own, relative to the scenario that names it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import yaml
+
+from wirelessfl.errors import UserError
+
+KINDS = ("channels", "energy", "scenarios")
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def catalog_dirs(kind: str) -> list[Path]:
+    """Folders searched for ``kind``: the installed copy, then a source checkout's top level."""
+    candidates = [_PACKAGE / "_catalog" / kind, _PACKAGE.parent / kind]
+    return [d for d in candidates if d.is_dir()]
+
+
+def entries(kind: str) -> dict[str, Path]:
+    """Name -> file of every YAML entry of ``kind`` (the first folder wins on a clash)."""
+    found: dict[str, Path] = {}
+    for folder in catalog_dirs(kind):
+        for path in sorted(folder.glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def read_yaml(path: Path, what: str) -> object:
+    """Parse a YAML file safely (no arbitrary objects), with a clean error on bad syntax."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text (byte {err.start}); save the {what} as UTF-8")
+    except OSError as err:
+        raise UserError(f"{path}: cannot read the {what} ({err.strerror})")
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UserError(f"{path}:{where}: invalid YAML ({problem}); fix the syntax there")
+
+
+def find(kind: str, name: str, where: str, base_dir: Path | None = None) -> Path:
+    """The file for ``name`` in catalog ``kind`` (or a path to a YAML file), or a clean error."""
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        path = Path(name).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if path.is_file():
+            return path
+        raise UserError(f"{where}: file '{name}' not found (looked at {path})")
+    known = entries(kind)
+    if name in known:
+        return known[name]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    listing = ", ".join(known) or "none found"
+    raise UserError(f"{where}: unknown {kind.rstrip('s')} profile '{name}'; {hint}"
+                    f"available: {listing} (see 'wirelessfl list')")
+
+
+def load_mapping(kind: str, name: str, where: str, base_dir: Path | None = None) -> dict:
+    """A catalog entry as a dict (its ``name`` set to the entry's name if absent)."""
+    path = find(kind, name, where, base_dir)
+    doc = read_yaml(path, f"{kind.rstrip('s')} profile")
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: a {kind.rstrip('s')} profile must be a mapping of fields")
+    doc.setdefault("name", path.stem)
+    return doc

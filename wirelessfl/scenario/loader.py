@@ -1,0 +1,199 @@
+"""From a YAML file (plus ``--set`` overrides) to a validated Scenario, or one clean error.
+
+Steps: parse safely -> apply overrides -> resolve the channel and energy profiles from the catalogs
+(inline fields override the profile's, deeply) -> validate each algorithm against its own typed
+parameters -> validate the whole. Every error names the file and the key path.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from wirelessfl.algorithms.base import algorithm_class
+from wirelessfl.errors import UserError
+from wirelessfl.scenario import catalog
+from wirelessfl.scenario.schema import Scenario
+
+PROFILE_SECTIONS = {"channel": "channels", "energy": "energy"}
+
+
+def format_path(loc) -> str:
+    """('algorithms', 0, 'rounds') -> 'algorithms[0].rounds'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def format_validation_error(err: ValidationError, source: str, prefix: tuple = ()) -> str:
+    """One line per problem: 'source: key.path: what is wrong (got X)'."""
+    lines = []
+    for e in err.errors():
+        loc = tuple(prefix) + tuple(p for p in e["loc"] if p not in ("function-after",))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or check its spelling"
+        elif e["type"] == "missing":
+            msg = "required key is missing; add it"
+        got = e.get("input")
+        if e["type"] not in ("extra_forbidden", "missing") and not isinstance(got, dict | list):
+            msg += f" (got {got!r})"
+        lines.append(f"{source}: {format_path(loc)}: {msg}")
+    return "\n".join(lines[:5]) + (f"\n... and {len(lines) - 5} more" if len(lines) > 5 else "")
+
+
+def apply_override(doc: dict, assignment: str) -> None:
+    """Apply ``key.path=value`` to a raw scenario document in place.
+
+    Segments index mappings by key and lists by position or by an entry's name/label
+    (``algorithms.dzofl.rounds=100``); the value is parsed as YAML (``1e-3``, ``true``, ``[1, 2]``).
+    A profile named by a string (``channel: seed002-cell``) is opened up to ``{profile: ...}``.
+    """
+    key, sep, text = assignment.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"--set {assignment!r}: expected key.path=value, e.g. "
+                        "--set channel.uplink.tx_power_dbm=10")
+    value = _parse_value(text)
+    parts = key.strip().split(".")
+    node = doc
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        where = ".".join(parts[: depth + 1])
+        if isinstance(node, list):
+            index = _list_index(node, part, where)
+            if last:
+                node[index] = value
+                return
+            node = node[index]
+            continue
+        if not isinstance(node, dict):
+            raise UserError(f"--set {key}: '{'.'.join(parts[:depth])}' is not a mapping")
+        if last:
+            node[part] = value
+            return
+        child = node.get(part)
+        if isinstance(child, str) and part in PROFILE_SECTIONS:
+            child = node[part] = {"profile": child}
+        elif child is None:
+            child = node[part] = {}
+        node = child
+
+
+def _parse_value(text: str):
+    """YAML scalar parsing, plus exponent floats that YAML 1.1 leaves as strings ('1e-3')."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+def _list_index(items: list, part: str, where: str) -> int:
+    if part.lstrip("-").isdigit():
+        index = int(part)
+        if -len(items) <= index < len(items):
+            return index
+        raise UserError(f"--set {where}: index {index} is out of range ({len(items)} entries)")
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and part in (item.get("label"), item.get("name")):
+            return i
+    raise UserError(f"--set {where}: no entry named '{part}'")
+
+
+def _resolve_profile(doc: dict, section: str, source: str, base_dir: Path | None) -> None:
+    raw = doc.get(section)
+    kind = PROFILE_SECTIONS[section]
+    if raw is None:
+        raise UserError(f"{source}: {section}: required key is missing; name a profile, e.g. "
+                        f"'{section}: {'seed002-cell' if section == 'channel' else 'seed002-accelerator'}'"
+                        f" (see 'wirelessfl list')")
+    if isinstance(raw, str):
+        raw = {"profile": raw}
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: {section}: expected a profile name or a mapping, "
+                        f"got {type(raw).__name__}")
+    inline = dict(raw)
+    name = inline.pop("profile", None)
+    if name is None:
+        doc[section] = inline
+        return
+    if not isinstance(name, str):
+        raise UserError(f"{source}: {section}.profile: expected a profile name, got {name!r}")
+    base = catalog.load_mapping(kind, name, f"{source}: {section}.profile", base_dir)
+    doc[section] = _deep_merge(base, inline)
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _validate_algorithms(doc: dict, source: str) -> list:
+    raw = doc.get("algorithms")
+    if not isinstance(raw, list) or not raw:
+        raise UserError(f"{source}: algorithms: give a list of at least one algorithm, e.g. "
+                        "'algorithms: [{name: dzofl}]' (see 'wirelessfl list')")
+    bits = doc.get("quantization_bits", 16)
+    params = []
+    for i, entry in enumerate(raw):
+        where = f"{source}: algorithms[{i}]"
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise UserError(f"{where}.name: each algorithm needs a 'name' (see 'wirelessfl list')")
+        cls = algorithm_class(entry["name"], where=f"{where}.name")
+        try:
+            p = cls.Params.model_validate(entry)
+        except ValidationError as err:
+            raise UserError(format_validation_error(err, source, ("algorithms", i))) from None
+        if p.bits is None and isinstance(bits, int):
+            p.bits = bits
+        params.append(p)
+    return params
+
+
+def scenario_from_document(doc: object, source: str, overrides: list[str] = (),
+                           base_dir: Path | None = None) -> Scenario:
+    """Validate a parsed YAML document (after overrides) into a resolved Scenario."""
+    if not isinstance(doc, dict):
+        raise UserError(f"{source}: a scenario must be a mapping of keys (channel, energy, "
+                        f"algorithms, ...), got {type(doc).__name__}")
+    doc = copy.deepcopy(doc)
+    for assignment in overrides:
+        apply_override(doc, assignment)
+    for section in PROFILE_SECTIONS:
+        _resolve_profile(doc, section, source, base_dir)
+    doc["algorithms"] = _validate_algorithms(doc, source)
+    try:
+        scenario = Scenario.model_validate(doc)
+    except ValidationError as err:
+        raise UserError(format_validation_error(err, source)) from None
+    if not scenario.name:
+        scenario.name = Path(source).stem
+    return scenario
+
+
+def load_scenario(name_or_path: str, overrides: list[str] = ()) -> Scenario:
+    """Load a scenario file, or a scenario from the catalog by name (e.g. 'quickstart')."""
+    path = catalog.find("scenarios", name_or_path, "scenario")
+    return scenario_from_document(catalog.read_yaml(path, "scenario"), str(path), overrides,
+                                  path.parent)
+
+
+def resolved_document(scenario: Scenario) -> dict:
+    """The fully resolved scenario as plain data (what the manifest records)."""
+    return scenario.model_dump(mode="json")
