@@ -21,7 +21,7 @@ def _run(scenario, index=0):
 
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_vectorized_and_process_engines_agree(index):
-    vec_world, vec = _run(small_scenario(["engine.mode=vectorized"]), index)
+    _vec_world, vec = _run(small_scenario(["engine.mode=vectorized"]), index)
     _, proc = _run(small_scenario(["engine.mode=processes"]), index)
     a, b = pd.DataFrame(vec.rows), pd.DataFrame(proc.rows)
     # Same float operations in the same order: the clocks agree to the last bits.
@@ -59,7 +59,7 @@ def test_round_time_is_the_slowest_device_plus_the_broadcast():
 
 
 def test_ledger_conservation_and_monotone_rounds():
-    world, run = _run(small_scenario(), 2)
+    _world, run = _run(small_scenario(), 2)
     led = run.ledger
     total = led.energy_j.sum()
     assert total == pytest.approx(sum(led.energy_by_kind().values()), rel=1e-12)
@@ -95,7 +95,7 @@ def test_fixed_rate_delivery_matches_rayleigh_closed_form():
     sc = small_scenario(["population.distances_m=[150, 300, 400, 450, 480, 500, 500, 500]",
                          "channel.uplink.rate_bps=12e6", "algorithms.0.rounds=4000",
                          "algorithms.0.eval_every=4000"])
-    world, run = _run(sc, 0)
+    _world, run = _run(sc, 0)
     ch = sc.channel
     sent = run.ledger.packets_sent
     frac = run.ledger.packets_delivered / sent

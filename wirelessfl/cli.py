@@ -41,8 +41,9 @@ def _cmd_run(args) -> int:
           f"(d = {world.flat.d:,}), dataset {scenario.data.name}; results -> {out}",
           file=sys.stderr)
     total = sum(p.rounds for p in scenario.algorithms)
-    bar = tqdm(total=total, unit="round", disable=args.quiet, file=sys.stderr,
-               dynamic_ncols=True)
+    # disable=None: tqdm draws only on a terminal, so logs and CI output stay clean.
+    bar = tqdm(total=total, unit="round", disable=True if args.quiet else None, file=sys.stderr,
+               dynamic_ncols=True, mininterval=0.5)
     status = "complete"
     try:
         for params in scenario.algorithms:
@@ -195,7 +196,7 @@ def _cmd_energy(args) -> int:
             raise UserError(f"--{flag.replace('_', '-')}: must be non-negative, "
                             f"got {getattr(args, flag)}")
     bits = args.bits or 16
-    counts = dict(macs=args.macs, activations=args.activations, params=args.params)
+    counts = {"macs": args.macs, "activations": args.activations, "params": args.params}
     result = {"energy_forward_j": forward_energy_j(profile, input_size=args.input_size, bits=bits,
                                                    **counts),
               "energy_backward_j": backward_energy_j(profile, **counts)}

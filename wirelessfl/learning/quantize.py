@@ -32,6 +32,8 @@ def stochastic_round(x: torch.Tensor, bits: int, scale: torch.Tensor | float,
     if bits >= FULL_PRECISION_BITS:
         return x, torch.zeros_like(x, dtype=torch.bool)
     work = x.double()  # float64 grid arithmetic: the rounding probability stays exact at M = 16+
+    if isinstance(scale, int | float):
+        return _round_fixed_range(work, bits, float(scale), generator, x.dtype)
     scale = torch.as_tensor(scale, dtype=work.dtype, device=work.device)
     if bool((scale < 0).any()):
         raise ValueError("scale must be non-negative")
@@ -46,6 +48,22 @@ def stochastic_round(x: torch.Tensor, bits: int, scale: torch.Tensor | float,
     q = (low + up) * step - safe
     q = torch.where(scale > 0, q, torch.zeros_like(q))
     return q.to(x.dtype), saturated
+
+
+def _round_fixed_range(work: torch.Tensor, bits: int, scale: float, generator: Noise,
+                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """stochastic_round for one float range (DZOFL's scalars): the same grid, fewer tensor ops."""
+    if scale < 0:
+        raise ValueError("scale must be non-negative")
+    saturated = work.abs() > scale
+    if scale == 0:
+        return torch.zeros_like(work, dtype=dtype), saturated
+    intervals = 2**bits - 1
+    step = 2 * scale / intervals
+    position = (work.clamp(-scale, scale) + scale) / step
+    low = position.floor().clamp_(0, intervals - 1)
+    up = _uniforms(generator, work) < (position - low)
+    return ((low + up) * step - scale).to(dtype), saturated
 
 
 def _uniforms(generator: Noise, like: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from wirelessfl.results.records import RunRecord  # noqa: E402
+from wirelessfl.results.records import RunRecord
 
 BREAKDOWN = [("energy_compute_forward_j", "compute (forward)"),
              ("energy_compute_backward_j", "compute (backward)"),

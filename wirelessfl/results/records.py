@@ -11,7 +11,7 @@ import os
 import platform
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -74,7 +74,7 @@ class RunWriter:
         self.device_rows: list[dict] = []
         self.manifest = {
             "status": "running",
-            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "seed": seed,
             "scenario": scenario_doc,
             "versions": package_versions(),
@@ -91,7 +91,7 @@ class RunWriter:
 
     def finish(self, status: str = "complete") -> None:
         self.manifest["status"] = status
-        self.manifest["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.manifest["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         self.flush()
 
     def flush(self) -> None:
