@@ -100,7 +100,8 @@ def test_bad_input_is_one_clean_line_with_exit_code_2(scenario_file, tmp_path, a
                                                        doc_changes, expected):
     path = scenario_file(small_doc(**doc_changes))
     proc = subprocess.run([sys.executable, "-m", "wirelessfl", "run", str(path), "--out",
-                           str(tmp_path / "r"), *argv_extra], capture_output=True, text=True)
+                           str(tmp_path / "r"), *argv_extra], check=False, capture_output=True,
+                          text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()

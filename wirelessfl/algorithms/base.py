@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from wirelessfl.algorithms.types import Payload
 from wirelessfl.errors import UserError
 
 if TYPE_CHECKING:
@@ -51,6 +52,15 @@ class Algorithm:
         self.ctx = ctx
         self.bits = int(params.bits)
         self.theta: torch.Tensor = ctx.theta0.clone()
+
+    @classmethod
+    def declared_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
+        """(uplink per device, downlink broadcast) of one round in which packets arrive.
+
+        The spec's statement of what crosses the air; the conformance suite checks the engine's
+        ledger against it for every registered algorithm.
+        """
+        raise NotImplementedError
 
     def setup(self) -> None:
         """Per-run state beyond theta (control variates, momenta, ...)."""

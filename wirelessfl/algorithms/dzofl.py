@@ -57,6 +57,11 @@ class DZOFL(Algorithm):
     Params = DZOFLParams
     summary = "seed 002: two-point zeroth-order FL, one quantised scalar up and down per iteration"
 
+    @classmethod
+    def declared_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
+        """One M-bit scalar up per device and one down (seed 002, Sec. III: N M bits per iteration)."""
+        return Payload.scalar(bits), Payload.scalar(bits)
+
     def setup(self) -> None:
         self.saturated = 0  # quantised values that hit the grid's ends (reported)
 
@@ -79,7 +84,7 @@ class DZOFL(Algorithm):
         q_up, sat_up = quantize_scalars(diff, self.bits, p.scalar_range,
                                         keyed_generator(ctx.seed, "dzofl-up", k))
 
-        scalar = Payload.scalar(self.bits)
+        scalar, _ = self.declared_payloads(self.theta.numel(), self.bits)
         result = yield from ctx.net.collect(Cost(forward_passes=2, batch_size=p.batch_size), scalar)
         delivered = torch.as_tensor(result.delivered, device=q_up.device)
         self.saturated += int(sat_up[delivered].sum())

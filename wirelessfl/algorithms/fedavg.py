@@ -28,6 +28,11 @@ from wirelessfl.learning.seeds import device_uniform, keyed_generator
 class VectorUploadAlgorithm(Algorithm):
     """Shared mechanics of methods that upload one d-vector per device and broadcast one back."""
 
+    @classmethod
+    def declared_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
+        """d values of M bits (+ a 32-bit scale) each way (seed 002, Sec. III: M d bits)."""
+        return Payload.vectors(d, bits), Payload.vectors(d, bits)
+
     def cost(self) -> Cost:
         raise NotImplementedError
 
@@ -48,7 +53,7 @@ class VectorUploadAlgorithm(Algorithm):
 
     def round(self, k: int):
         ctx, d = self.ctx, self.theta.numel()
-        vector = Payload.vectors(d, self.bits)
+        vector, broadcast = self.declared_payloads(d, self.bits)
         result = yield from ctx.net.collect(self.cost(), vector)
         delivered = torch.as_tensor(result.delivered, device=self.theta.device)
         received = int(delivered.sum())
@@ -63,7 +68,7 @@ class VectorUploadAlgorithm(Algorithm):
                 total += q[mask].sum(0)
         mean = (total / received).unsqueeze(0)
         q_mean = self.quantize(mean, f"{self.name}-down", k, slice(0, 1))[0]
-        yield from ctx.net.broadcast(vector)
+        yield from ctx.net.broadcast(broadcast)
         self.apply(q_mean)
 
 

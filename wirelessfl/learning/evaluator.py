@@ -16,6 +16,7 @@ depend on the chunk size or the torch device, so results are the same however th
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -108,6 +109,9 @@ class BatchedEvaluator:
         self.activations_per_sample = activations_per_sample
         self.input_size = input_size
         self.max_chunk_bytes = max_chunk_mb * 2**20
+        # Host seconds spent in learning compute (sampling, passes): the benchmark's split of a
+        # round into learning compute and engine overhead. perf_counter costs ~0.1 us a call.
+        self.compute_s = 0.0
         self._per_device_grad = vmap(grad(flat.loss), in_dims=(None, 0, 0))
         self._stacked_grad = vmap(grad(flat.loss), in_dims=(0, 0, 0))
 
@@ -134,18 +138,22 @@ class BatchedEvaluator:
         Each device ranks its samples by uniform keys and takes the b smallest; a device with
         fewer than b samples repeats some (cyclically). Drawn on the CPU for determinism.
         """
+        start = time.perf_counter()
         sizes, n = self.data.sizes, self.num_devices
         width = max(int(sizes.max()), batch_size)
         keys = torch.rand((steps, n, width), generator=generator)
         keys.masked_fill_(torch.arange(width) >= sizes[:, None], 2.0)
         local = keys.topk(batch_size, dim=2, largest=False).indices
         local = torch.remainder(local, sizes[:, None])
-        return (self.data.offsets[:, None] + local).to(self.device)
+        out = (self.data.offsets[:, None] + local).to(self.device)
+        self.compute_s += time.perf_counter() - start
+        return out
 
     # ---- shared-model work -------------------------------------------------------------------
     @torch.no_grad()
     def device_losses(self, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """Per-device minibatch loss at a shared theta: one forward pass per chunk [N]."""
+        start = time.perf_counter()
         n, b = idx.shape
         out = torch.empty(n, device=self.device)
         for rows in self.chunks(b, own_model=False):
@@ -153,6 +161,7 @@ class BatchedEvaluator:
             logits = self.flat.predict(theta, self.data.x[flat_idx])
             losses = F.cross_entropy(logits, self.data.y[flat_idx], reduction="none")
             out[rows] = losses.view(-1, b).mean(1)
+        self.compute_s += time.perf_counter() - start
         return out
 
     def device_gradients(self, theta: torch.Tensor, idx: torch.Tensor
@@ -160,8 +169,11 @@ class BatchedEvaluator:
         """Per-device minibatch gradients at a shared theta, chunk by chunk: (rows, [n, d])."""
         b = idx.shape[1]
         for rows in self.chunks(b, own_model=True):
+            start = time.perf_counter()
             i = idx[rows]
-            yield rows, self._per_device_grad(theta, self.data.x[i], self.data.y[i]).detach()
+            grads = self._per_device_grad(theta, self.data.x[i], self.data.y[i]).detach()
+            self.compute_s += time.perf_counter() - start
+            yield rows, grads
 
     # ---- per-device models -------------------------------------------------------------------
     def local_sgd(self, theta: torch.Tensor, idx: torch.Tensor, lr: float,
@@ -172,6 +184,7 @@ class BatchedEvaluator:
         """
         num_steps, _, b = idx.shape
         for rows in self.chunks(b, own_model=True):
+            start = time.perf_counter()
             models = theta.expand(rows.stop - rows.start, -1).clone()
             for e in range(num_steps):
                 i = idx[e, rows]
@@ -179,6 +192,7 @@ class BatchedEvaluator:
                 if steps is not None:
                     g = g * (e < steps[rows]).to(g.dtype).to(self.device)[:, None]
                 models = models - lr * g
+            self.compute_s += time.perf_counter() - start
             yield rows, models
 
     # ---- evaluation --------------------------------------------------------------------------

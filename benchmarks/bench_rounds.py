@@ -1,0 +1,193 @@
+"""Host cost of simulated rounds: wirelessfl against a plain per-device loop of the same learning work.
+
+For each case, in one process and interleaved (loop, wirelessfl, loop, wirelessfl, ...), it times
+(a) a plain Python loop over devices doing the learning work with ordinary autograd (the way a
+notebook would) and (b) the project's full simulated round (engine, channel, energy, ledger
+included). It reports per-round host time, achieved GFLOP/s against a measured float32 matmul peak,
+the ratio (a)/(b), the engine overhead (share of a round spent outside learning compute) and the
+process's peak memory. Each case runs in a fresh process, so peak memory is the case's own.
+
+    python benchmarks/bench_rounds.py [--out results.json] [--repeats 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import resource
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+CHANNEL, ENERGY = "seed002-cell", "seed002-accelerator"
+
+
+def case_specs(quick: bool) -> list[dict]:
+    digits_mlp = {"data": {"name": "digits"}, "model": {"name": "mlp", "hidden": [64]}}
+    digits_cnn = {"data": {"name": "digits28", "positive_classes": [1, 3, 5, 7, 9]},
+                  "model": {"name": "seed002-cnn"}}
+    specs = [
+        {"case": "mlp_fedavg", "n": 50, "rounds": 20, **digits_mlp,
+         "algorithm": {"name": "fedavg", "local_steps": 5, "batch_size": 10, "lr": 0.1}},
+        {"case": "cnn_fedavg", "n": 10, "rounds": 2, **digits_cnn,
+         "algorithm": {"name": "fedavg", "local_steps": 5, "batch_size": 10, "lr": 0.05}},
+        {"case": "cnn_dzofl", "n": 50, "rounds": 3, **digits_cnn,
+         "algorithm": {"name": "dzofl", "batch_size": 10}},
+    ]
+    for n, rounds in ((10, 100), (100, 50), (1000, 10), (10000, 3)):
+        if quick and n > 1000:
+            continue
+        specs.append({"case": f"mlp_dzofl_n{n}", "n": n, "rounds": rounds,
+                      "data": {"name": "synthetic", "synthetic": {
+                          "num_samples": max(4000, 25 * n), "num_features": 64,
+                          "num_classes": 10, "informative": 16}},
+                      "model": {"name": "mlp", "hidden": [64]},
+                      "algorithm": {"name": "dzofl", "batch_size": 10}})
+    return specs
+
+
+def matmul_peak_gflops(size: int = 1024, repeats: int = 20) -> float:
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def _loop_round(world, params, k: int) -> float:
+    """(a): the same learning work as one round, device by device, with ordinary autograd."""
+    from wirelessfl.learning.seeds import keyed_generator
+
+    ev, flat, model = world.evaluator, world.flat, world.flat.model
+    theta = flat.initial()
+    start = time.perf_counter()
+    if params.name == "fedavg":
+        idx = ev.sample(keyed_generator(0, "batch", k), params.batch_size, params.local_steps)
+        for i in range(world.num_devices):
+            torch.nn.utils.vector_to_parameters(theta.clone(), model.parameters())
+            for p in model.parameters():
+                p.requires_grad_(True)
+            opt = torch.optim.SGD(model.parameters(), lr=params.lr)
+            for e in range(params.local_steps):
+                opt.zero_grad()
+                F.cross_entropy(model(ev.data.x[idx[e, i]]), ev.data.y[idx[e, i]]).backward()
+                opt.step()
+            _ = torch.nn.utils.parameters_to_vector(model.parameters()) - theta
+    else:  # dzofl: two forward passes per device at theta +- gamma phi
+        idx = ev.sample(keyed_generator(0, "batch", k), params.batch_size)[0]
+        phi = torch.randn(flat.d)
+        with torch.no_grad():
+            for i in range(world.num_devices):
+                for sign in (1.0, -1.0):
+                    torch.nn.utils.vector_to_parameters(theta + sign * 1e-3 * phi,
+                                                        model.parameters())
+                    F.cross_entropy(model(ev.data.x[idx[i]]), ev.data.y[idx[i]])
+    return time.perf_counter() - start
+
+
+def _project_rounds(world, params) -> tuple[float, float]:
+    """(b): the full simulated rounds; returns (host s per round, learning-compute s per round)."""
+    from wirelessfl.engine.simulation import run_algorithm
+
+    ev = world.evaluator
+    eval_start = time.perf_counter()
+    ev.evaluate(world.flat.initial())
+    evaluation = time.perf_counter() - eval_start  # evaluated at round 0 and the last round
+    compute_before = ev.compute_s
+    start = time.perf_counter()
+    run_algorithm(world, params)
+    total = time.perf_counter() - start - 2 * evaluation
+    return total / params.rounds, (ev.compute_s - compute_before) / params.rounds
+
+
+def run_case(spec: dict, repeats: int, peak: float) -> dict:
+    from wirelessfl.engine.build import build_world
+    from wirelessfl.scenario.loader import scenario_from_document
+
+    algo = {**spec["algorithm"], "rounds": spec["rounds"], "eval_every": spec["rounds"]}
+    doc = {"name": spec["case"], "channel": CHANNEL, "energy": ENERGY, "data": spec["data"],
+           "model": spec["model"], "population": {"num_devices": spec["n"]},
+           "algorithms": [algo]}
+    scenario = scenario_from_document(doc, spec["case"])
+    world = build_world(scenario)
+    params = scenario.algorithms[0]
+    _loop_round(world, params, 0)  # warm-up of both paths
+    _project_rounds(world, params.model_copy(update={"rounds": 1, "eval_every": 1}))
+    loop_times, project_times, compute_times = [], [], []
+    for r in range(repeats):
+        loop_times.append(_loop_round(world, params, r))
+        per_round, compute = _project_rounds(world, params)
+        project_times.append(per_round)
+        compute_times.append(compute)
+    prof = world.model_profile
+    b, n = params.batch_size, world.num_devices
+    if params.name == "fedavg":  # forward + backward (2x forward MACs) per local step
+        macs = n * params.local_steps * 3 * prof.macs(b)
+    else:  # two forward passes
+        macs = n * 2 * prof.macs(b)
+    project = statistics.median(project_times)
+    compute = statistics.median(compute_times)
+    loop = statistics.median(loop_times)
+    gflops = 2 * macs / project / 1e9
+    return {
+        "case": spec["case"], "devices": n, "d": world.flat.d, "rounds_timed": params.rounds,
+        "repeats": repeats, "loop_s_per_round": loop, "wirelessfl_s_per_round": project,
+        "learning_compute_s_per_round": compute, "speedup_vs_loop": loop / project,
+        "gflop_per_round": 2 * macs / 1e9, "achieved_gflops": gflops,
+        "peak_fraction": gflops / peak,
+        "engine_overhead_fraction": max(0.0, 1 - compute / project),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def _worker(args):
+    spec, repeats, peak = args
+    return run_case(spec, repeats, peak)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results.json")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="skip the 10,000-device case")
+    args = parser.parse_args()
+    peak = matmul_peak_gflops()
+    print(f"float32 matmul peak: {peak:.1f} GFLOP/s ({torch.get_num_threads()} threads)")
+    results = []
+    ctx = mp.get_context("spawn")
+    for spec in case_specs(args.quick):
+        with ctx.Pool(1) as pool:
+            res = pool.map(_worker, [(spec, args.repeats, peak)])[0]
+        results.append(res)
+        print(f"{res['case']:<18} N={res['devices']:<6} loop {res['loop_s_per_round']*1e3:9.2f} ms"
+              f"  wirelessfl {res['wirelessfl_s_per_round']*1e3:9.2f} ms"
+              f"  x{res['speedup_vs_loop']:6.2f}  {res['achieved_gflops']:6.1f} GFLOP/s"
+              f" ({100*res['peak_fraction']:4.1f}% of peak)"
+              f"  overhead {100*res['engine_overhead_fraction']:5.1f}%"
+              f"  peak RSS {res['peak_rss_mb']:7.0f} MB", flush=True)
+    by_case = {r["case"]: r for r in results}
+    summary = {
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "threads": torch.get_num_threads(), "torch": torch.__version__},
+        "matmul_peak_gflops": peak,
+        "mlp_fedavg_speedup_vs_loop": by_case["mlp_fedavg"]["speedup_vs_loop"],
+        "cnn_fedavg_peak_fraction": by_case["cnn_fedavg"]["peak_fraction"],
+        "cnn_dzofl_peak_fraction": by_case["cnn_dzofl"]["peak_fraction"],
+        "engine_overhead_fraction": max(r["engine_overhead_fraction"] for r in results),
+        "cases": results,
+    }
+    with open(args.out, "w") as fh:
+        json.dump(summary, fh, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Every registered algorithm, the same checks (scikit-learn's estimator-suite idea): determinism,
+declared payloads equal the ledger's bits, energies add up, lost packets change nothing, clean
+parameter errors. A new algorithm gets these by registering."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.conftest import small_scenario
+from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
+from wirelessfl.engine.build import build_world
+from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.errors import UserError
+
+_load_builtin_algorithms()
+NAMES = sorted(REGISTRY)
+ROUNDS = 4
+
+
+def _scenario(name, *overrides):
+    algos = [{"name": name, "rounds": ROUNDS, "eval_every": 1}]
+    return small_scenario(list(overrides), algorithms=algos)
+
+
+def _run(sc):
+    world = build_world(sc)
+    return world, run_algorithm(world, sc.algorithms[0])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_same_seed_same_results(name):
+    a = pd.DataFrame(_run(_scenario(name))[1].rows)
+    b = pd.DataFrame(_run(_scenario(name))[1].rows)
+    pd.testing.assert_frame_equal(a, b)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("bits", [16, 4])
+def test_ledger_bits_equal_declared_payloads(name, bits):
+    sc = _scenario(name, "channel=seed002-pinned", "channel.uplink.delivery_probability=1.0",
+                   f"quantization_bits={bits}")
+    world, run = _run(sc)
+    up, down = REGISTRY[name].declared_payloads(world.flat.d, bits)
+    n = world.num_devices
+    assert run.ledger.bits_up.tolist() == [up.bits * ROUNDS] * n
+    assert run.ledger.bits_down.tolist() == [down.bits * ROUNDS] * n
+    assert run.ledger.packets_delivered.tolist() == [ROUNDS] * n
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_energies_non_negative_and_add_up(name):
+    _, run = _run(_scenario(name))
+    rows = pd.DataFrame(run.rows)
+    assert (run.ledger.energy_j >= 0).all()
+    np.testing.assert_allclose(rows.energy_j, rows.energy_compute_j + rows.energy_uplink_j
+                               + rows.energy_downlink_j, rtol=1e-12)
+    np.testing.assert_allclose(rows.energy_compute_j, rows.energy_compute_forward_j
+                               + rows.energy_compute_backward_j, rtol=1e-12)
+    assert (np.diff(rows.energy_j) > 0).all() and (np.diff(rows.sim_time_s) > 0).all()
+    assert rows.energy_j.iloc[-1] == pytest.approx(run.ledger.energy_j.sum(), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_lost_packets_never_reach_the_model(name):
+    """With every upload lost, the global model must stay theta_0 while energy is still spent."""
+    sc = _scenario(name, "channel=seed002-pinned", "channel.uplink.delivery_probability=1e-12")
+    _, run = _run(sc)
+    rows = pd.DataFrame(run.rows)
+    assert run.ledger.packets_delivered.sum() == 0
+    assert rows.test_loss.nunique() == 1 and rows.test_accuracy.nunique() == 1
+    assert rows.energy_uplink_j.iloc[-1] > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_parameters_give_a_clean_error(name):
+    with pytest.raises(UserError, match=r"algorithms\[0\]\.rounds: Input should be greater than 0"):
+        small_scenario(algorithms=[{"name": name, "rounds": 0}])
+    with pytest.raises(UserError, match=r"algorithms\[0\]\.no_such_parameter: unknown key"):
+        small_scenario(algorithms=[{"name": name, "no_such_parameter": 1}])
