@@ -123,3 +123,13 @@ def test_chunking_does_not_change_results():
     np.testing.assert_allclose(big.test_loss, tiny.test_loss, rtol=1e-5)
     pd.testing.assert_frame_equal(big.drop(columns=["test_loss", "test_accuracy"]),
                                   tiny.drop(columns=["test_loss", "test_accuracy"]))
+
+
+def test_an_algorithm_does_not_depend_on_what_ran_before_it():
+    """Every algorithm starts from the same theta_0 on the same world, whatever ran first."""
+    sc = small_scenario()
+    alone = pd.DataFrame(_run(sc, 2)[1].rows)
+    world = build_world(sc)
+    for params in sc.algorithms:  # dzofl and fedsgd first, then fedavg on the same world
+        last = run_algorithm(world, params)
+    pd.testing.assert_frame_equal(alone, pd.DataFrame(last.rows))

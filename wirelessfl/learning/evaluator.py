@@ -42,10 +42,12 @@ class FlatModel:
         self.shapes = [p.shape for p in params.values()]
         self.numels = [p.numel() for p in params.values()]
         self.d = int(sum(self.numels))
+        # theta_0 is kept apart: predict() repoints the module's parameters at other vectors.
+        self._theta0 = torch.cat([p.detach().reshape(-1) for p in params.values()]).float().clone()
 
     def initial(self) -> torch.Tensor:
-        """theta_0 as a flat float32 vector [d]."""
-        return torch.cat([p.detach().reshape(-1) for p in self.model.parameters()]).float()
+        """theta_0 as a flat float32 vector [d] (a fresh copy)."""
+        return self._theta0.clone()
 
     def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
         """Views of ``theta`` [d] shaped as the model's parameters."""
