@@ -20,6 +20,7 @@ import numpy as np
 import simpy
 
 from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.energy.radio import radio_energy_j
 from wirelessfl.engine.ledger import Ledger
 
 
@@ -75,7 +76,7 @@ class Network:
             forward_time_s=fwd * self.compute.forward_time_s(b),
             backward_time_s=bwd * self.compute.backward_time_s(b),
             airtime_s=outcome.airtime_s,
-            uplink_energy_j=self.uplink.tx_power_w * outcome.airtime_s,
+            uplink_energy_j=radio_energy_j(self.uplink.tx_power_w, outcome.airtime_s),
             delivered=outcome.delivered & active,
             attempts=outcome.attempts,
         )
@@ -95,7 +96,7 @@ class Network:
 
     def _broadcast_cost(self, payload: Payload) -> tuple[float, float]:
         airtime = float(self.downlink.broadcast(payload.bits))
-        return airtime, self.rx_power_w * airtime
+        return airtime, float(radio_energy_j(self.rx_power_w, airtime))
 
     def _record_downlink(self, payload: Payload, airtime: float, energy: float, devices) -> None:
         self.ledger.charge("downlink", energy, airtime, devices)
