@@ -139,6 +139,7 @@ def run_case(spec: dict, repeats: int, peak: float) -> dict:
     gflops = 2 * macs / project / 1e9
     return {
         "case": spec["case"], "devices": n, "d": world.flat.d, "rounds_timed": params.rounds,
+        "per_device_strategy": world.evaluator.stacked.strategy,
         "repeats": repeats, "loop_s_per_round": loop, "wirelessfl_s_per_round": project,
         "learning_compute_s_per_round": compute, "speedup_vs_loop": loop / project,
         "gflop_per_round": 2 * macs / 1e9, "achieved_gflops": gflops,
@@ -146,6 +147,41 @@ def run_case(spec: dict, repeats: int, peak: float) -> dict:
         "engine_overhead_fraction": max(0.0, 1 - compute / project),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def strategy_comparison(repeats: int, peak: float) -> list[dict]:
+    """Per-device model strategies (wirelessfl/learning/stacked.py) on one local step of each
+    zoo model: the structural choice against torch.func.vmap, interleaved, medians."""
+    from wirelessfl.engine.build import build_world
+    from wirelessfl.learning.seeds import keyed_generator
+    from wirelessfl.scenario.loader import scenario_from_document
+
+    rows = []
+    for spec in case_specs(True)[:2]:  # mlp_fedavg (50 devices), cnn_fedavg (10 devices)
+        doc = {"name": spec["case"], "channel": CHANNEL, "energy": ENERGY, "data": spec["data"],
+               "model": spec["model"], "population": {"num_devices": spec["n"]},
+               "algorithms": [{"name": "fedavg"}]}
+        world = build_world(scenario_from_document(doc, spec["case"]))
+        ev = world.evaluator
+        chosen = ev.stacked.strategy
+        idx = ev.sample(keyed_generator(0, "batch", 0), spec["algorithm"]["batch_size"])[0]
+        models = world.flat.initial().expand(world.num_devices, -1).clone()
+        times: dict[str, list[float]] = {chosen: [], "vmap": []}
+        for _ in range(repeats + 1):  # the first pass of each warms up
+            for strategy, samples in times.items():
+                ev.stacked.strategy = strategy
+                start = time.perf_counter()
+                for _ in range(5):
+                    ev.stacked_gradients(models, idx)
+                samples.append((time.perf_counter() - start) / 5)
+        ev.stacked.strategy = chosen
+        macs = world.num_devices * 3 * world.model_profile.macs(spec["algorithm"]["batch_size"])
+        for strategy, ts in times.items():
+            t = statistics.median(ts[1:])
+            rows.append({"model": spec["model"]["name"], "devices": world.num_devices,
+                         "strategy": strategy, "chosen": strategy == chosen,
+                         "ms_per_step": 1e3 * t, "peak_fraction": 2 * macs / t / 1e9 / peak})
+    return rows
 
 
 def _worker(args):
@@ -173,6 +209,12 @@ def main() -> None:
               f" ({100*res['peak_fraction']:4.1f}% of peak)"
               f"  overhead {100*res['engine_overhead_fraction']:5.1f}%"
               f"  peak RSS {res['peak_rss_mb']:7.0f} MB", flush=True)
+    with ctx.Pool(1) as pool:
+        strategies = pool.apply(strategy_comparison, (args.repeats, peak))
+    for row in strategies:
+        print(f"step of {row['model']:<12} x{row['devices']:<3} {row['strategy']:<10}"
+              f" {row['ms_per_step']:8.2f} ms  {100 * row['peak_fraction']:5.1f}% of peak"
+              f"{'  (chosen)' if row['chosen'] else ''}", flush=True)
     by_case = {r["case"]: r for r in results}
     summary = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
@@ -183,6 +225,7 @@ def main() -> None:
         "cnn_dzofl_peak_fraction": by_case["cnn_dzofl"]["peak_fraction"],
         "engine_overhead_fraction": max(r["engine_overhead_fraction"] for r in results),
         "cases": results,
+        "per_device_model_strategies": strategies,
     }
     with open(args.out, "w") as fh:
         json.dump(summary, fh, indent=2)

@@ -36,7 +36,8 @@ def _cmd_run(args) -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
     writer = RunWriter(out, resolved_document(scenario), scenario.seed,
-                       extra={"model": _model_facts(world)})
+                       extra={"model": _model_facts(world)},
+                       partition=world.partition_record())
     print(f"{scenario.name}: {world.num_devices} devices, model {scenario.model.name} "
           f"(d = {world.flat.d:,}), dataset {scenario.data.name}; results -> {out}",
           file=sys.stderr)

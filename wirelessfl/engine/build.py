@@ -13,12 +13,14 @@ import torch
 
 from wirelessfl.channel import Cell, Downlink, Uplink
 from wirelessfl.energy import ComputeModel, ModelProfile, profile_model
+from wirelessfl.engine.allocator import keep_freed_memory
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import Dataset, load_dataset
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.models import build_model
-from wirelessfl.learning.partition import partition
+from wirelessfl.learning.partition import label_counts, partition
 from wirelessfl.learning.seeds import keyed_rng, stream_key
+from wirelessfl.results.records import partition_manifest
 from wirelessfl.scenario.schema import Scenario
 
 
@@ -56,9 +58,19 @@ class World:
     def compute_model(self, bits: int) -> ComputeModel:
         return ComputeModel(self.scenario.energy, self.model_profile, bits)
 
+    def label_counts(self) -> np.ndarray:
+        """[N, C] training samples of each class on each device."""
+        return label_counts(self.dataset.y_train, self.shards, self.dataset.num_classes)
+
+    def partition_record(self) -> dict:
+        """What the manifest records about the split (hand it to ``RunWriter(partition=...)``)."""
+        config = self.scenario.partition
+        return partition_manifest(config.scheme, config.params(), self.label_counts())
+
 
 def build_world(scenario: Scenario) -> World:
     """Place devices, load and split the data, build the model and the evaluator."""
+    keep_freed_memory()  # the round's large temporaries reuse heap memory (engine/allocator.py)
     seed, n = scenario.seed, scenario.population.num_devices
     device = torch_device(scenario.device)
     if scenario.population.distances_m is not None:
@@ -67,7 +79,8 @@ def build_world(scenario: Scenario) -> World:
     else:
         cell = Cell.build(n, scenario.channel, keyed_rng(seed, "placement"))
     dataset = load_dataset(scenario.data, seed)
-    shards = partition(scenario.partition.scheme, dataset.y_train, n, keyed_rng(seed, "partition"))
+    shards = partition(scenario.partition.scheme, dataset.y_train, n, keyed_rng(seed, "partition"),
+                       **scenario.partition.params())
     model = build_model(scenario.model.name, dataset.input_shape, dataset.num_classes,
                         hidden=tuple(scenario.model.hidden),
                         seed=stream_key(seed, "init") % 2**31)

@@ -61,6 +61,10 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
+    def layers(self) -> list[nn.Module]:
+        """The modules in the order forward() calls them (lets the evaluator stack devices)."""
+        return list(self.net)
+
 
 class Logistic(nn.Module):
     """Multinomial logistic regression: one linear layer on the flattened input."""
@@ -72,6 +76,10 @@ class Logistic(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.flatten(x))
+
+    def layers(self) -> list[nn.Module]:
+        """The modules in the order forward() calls them (lets the evaluator stack devices)."""
+        return [self.flatten, self.fc]
 
 
 MODEL_NAMES = ("seed002-cnn", "mlp", "logistic")

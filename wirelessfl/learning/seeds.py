@@ -34,16 +34,19 @@ DEVICE_BLOCK = 64
 
 def device_uniform(seed: int, stream: str, k: int, rows: slice, cols: int,
                    device=None) -> torch.Tensor:
-    """Uniforms in [0, 1) [rows, cols] for devices ``rows`` at round ``k``.
+    """Float32 uniforms in [0, 1) [rows, cols] for devices ``rows`` at round ``k``.
 
-    Devices are grouped in fixed blocks of DEVICE_BLOCK, each block drawn from its own keyed
-    generator, so a device's values do not depend on which devices are computed together (chunking)
-    or on the torch device, while the cost stays one generator per 64 devices.
+    Devices are grouped in fixed blocks of DEVICE_BLOCK, each block a keyed PCG64 stream filled
+    row by row, so a device's values do not depend on which devices are computed together
+    (chunking) or on the torch device. Only the rows up to the last one asked for are drawn (a
+    prefix of the block's stream), so one row costs one row, not a block.
     """
     start, stop = rows.start or 0, rows.stop
     out = []
     for block in range(start // DEVICE_BLOCK, (stop - 1) // DEVICE_BLOCK + 1):
         lo = block * DEVICE_BLOCK
-        values = torch.rand((DEVICE_BLOCK, cols), generator=keyed_generator(seed, stream, k, block))
-        out.append(values[max(start - lo, 0):min(stop - lo, DEVICE_BLOCK)])
-    return torch.cat(out).to(device) if device is not None else torch.cat(out)
+        needed = min(stop - lo, DEVICE_BLOCK)
+        values = keyed_rng(seed, stream, k, block).random((needed, cols), dtype=np.float32)
+        out.append(values[max(start - lo, 0):])
+    noise = torch.from_numpy(out[0] if len(out) == 1 else np.concatenate(out))
+    return noise.to(device) if device is not None else noise

@@ -15,9 +15,11 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from wirelessfl.errors import UserError
+from wirelessfl.learning.partition import mean_tv_distance
 
 ROUND_COLUMNS = [
     "algorithm", "round", "sim_time_s", "energy_j", "energy_compute_j", "energy_compute_forward_j",
@@ -61,10 +63,19 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+def partition_manifest(scheme: str, params: dict, counts) -> dict:
+    """The manifest's ``partition`` entry: the scheme, its parameters, the [N, C] label counts
+    (a list per device) and their mean total-variation distance to the overall label mix."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return {"scheme": scheme, "params": dict(params), "num_classes": int(counts.shape[1]),
+            "mean_label_tv": mean_tv_distance(counts), "label_counts": counts.tolist()}
+
+
 class RunWriter:
     """Keeps a run folder up to date as algorithms finish."""
 
-    def __init__(self, out_dir: Path, scenario_doc: dict, seed: int, extra: dict | None = None):
+    def __init__(self, out_dir: Path, scenario_doc: dict, seed: int, extra: dict | None = None,
+                 partition: dict | None = None):
         self.dir = Path(out_dir)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -81,6 +92,8 @@ class RunWriter:
             "algorithms": {},
             **(extra or {}),
         }
+        if partition is not None:
+            self.manifest["partition"] = partition
         self.flush()
 
     def add(self, label: str, rounds: list[dict], devices: list[dict], info: dict) -> None:

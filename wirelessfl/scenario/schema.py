@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from wirelessfl.algorithms.base import AlgorithmParams
 from wirelessfl.channel.config import ChannelConfig
 from wirelessfl.energy.profile import EnergyProfile
 from wirelessfl.learning.datasets import DataConfig
 from wirelessfl.learning.models import MODEL_NAMES
+from wirelessfl.learning.partition import PARAM_DEFAULTS, SCHEME_PARAMS
 
 
 class _Strict(BaseModel):
@@ -35,7 +44,54 @@ class PopulationConfig(_Strict):
 
 
 class PartitionConfig(_Strict):
-    scheme: Literal["iid"] = Field("iid", description="how training data is split over devices")
+    """How the training set is split over devices; each scheme reads only its own parameters
+    (``SCHEME_PARAMS``), whose defaults are filled in when the scheme reads them."""
+
+    scheme: Literal["iid", "dirichlet", "shards", "quantity-skew", "label-skew"] = Field(
+        "iid", description="iid: equal random shards (seed 002); dirichlet: per-class Dir(alpha) "
+                           "label skew; shards: sorted-label shards (McMahan et al. 2017); "
+                           "quantity-skew: i.i.d. labels, Dir(beta) sizes; label-skew: exactly "
+                           "classes_per_device classes each (Li et al. 2022, #C = k)")
+    alpha: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description=f"dirichlet: concentration (default {PARAM_DEFAULTS['alpha']}); large -> "
+                    "i.i.d.-like, small -> one or two classes per device")
+    shards_per_device: int | None = Field(
+        None, gt=0, description=f"shards: shards per device (default "
+                                f"{PARAM_DEFAULTS['shards_per_device']}, McMahan et al. 2017)")
+    beta: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description=f"quantity-skew: Dirichlet concentration of device sizes (default "
+                    f"{PARAM_DEFAULTS['beta']}); small -> very unequal sizes")
+    classes_per_device: int | None = Field(
+        None, gt=0, description=f"label-skew: classes each device holds (default "
+                                f"{PARAM_DEFAULTS['classes_per_device']})")
+    min_samples: int | None = Field(
+        None, gt=0, description=f"dirichlet, quantity-skew: fewest samples a device may get "
+                                f"(default {PARAM_DEFAULTS['min_samples']})")
+
+    @model_validator(mode="after")
+    def _params_match_scheme(self):
+        reads = SCHEME_PARAMS[self.scheme]
+        for name in PARAM_DEFAULTS:
+            if name not in reads and getattr(self, name) is not None:
+                readers = [s for s, p in SCHEME_PARAMS.items() if name in p]
+                raise ValueError(f"'{name}' is only read by scheme {' or '.join(map(repr, readers))}"
+                                 f" but scheme is {self.scheme!r}; remove it or set scheme: "
+                                 f"{readers[0]}")
+            if name in reads and getattr(self, name) is None:
+                setattr(self, name, PARAM_DEFAULTS[name])
+        return self
+
+    @model_serializer(mode="wrap")
+    def _only_read_params(self, handler):
+        """Dump the scheme and the parameters it reads, nothing else (so the resolved scenario
+        validates again)."""
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    def params(self) -> dict:
+        """The keyword parameters the scheme's partitioner reads, defaults filled in."""
+        return {name: getattr(self, name) for name in SCHEME_PARAMS[self.scheme]}
 
 
 class ModelConfig(_Strict):

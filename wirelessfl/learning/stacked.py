@@ -1,0 +1,102 @@
+"""Forward passes of n devices' own models at once: device i's parameters are row i of [n, d].
+
+Per-device gradients then come from ONE autograd call on the sum of the per-device losses (device
+i's loss depends only on row i, so d(sum)/d(row i) is device i's gradient). Which kernels run is
+chosen from the model's structure, never from timings, so a scenario always takes the same
+arithmetic path (same seed, same numbers):
+
+* ``linear``: a chain of Flatten / Linear / ReLU (the zoo's mlp and logistic, through their
+  ``layers()``) becomes one batched matrix product per layer for all devices (torch.baddbmm);
+* ``per-device``: models with 2-D convolutions run device after device in channels-last layout.
+  Each device's pass is large (the seed-002 CNN: 10^7 MACs per sample), so the Python loop is
+  negligible, and mkldnn's channels-last convolutions beat the grouped convolution that vmap
+  produces (measured in benchmarks/README.md, "per-device model strategies");
+* ``vmap``: any other model, torch.func.vmap of functional_call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.func import vmap
+
+if TYPE_CHECKING:  # evaluator imports this module
+    from wirelessfl.learning.evaluator import FlatModel
+
+CHANNELS_LAST = torch.channels_last
+
+
+def uses_convolutions(model: nn.Module) -> bool:
+    """True when the model has 2-D convolutions (they run faster in channels-last layout)."""
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+def to_channels_last(t: torch.Tensor) -> torch.Tensor:
+    """A 4-D tensor in channels-last layout (same values); other tensors unchanged."""
+    return t.contiguous(memory_format=CHANNELS_LAST) if t.dim() == 4 else t
+
+
+def linear_plan(flat: FlatModel) -> list[tuple] | None:
+    """The model as ("flatten",) / ("relu",) / ("linear", w_offset, b_offset|None, out, in) steps
+    over the flat parameter vector, or None when it is not such a chain."""
+    layers = getattr(flat.model, "layers", None)
+    if not callable(layers):
+        return None
+    offsets, start = {}, 0
+    for p, numel in zip(flat.model.parameters(), flat.numels):
+        offsets[id(p)] = start
+        start += numel
+    plan: list[tuple] = []
+    for layer in layers():
+        if isinstance(layer, nn.Flatten) and layer.start_dim == 1 and layer.end_dim == -1:
+            plan.append(("flatten",))
+        elif isinstance(layer, nn.ReLU):
+            plan.append(("relu",))
+        elif isinstance(layer, nn.Linear):
+            bias = offsets[id(layer.bias)] if layer.bias is not None else None
+            plan.append(("linear", offsets[id(layer.weight)], bias, layer.out_features,
+                         layer.in_features))
+        else:
+            return None
+    return plan
+
+
+class StackedForward:
+    """logits [n, b, C] of n models (rows of ``models`` [n, d]) on their inputs x [n, b, ...]."""
+
+    def __init__(self, flat: FlatModel):
+        self.flat = flat
+        self.plan = linear_plan(flat)
+        if self.plan is not None:
+            self.strategy = "linear"
+        elif flat.channels_last:
+            self.strategy = "per-device"
+        else:
+            self.strategy = "vmap"
+        self._vmapped = vmap(flat.forward)
+
+    def __call__(self, models: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.strategy == "linear":
+            return self._linear(models, x)
+        if self.strategy == "per-device":
+            return torch.stack([self.flat.forward(models[i], x[i]) for i in range(len(models))])
+        return self._vmapped(models, x)
+
+    def _linear(self, models: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        n, b = x.shape[:2]
+        h = x
+        for step in self.plan:
+            if step[0] == "flatten":
+                h = h.reshape(n, b, -1)
+            elif step[0] == "relu":
+                h = h.relu()
+            else:
+                _, w_at, b_at, out, inp = step
+                weight = models[:, w_at:w_at + out * inp].unflatten(1, (out, inp))
+                if b_at is None:
+                    h = torch.bmm(h, weight.transpose(1, 2))
+                else:
+                    h = torch.baddbmm(models[:, None, b_at:b_at + out], h, weight.transpose(1, 2))
+        return h
