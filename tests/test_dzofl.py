@@ -108,7 +108,8 @@ def test_iteration_with_no_delivery_leaves_model_unchanged(monkeypatch):
 
 def test_perturbation_is_regenerated_not_stored(world):
     sc = small_scenario()
-    ctx = type("Ctx", (), {"theta0": world.flat.initial(), "seed": sc.seed})()
+    ctx = type("Ctx", (), {"theta0": world.flat.initial(), "seed": sc.seed,
+                           "num_devices": world.num_devices})()
     alg = DZOFL(sc.algorithms[0], ctx)
     a, b, c = alg.perturbation(5), alg.perturbation(5), alg.perturbation(6)
     assert torch.equal(a, b) and not torch.equal(a, c)

@@ -51,9 +51,12 @@ def test_strategy_follows_the_model_structure(model_name):
     assert (linear_plan(ev.flat) is not None) == (CASES[model_name][1] == "linear")
 
 
+@pytest.mark.parametrize("strategy", [None, "vmap"])
 @pytest.mark.parametrize("model_name", sorted(CASES))
-def test_losses_and_gradients_match_per_device_autograd(model_name):
+def test_losses_and_gradients_match_per_device_autograd(model_name, strategy):
     ev = make_evaluator(model_name)
+    if strategy is not None:  # the generic path, available to every model
+        ev.stacked.strategy = strategy
     theta = ev.flat.initial() + 0.01 * torch.randn(ev.flat.d, generator=torch.Generator().manual_seed(1))
     idx = ev.sample(keyed_generator(0, "t", 0), 4)[0]
     losses = ev.device_losses(theta, idx)

@@ -1,4 +1,4 @@
-"""The command line: run, validate, report, list, profile, energy.
+"""The command line: run, validate, report, list, profile, energy, link.
 
 Bad input ends in one ``error: ...`` line on stderr and exit code 2, never a traceback.
 """
@@ -209,6 +209,41 @@ def _cmd_energy(args) -> int:
     return 0
 
 
+def _cmd_link(args) -> int:
+    from pydantic import ValidationError
+
+    from wirelessfl.channel import Cell, ChannelConfig
+    from wirelessfl.channel.analysis import MC_SAMPLES, budget_method, link_budget
+    from wirelessfl.scenario import catalog
+    from wirelessfl.scenario.loader import format_validation_error
+
+    if not args.distance > 0:
+        raise UserError(f"--distance: must be a positive distance in metres, got {args.distance}")
+    if args.bits < 0:
+        raise UserError(f"--bits: must be a non-negative number of payload bits, got {args.bits}")
+    doc = catalog.load_mapping("channels", args.profile, "link")
+    try:
+        config = ChannelConfig.model_validate(doc)
+    except ValidationError as err:
+        message = format_validation_error(err, f"channel profile '{args.profile}'")
+        raise UserError(message.replace("\n", "; ")) from None
+    los = None if args.los is None else args.los == "los"
+    result = link_budget(config, args.distance, args.bits, los=los)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    method = budget_method(config)
+    how = method if method == "closed form" else f"Monte-Carlo over {MC_SAMPLES} packets"
+    if config.path_loss.is_3gpp:
+        state = Cell.median([args.distance], config, los).los[0]
+        how += ", LOS" if state else ", NLOS"
+    print(f"channel '{config.name or args.profile}', one device at {args.distance:g} m sending "
+          f"{args.bits} bits ({how}, median path loss):")
+    for key, value in result.items():
+        print(f"  {key:<22} {value}" if isinstance(value, str) else f"  {key:<22} {value:.6g}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wirelessfl",
@@ -258,6 +293,16 @@ def build_parser() -> argparse.ArgumentParser:
     en.add_argument("--bits", type=int, help="forward precision M (default 16)")
     en.add_argument("--json", action="store_true")
     en.set_defaults(func=_cmd_energy)
+
+    ln = sub.add_parser("link", help="link budget of one device: SNR, delivery, airtime, energy")
+    ln.add_argument("profile", help="channel profile name (see 'wirelessfl list') or YAML file")
+    ln.add_argument("--distance", type=float, required=True, help="ground distance to the base "
+                                                                  "station [m]")
+    ln.add_argument("--bits", type=int, required=True, help="payload bits of the packet")
+    ln.add_argument("--los", choices=["los", "nlos"],
+                    help="3GPP profiles: LOS state (default: the more likely one at --distance)")
+    ln.add_argument("--json", action="store_true")
+    ln.set_defaults(func=_cmd_link)
     return parser
 
 

@@ -3,8 +3,12 @@
 An algorithm is the base station's SimPy process. The base owns the round loop (template method):
 ``setup`` once, then ``round(k)`` for k = 0..rounds-1, with evaluation and bookkeeping between
 rounds done by the run context. A subclass writes ``round`` like its pseudocode: compute with the
-batched evaluator, ``yield from net.collect(...)`` / ``net.broadcast(...)``, then update using only
-what was delivered.
+batched evaluator, ``yield from self.collect(...)`` / ``self.broadcast(...)``, then update using
+only what was delivered.
+
+Devices that miss a downlink packet (``downlink.loss``) no longer hold the current model: they sit
+out every collect until ``resync`` (run by the base before each round) has sent them what they
+missed, so a stale model never feeds the aggregate.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -52,6 +57,8 @@ class Algorithm:
         self.ctx = ctx
         self.bits = int(params.bits)
         self.theta: torch.Tensor = ctx.theta0.clone()
+        # Downlink packets each device missed since it last held the current model.
+        self.missed = np.zeros(ctx.num_devices, dtype=np.int64)
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
@@ -61,6 +68,32 @@ class Algorithm:
         ledger against it for every registered algorithm.
         """
         raise NotImplementedError
+
+    def resync_payload(self, missed: int) -> Payload:
+        """What a device that missed ``missed`` downlink packets needs to catch up: by default
+        the current model as d float32 values."""
+        return Payload.vectors(self.theta.numel(), 32, label="resync model")
+
+    def collect(self, cost, payload: Payload, active: np.ndarray | None = None):
+        """``net.collect`` over the devices that hold the current model (and ``active``)."""
+        current = self.missed == 0
+        mask = current if active is None else current & np.asarray(active, dtype=bool)
+        return (yield from self.ctx.net.collect(cost, payload, mask))
+
+    def broadcast(self, payload: Payload):
+        """``net.broadcast`` to every device; those that miss it become stale."""
+        result = yield from self.ctx.net.broadcast(payload)
+        self.missed += ~result.received
+        return result
+
+    def resync(self):
+        """Send stale devices what they missed (a packet of its own, which can be lost again)."""
+        stale = self.missed > 0
+        if not stale.any():
+            return
+        result = yield from self.ctx.net.broadcast(self.resync_payload(int(self.missed.max())),
+                                                   receivers=stale)
+        self.missed[stale & result.received] = 0
 
     def setup(self) -> None:
         """Per-run state beyond theta (control variates, momenta, ...)."""
@@ -74,6 +107,7 @@ class Algorithm:
         self.setup()
         self.ctx.end_round(0, self.theta)
         for k in range(self.params.rounds):
+            yield from self.resync()
             yield from self.round(k)
             self.ctx.end_round(k + 1, self.theta)
 

@@ -62,6 +62,12 @@ class DZOFL(Algorithm):
         """One M-bit scalar up per device and one down (seed 002, Sec. III: N M bits per iteration)."""
         return Payload.scalar(bits), Payload.scalar(bits)
 
+    def resync_payload(self, missed: int) -> Payload:
+        """The missed broadcast scalars (the device rebuilds theta from them and the seeds), or the
+        model itself when that is smaller."""
+        return min(Payload.scalar(self.bits, count=missed, label="missed scalars"),
+                   super().resync_payload(missed), key=lambda payload: payload.bits)
+
     def setup(self) -> None:
         self.saturated = 0  # quantised values that hit the grid's ends (reported)
 
@@ -85,11 +91,11 @@ class DZOFL(Algorithm):
                                         keyed_generator(ctx.seed, "dzofl-up", k))
 
         scalar, _ = self.declared_payloads(self.theta.numel(), self.bits)
-        result = yield from ctx.net.collect(Cost(forward_passes=2, batch_size=p.batch_size), scalar)
+        result = yield from self.collect(Cost(forward_passes=2, batch_size=p.batch_size), scalar)
         delivered = torch.as_tensor(result.delivered, device=q_up.device)
         self.saturated += int(sat_up[delivered].sum())
         aggregate = aggregate_delivered(q_up, delivered)
-        yield from ctx.net.broadcast(scalar)
+        yield from self.broadcast(scalar)
         if aggregate is None:  # S_k empty: the model stays as it is
             return
         q_down, sat_down = quantize_scalars(aggregate.reshape(1), self.bits, n * p.scalar_range,

@@ -52,13 +52,13 @@ class VectorUploadAlgorithm(Algorithm):
         return quantize_rows(vectors, self.bits, noise)[0]
 
     def round(self, k: int):
-        ctx, d = self.ctx, self.theta.numel()
+        d = self.theta.numel()
         vector, broadcast = self.declared_payloads(d, self.bits)
-        result = yield from ctx.net.collect(self.cost(), vector)
+        result = yield from self.collect(self.cost(), vector)
         delivered = torch.as_tensor(result.delivered, device=self.theta.device)
         received = int(delivered.sum())
         if not received:
-            yield from ctx.net.broadcast(Payload.scalar(self.bits, label="no-update flag"))
+            yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
             return
         total = torch.zeros_like(self.theta)
         for rows, vectors in self.device_vectors(k):
@@ -68,7 +68,7 @@ class VectorUploadAlgorithm(Algorithm):
                 total += q[mask].sum(0)
         mean = (total / received).unsqueeze(0)
         q_mean = self.quantize(mean, f"{self.name}-down", k, slice(0, 1))[0]
-        yield from ctx.net.broadcast(broadcast)
+        yield from self.broadcast(broadcast)
         self.apply(q_mean)
 
 

@@ -2,11 +2,15 @@
 
 Sources: seed 002 is Mhanna and Assaad (2024), "Communication and Energy Efficient Federated
 Learning using Zero-Order Optimization Technique"; Sec. V gives the cell. Fields marked [D] are our
-defaults where the paper is silent. The catalog file ``channels/seed002-cell.yaml`` cites every value.
+defaults where no source fixes them. The catalog files ``channels/*.yaml`` cite every value; the
+models behind the fields are described in ``docs/radio.md``.
 """
 
 from __future__ import annotations
 
+import math
+import types
+import typing
 from typing import Literal
 
 from pydantic import (
@@ -16,11 +20,20 @@ from pydantic import (
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
+    PositiveInt,
     field_validator,
     model_validator,
 )
 
+from wirelessfl.channel.fading import FadingConfig
+from wirelessfl.channel.mcs import McsConfig
+from wirelessfl.channel.pathloss import THREE_GPP, PathLossConfig
+
 TX_POWER_RANGE_DBM = (-50.0, 60.0)
+# 3GPP TR 38.901 covers 0.5 to 100 GHz (its title and Sec. 7.4.1).
+THREE_GPP_FREQUENCY_RANGE_HZ = (0.5e9, 100e9)
+# 3GPP TS 38.211 Sec. 4.3.2: numerology mu = 0..4 in data channels, slot = 1 ms / 2^mu.
+SUBFRAME_S = 1e-3
 
 
 def _check_tx_power(value: float, link: str) -> float:
@@ -36,31 +49,75 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class PathLossConfig(_Strict):
-    """PL [dB] = intercept_db + slope_db_per_decade * log10(d [km])."""
+class ArqConfig(_Strict):
+    """Retransmission of a lost uplink packet (each attempt a fresh channel, no soft combining)."""
 
-    # 3GPP TR 36.814 Table A.2.1.1-2, macro cell: 128.1 + 37.6 log10(R [km]).
-    intercept_db: float = Field(128.1, description="path loss at 1 km [dB]")
-    slope_db_per_decade: float = Field(37.6, description="increase per decade of distance [dB]")
+    max_attempts: PositiveInt = Field(
+        1, le=32, description="transmissions per packet, first included (1 = no retransmission)")
+
+
+class SpectrumConfig(_Strict):
+    """Dedicated bands, or a shared pool of equal sub-bands that the engine schedules."""
+
+    mode: Literal["dedicated", "shared"] = Field(
+        "dedicated", description="dedicated: every device has uplink.bandwidth_hz of its own; "
+                                 "shared: a pool split into 'channels' equal sub-bands")
+    pool_bandwidth_hz: PositiveFloat | None = Field(
+        None, description="shared: total uplink bandwidth of the pool [Hz]")
+    channels: PositiveInt | None = Field(
+        None, description="shared: number of equal sub-bands (1 = TDMA, default)")
+    scheduler: Literal["round-robin", "proportional-fair"] | None = Field(
+        None, description="shared: who gets a sub-band first (default round-robin)")
+
+    @model_validator(mode="after")
+    def _shared_fields(self):
+        extra = [k for k in ("pool_bandwidth_hz", "channels", "scheduler")
+                 if getattr(self, k) is not None]
+        if self.mode == "dedicated" and extra:
+            raise ValueError(f"spectrum.{extra[0]} is only read in mode 'shared' but mode is "
+                             "'dedicated'; set spectrum.mode: shared, or remove it (set it to "
+                             "null where a profile sets it)")
+        if self.mode == "shared":
+            if self.pool_bandwidth_hz is None:
+                raise ValueError("spectrum mode 'shared' needs 'pool_bandwidth_hz' (the pool's "
+                                 "total bandwidth [Hz], e.g. 20e6); add it")
+            self.channels = self.channels or 1
+            self.scheduler = self.scheduler or "round-robin"
+        return self
 
 
 class UplinkConfig(_Strict):
-    """Device -> base station: power, dedicated bandwidth, and how rate and delivery are decided."""
+    """Device -> base station: power, bandwidth, and how rate and delivery are decided."""
 
     tx_power_dbm: float = Field(
         23.0, description="device transmit power [dBm] (3GPP TS 38.101-1 power class 3: 23)")
     bandwidth_hz: PositiveFloat = Field(
-        2e6, description="bandwidth dedicated to each device [Hz] (seed 002, Sec. V: 2 MHz)")
-    mode: Literal["adaptive", "fixed", "pinned"] = Field(
+        2e6, description="dedicated spectrum: bandwidth of each device [Hz] (seed 002, Sec. V: "
+                         "2 MHz); ignored in shared mode (see device_bandwidth_hz)")
+    noise_figure_db: NonNegativeFloat = Field(
+        0.0, description="base-station receiver noise figure [dB], added to the noise density")
+    mode: Literal["adaptive", "fixed", "pinned", "mcs"] = Field(
         "fixed", description="adaptive: rate follows the faded SNR, always delivered; fixed: "
                              "rate_bps, lost in outage; pinned: rate_bps, delivered w.p. "
-                             "delivery_probability")
+                             "delivery_probability; mcs: 5G NR CQI from the mean SNR, lost "
+                             "w.p. BLER(faded SNR)")
     rate_bps: PositiveFloat = Field(
         4e6, description="packet rate in fixed and pinned modes [bit/s] ([D] 2 bit/s/Hz)")
     efficiency: float = Field(
-        1.0, gt=0, le=1, description="adaptive mode: rate = efficiency * B log2(1 + SNR)")
+        1.0, gt=0, le=1, description="adaptive mode: rate = efficiency * B log2(1 + SNR / gap)")
+    snr_gap_db: NonNegativeFloat = Field(
+        0.0, description="adaptive mode: SNR gap Gamma to capacity [dB] (0 = Shannon)")
     delivery_probability: float | None = Field(
         None, gt=0, le=1, description="pinned mode only: p, the seed's delivery probability")
+    mcs: McsConfig | None = Field(
+        None, description="mcs mode only: back-off, BLER slope, CQI thresholds")
+    arq: ArqConfig = ArqConfig()
+    spectrum: SpectrumConfig = SpectrumConfig()
+    deadline_s: PositiveFloat | None = Field(
+        None, description="upload-phase deadline [s] after which a packet counts as lost "
+                          "(stored here, enforced by the engine)")
+    circuit_power_w: NonNegativeFloat = Field(
+        0.0, description="[D] transmitter circuit power while on air [W] (stored for energy work)")
     header_bits: NonNegativeInt = Field(0, description="bits added to every packet [bit]")
 
     @field_validator("tx_power_dbm")
@@ -69,25 +126,48 @@ class UplinkConfig(_Strict):
         return _check_tx_power(value, "uplink")
 
     @model_validator(mode="after")
-    def _pinned_needs_p(self):
+    def _mode_fields(self):
         if self.mode == "pinned" and self.delivery_probability is None:
             raise ValueError("mode 'pinned' needs 'delivery_probability', a number in (0, 1]; "
                              "add it (e.g. delivery_probability: 0.9)")
         if self.mode != "pinned" and self.delivery_probability is not None:
             raise ValueError(f"'delivery_probability' is only read in mode 'pinned' but mode is "
                              f"{self.mode!r}; remove it or set mode: pinned")
+        if self.mode != "mcs" and self.mcs is not None:
+            raise ValueError(f"'mcs' is only read in mode 'mcs' but mode is {self.mode!r}; "
+                             "set mode: mcs, or remove it (set it to null where a profile sets "
+                             "it, e.g. --set channel.uplink.mcs=null)")
+        if self.mode == "mcs" and self.mcs is None:
+            self.mcs = McsConfig()
         return self
+
+    @property
+    def device_bandwidth_hz(self) -> float:
+        """Bandwidth one device transmits on [Hz]: bandwidth_hz, or pool / channels if shared."""
+        sp = self.spectrum
+        if sp.mode == "shared":
+            return float(sp.pool_bandwidth_hz / sp.channels)
+        return float(self.bandwidth_hz)
 
 
 class DownlinkConfig(_Strict):
-    """Base station -> all devices: a reliable broadcast at the rate the weakest device supports."""
+    """Base station -> devices: one broadcast at the weakest receiver's rate, or unicasts."""
 
     tx_power_dbm: float = Field(
         46.0, description="base-station transmit power [dBm] (3GPP TR 36.814 Table A.2.1.1-2)")
-    bandwidth_hz: PositiveFloat = Field(2e6, description="broadcast bandwidth [Hz] ([D])")
+    bandwidth_hz: PositiveFloat = Field(2e6, description="downlink bandwidth [Hz] ([D])")
+    noise_figure_db: NonNegativeFloat = Field(
+        0.0, description="device receiver noise figure [dB], added to the noise density")
+    mode: Literal["broadcast", "unicast"] = Field(
+        "broadcast", description="broadcast: one transmission at the rate of the weakest "
+                                 "intended receiver's mean SNR; unicast: one per receiver at "
+                                 "its own mean-SNR rate, one after another")
+    loss: bool = Field(
+        False, description="false: always received; true: a receiver whose faded SNR cannot "
+                           "carry the rate loses the packet")
     efficiency: float = Field(
-        1.0, gt=0, le=1, description="rate = efficiency * B log2(1 + min_i mean SNR_i)")
-    header_bits: NonNegativeInt = Field(0, description="bits added to every broadcast [bit]")
+        1.0, gt=0, le=1, description="rate = efficiency * B log2(1 + mean SNR)")
+    header_bits: NonNegativeInt = Field(0, description="bits added to every transmission [bit]")
 
     @field_validator("tx_power_dbm")
     @classmethod
@@ -101,18 +181,23 @@ class ChannelConfig(_Strict):
     name: str = ""
     description: str = ""
     cell_radius_m: PositiveFloat = Field(
-        500.0, description="devices lie within this distance of the base station [m] "
+        500.0, description="devices lie within this ground distance of the base station [m] "
                            "(seed 002, Sec. V: 500 m)")
     min_distance_m: NonNegativeFloat = Field(
         10.0, description="no device is closer than this to the base station [m] ([D])")
+    carrier_frequency_hz: PositiveFloat | None = Field(
+        None, description="carrier frequency f_c [Hz]; needed by free-space and 3GPP path loss "
+                          "and by a Doppler given as a speed")
     path_loss: PathLossConfig = PathLossConfig()
-    fading: Literal["rayleigh", "none"] = Field(
-        "rayleigh", description="small-scale fading, drawn independently per packet "
-                                "(seed 002, Sec. V: Rayleigh)")
+    fading: FadingConfig = Field(
+        FadingConfig(), description="small-scale fading (seed 002, Sec. V: Rayleigh per packet)")
     noise_density_dbm_hz: float = Field(
         -173.0, description="thermal noise density N0 [dBm/Hz] (seed 002, Sec. V: -173)")
     slot_s: PositiveFloat = Field(
         0.125e-3, description="airtime granularity [s] (5G NR mu = 3, 3GPP TS 38.211 sec. 4.3.2)")
+    numerology: int | None = Field(
+        None, ge=0, le=4, description="5G NR numerology mu: slot = 1 ms / 2^mu (TS 38.211 "
+                                      "sec. 4.3.2); an alternative to slot_s")
     uplink: UplinkConfig = UplinkConfig()
     downlink: DownlinkConfig = DownlinkConfig()
     sources: dict[str, str] = Field(
@@ -126,6 +211,52 @@ class ChannelConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _slot(self):
+        mu = self.numerology
+        if mu is not None:
+            slot = SUBFRAME_S / 2**mu
+            if "slot_s" in self.model_fields_set and not math.isclose(self.slot_s, slot,
+                                                                       rel_tol=1e-9):
+                raise ValueError(f"slot_s ({self.slot_s:g} s) disagrees with numerology {mu} "
+                                 f"(slot = 1 ms / 2^{mu} = {slot:g} s, TS 38.211 sec. 4.3.2); "
+                                 f"give only one of them, or set slot_s: {slot:g}")
+            if "slot_s" not in self.model_fields_set:
+                self.slot_s = slot
+        return self
+
+    @model_validator(mode="after")
+    def _carrier(self):
+        fc = self.carrier_frequency_hz
+        pl = self.path_loss
+        if fc is None and pl.needs_carrier_frequency():
+            raise ValueError(f"path_loss model {pl.model!r} needs 'carrier_frequency_hz' (the "
+                             "carrier frequency [Hz], e.g. 3.5e9); add it at the channel level")
+        if fc is None and self.fading.speed_mps is not None:
+            raise ValueError("fading.speed_mps needs 'carrier_frequency_hz' for the Doppler "
+                             "shift f_D = v f_c / c; add it, or give fading.doppler_hz instead")
+        if pl.is_3gpp:
+            lo, hi = THREE_GPP_FREQUENCY_RANGE_HZ
+            if not lo <= fc <= hi:
+                raise ValueError(f"carrier_frequency_hz must be in [0.5e9, 100e9] Hz for "
+                                 f"{pl.model} (3GPP TR 38.901); got {fc:g}")
+            dmin, dmax = THREE_GPP[pl.model]["distance_range_m"]
+            if pl.model == "3gpp-inh":
+                far = math.hypot(self.cell_radius_m, pl.bs_height_m - pl.ut_height_m)
+                if far > dmax:
+                    raise ValueError(f"3gpp-inh is defined for d3D <= {dmax:g} m (TR 38.901 "
+                                     f"Table 7.4.1-1) but the cell edge is at d3D = {far:.4g} m; "
+                                     "lower cell_radius_m")
+            elif self.min_distance_m < dmin or self.cell_radius_m > dmax:
+                raise ValueError(f"{pl.model} is defined for {dmin:g} m <= d2D <= {dmax:g} m "
+                                 "(TR 38.901 Table 7.4.1-1); set min_distance_m >= "
+                                 f"{dmin:g} and cell_radius_m <= {dmax:g}")
+        if self.fading.k_factor_applies_to == "los" and not pl.is_3gpp:
+            raise ValueError("fading.k_factor_applies_to 'los' needs a path-loss model with LOS "
+                             "states (3gpp-uma, 3gpp-umi, 3gpp-inh); use 'all' or change "
+                             "path_loss.model")
+        return self
+
+    @model_validator(mode="after")
     def _sources_name_fields(self):
         for key in self.sources:
             model: type[BaseModel] | None = type(self)
@@ -134,6 +265,16 @@ class ChannelConfig(_Strict):
                 if field is None:
                     raise ValueError(f"sources: {key!r} is not a field of the channel profile; "
                                      f"cite a field such as 'uplink.tx_power_dbm'")
-                sub = field.annotation
-                model = sub if isinstance(sub, type) and issubclass(sub, BaseModel) else None
+                model = _submodel(field.annotation)
         return self
+
+
+def _submodel(annotation) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation (``X`` or ``X | None``), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        for arg in typing.get_args(annotation):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                return arg
+    return None

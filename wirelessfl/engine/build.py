@@ -75,7 +75,7 @@ def build_world(scenario: Scenario) -> World:
     device = torch_device(scenario.device)
     if scenario.population.distances_m is not None:
         cell = Cell.from_distances(np.asarray(scenario.population.distances_m, float),
-                                   scenario.channel)
+                                   scenario.channel, keyed_rng(seed, "placement"))
     else:
         cell = Cell.build(n, scenario.channel, keyed_rng(seed, "placement"))
     dataset = load_dataset(scenario.data, seed)

@@ -72,6 +72,10 @@ class RunContext:
             "bits_up": float(self.ledger.bits_up.sum()),
             "bits_down": float(self.ledger.bits_down.sum()),
             "delivered_fraction": self.ledger.delivered_fraction(),
+            "transmissions": int(self.ledger.transmissions.sum()),
+            "late_uploads": int(self.ledger.late_uploads.sum()),
+            "queue_wait_s": float(self.ledger.queue_wait_s.sum()),
+            "broadcasts_missed": int(self.ledger.broadcasts_missed.sum()),
             "test_accuracy": float(accuracy),
             "test_loss": float(loss),
         }

@@ -25,6 +25,10 @@ class Ledger:
     bits_down: np.ndarray = field(init=False)
     packets_sent: np.ndarray = field(init=False)
     packets_delivered: np.ndarray = field(init=False)
+    transmissions: np.ndarray = field(init=False)  # uplink attempts, ARQ retries included
+    late_uploads: np.ndarray = field(init=False)  # uploads cut off by the round's deadline
+    queue_wait_s: np.ndarray = field(init=False)  # time waiting for a shared sub-band [s]
+    broadcasts_missed: np.ndarray = field(init=False)  # downlink packets not received
 
     def __post_init__(self) -> None:
         n = self.num_devices
@@ -34,6 +38,10 @@ class Ledger:
         self.bits_down = np.zeros(n)
         self.packets_sent = np.zeros(n, dtype=np.int64)
         self.packets_delivered = np.zeros(n, dtype=np.int64)
+        self.transmissions = np.zeros(n, dtype=np.int64)
+        self.late_uploads = np.zeros(n, dtype=np.int64)
+        self.queue_wait_s = np.zeros(n)
+        self.broadcasts_missed = np.zeros(n, dtype=np.int64)
 
     def charge(self, kind: str, energy_j, busy_s, devices=slice(None)) -> None:
         """Add energy [J] and busy time [s] of ``kind`` to ``devices`` (index, mask or slice)."""

@@ -14,6 +14,7 @@ Per-device physics (compute time and energy, fading, airtime, delivery) comes fr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,15 +23,30 @@ import simpy
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.energy.radio import radio_energy_j
 from wirelessfl.engine.ledger import Ledger
+from wirelessfl.engine.spectrum import (
+    PF_TIME_CONSTANT_PHASES,
+    SharedSpectrum,
+    schedule_uploads,
+    scheduler_priorities,
+)
 
 
 @dataclass
 class CollectResult:
     """What the base station learns from a collect phase."""
 
-    delivered: np.ndarray  # [N] bool: packet decoded at the base station
+    delivered: np.ndarray  # [N] bool: packet decoded at the base station in time
     finish_s: np.ndarray  # [N] absolute simulated time the device finished [s] (start if inactive)
     active: np.ndarray  # [N] bool: devices that took part
+    late: np.ndarray  # [N] bool: uploads cut off by the deadline (stragglers)
+
+
+@dataclass
+class BroadcastResult:
+    """What a downlink transmission reached."""
+
+    received: np.ndarray  # [N] bool: devices that decoded it
+    airtime_s: float  # [s] the base station was on air
 
 
 @dataclass
@@ -39,17 +55,24 @@ class _Plan:
     backward_energy_j: np.ndarray
     forward_time_s: np.ndarray
     backward_time_s: np.ndarray
-    airtime_s: np.ndarray
+    ready_s: np.ndarray  # absolute time the packet is ready [s]
+    hold_s: np.ndarray  # airtime the upload needs, all ARQ attempts [s]
+    upload_start_s: np.ndarray  # absolute start of the upload [s] (after any queueing)
+    priority: np.ndarray | None  # [N, 2] scheduler keys (shared spectrum only)
+    cutoff_s: float  # absolute deadline of the phase [s] (inf without one)
+    airtime_s: np.ndarray  # time actually on air [s] (cut at the deadline)
     uplink_energy_j: np.ndarray
     delivered: np.ndarray
-    attempts: np.ndarray
+    late: np.ndarray
+    attempts: np.ndarray  # transmissions made (those started before the deadline)
 
 
 class Network:
     """Shared state and physics of both engines; subclasses advance the clock."""
 
     def __init__(self, env: simpy.Environment, ledger: Ledger, uplink, downlink, compute,
-                 rx_power_w: float, rng: np.random.Generator):
+                 rx_power_w: float, rng: np.random.Generator,
+                 downlink_rng: np.random.Generator | None = None):
         self.env = env
         self.ledger = ledger
         self.uplink = uplink
@@ -57,28 +80,73 @@ class Network:
         self.compute = compute
         self.rx_power_w = float(rx_power_w)
         self.rng = rng
+        self.downlink_rng = downlink_rng
         self.num_devices = ledger.num_devices
         self._all = np.ones(self.num_devices, dtype=bool)
+        up = uplink.config.uplink
+        self.deadline_s = up.deadline_s
+        self.shared = up.spectrum.mode == "shared"
+        self.channels = int(up.spectrum.channels or 1)
+        self.scheduler = up.spectrum.scheduler or "round-robin"
+        self.on_air_power_w = uplink.tx_power_w + uplink.circuit_power_w
+        self.phase = 0  # upload phases so far: rotates the round-robin order
+        self.pf_average_bps: np.ndarray | None = None  # proportional-fair served-rate average
 
     def _active(self, active: np.ndarray | None) -> np.ndarray:
         return self._all if active is None else np.asarray(active, dtype=bool)
 
+    def _priorities(self, rate_bps: np.ndarray, active: np.ndarray) -> np.ndarray:
+        """This phase's scheduler keys; updates the proportional-fair average afterwards."""
+        if self.pf_average_bps is None:
+            self.pf_average_bps = np.asarray(rate_bps, float).copy()
+        keys = scheduler_priorities(self.scheduler, self.phase, rate_bps, self.pf_average_bps)
+        beta = 1.0 / PF_TIME_CONSTANT_PHASES
+        served = np.where(active, rate_bps, 0.0)
+        self.pf_average_bps = (1 - beta) * self.pf_average_bps + beta * served
+        return keys
+
     def _plan_collect(self, cost: Cost, payload: Payload, active: np.ndarray) -> _Plan:
-        """Per-device compute and uplink outcome of one phase (the same for both engines)."""
+        """Per-device compute, queueing and uplink outcome of one phase (the same for both
+        engines): fading is drawn at each device's ready time, the deadline cuts late uploads."""
+        start = self.env.now
         on = active.astype(float)
         fwd, bwd = cost.per_device(self.num_devices)
         fwd, bwd = fwd * on, bwd * on
         b = cost.batch_size
-        outcome = self.uplink.transmit(payload.bits, active, self.rng)
+        forward_time = fwd * self.compute.forward_time_s(b)
+        backward_time = bwd * self.compute.backward_time_s(b)
+        ready = start + (forward_time + backward_time)
+        outcome = self.uplink.transmit(payload.bits, active, self.rng, now_s=ready)
+        hold = outcome.airtime_s
+        priority = None
+        upload_start = ready
+        if self.shared:
+            priority = self._priorities(outcome.rate_bps, active)
+            upload_start = schedule_uploads(ready, hold, priority, self.channels, active)
+        self.phase += 1
+        cutoff = start + self.deadline_s if self.deadline_s is not None else math.inf
+        late = active & (upload_start + hold > cutoff)
+        air = np.where(late, np.clip(cutoff - upload_start, 0.0, None), hold)
+        attempts = outcome.attempts
+        if late.any():  # attempts begun before the cut (attempts are equally long but adaptive)
+            per_attempt = np.maximum(outcome.attempt_airtime_s, 1e-300)
+            attempts = np.where(late, np.minimum(attempts, np.ceil(air / per_attempt)),
+                                attempts).astype(np.int64)
         return _Plan(
             forward_energy_j=fwd * self.compute.forward_energy_j(b),
             backward_energy_j=bwd * self.compute.backward_energy_j(b),
-            forward_time_s=fwd * self.compute.forward_time_s(b),
-            backward_time_s=bwd * self.compute.backward_time_s(b),
-            airtime_s=outcome.airtime_s,
-            uplink_energy_j=radio_energy_j(self.uplink.tx_power_w, outcome.airtime_s),
-            delivered=outcome.delivered & active,
-            attempts=outcome.attempts,
+            forward_time_s=forward_time,
+            backward_time_s=backward_time,
+            ready_s=ready,
+            hold_s=hold,
+            upload_start_s=upload_start,
+            priority=priority,
+            cutoff_s=cutoff,
+            airtime_s=air,
+            uplink_energy_j=radio_energy_j(self.on_air_power_w, air),
+            delivered=outcome.delivered & active & ~late,
+            late=late,
+            attempts=attempts,
         )
 
     def _record_compute(self, plan: _Plan, devices) -> None:
@@ -91,50 +159,64 @@ class Network:
         led = self.ledger
         led.charge("uplink", plan.uplink_energy_j[devices], plan.airtime_s[devices], devices)
         led.bits_up[devices] += bits * plan.attempts[devices]
+        led.transmissions[devices] += plan.attempts[devices]
         led.packets_sent[devices] += active[devices]
         led.packets_delivered[devices] += plan.delivered[devices]
+        led.late_uploads[devices] += plan.late[devices]
+        led.queue_wait_s[devices] += np.where(active[devices], plan.upload_start_s[devices]
+                                              - plan.ready_s[devices], 0.0)
 
-    def _broadcast_cost(self, payload: Payload) -> tuple[float, float]:
-        airtime = float(self.downlink.broadcast(payload.bits))
-        return airtime, float(radio_energy_j(self.rx_power_w, airtime))
+    def _transmit_down(self, payload: Payload, receivers: np.ndarray):
+        """The downlink outcome: who is on air how long, who decoded it."""
+        return self.downlink.transmit(payload.bits, receivers, rng=self.downlink_rng,
+                                      now_s=self.env.now)
 
-    def _record_downlink(self, payload: Payload, airtime: float, energy: float, devices) -> None:
-        self.ledger.charge("downlink", energy, airtime, devices)
-        self.ledger.bits_down[devices] += payload.bits
+    def _record_downlink(self, payload: Payload, out, receivers, devices) -> None:
+        listen = out.per_device_airtime_s[devices]
+        self.ledger.charge("downlink", radio_energy_j(self.rx_power_w, listen), listen, devices)
+        self.ledger.bits_down[devices] += payload.bits * receivers[devices]
+        self.ledger.broadcasts_missed[devices] += receivers[devices] & ~out.received[devices]
 
 
 class VectorNetwork(Network):
     """A synchronous phase computed for all devices at once; one clock advance per phase."""
 
     def collect(self, cost: Cost, payload: Payload, active: np.ndarray | None = None):
-        """Every active device computes ``cost`` then uploads ``payload``; waits for the last."""
+        """Every active device computes ``cost`` then uploads ``payload``; waits for the last
+        (or for the deadline)."""
         active = self._active(active)
         start = self.env.now
         plan = self._plan_collect(cost, payload, active)
         everyone = slice(None)
         self._record_compute(plan, everyone)
         self._record_uplink(plan, payload.bits, active, everyone)
-        # Same float operations, in the same order, as a device process: (start + compute) + air.
-        finish = (start + (plan.forward_time_s + plan.backward_time_s)) + plan.airtime_s
+        # Same float operations, in the same order, as a device process: start + compute, then
+        # the upload's start (after queueing) + its airtime, or the deadline.
+        finish = np.where(plan.late, plan.cutoff_s, plan.upload_start_s + plan.hold_s)
         finish = np.where(active, finish, start)
         end = float(finish.max()) if finish.size else start
         if end > start:
             yield self.env.timeout(end - start)
-        return CollectResult(delivered=plan.delivered, finish_s=finish, active=active)
+        return CollectResult(delivered=plan.delivered, finish_s=finish, active=active,
+                             late=plan.late)
 
-    def broadcast(self, payload: Payload):
-        """The base station broadcasts ``payload``; every device receives it (reliable downlink)."""
-        airtime, energy = self._broadcast_cost(payload)
-        self._record_downlink(payload, airtime, energy, slice(None))
-        if airtime > 0:
-            yield self.env.timeout(airtime)
+    def broadcast(self, payload: Payload, receivers: np.ndarray | None = None):
+        """The base station sends ``payload`` to ``receivers`` (default: every device)."""
+        receivers = self._active(receivers)
+        out = self._transmit_down(payload, receivers)
+        self._record_downlink(payload, out, receivers, slice(None))
+        if out.airtime_s > 0:
+            yield self.env.timeout(out.airtime_s)
+        return BroadcastResult(received=out.received, airtime_s=out.airtime_s)
 
 
 class ProcessNetwork(Network):
-    """Every device is a SimPy process fed by the base station through its own inbox."""
+    """Every device is a SimPy process fed by the base station through its own inbox; a shared
+    uplink pool is a SimPy component the devices queue on."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.pool = SharedSpectrum(self.env, self.channels) if self.shared else None
         self._inbox = [simpy.Store(self.env) for _ in range(self.num_devices)]
         for i in range(self.num_devices):
             self.env.process(self._device(i))
@@ -144,16 +226,37 @@ class ProcessNetwork(Network):
         while True:
             kind, args, done = yield self._inbox[i].get()
             if kind == "collect":
-                plan, bits, active = args
-                yield self.env.timeout(plan.forward_time_s[i] + plan.backward_time_s[i])
-                self._record_compute(plan, i)
-                yield self.env.timeout(plan.airtime_s[i])
-                self._record_uplink(plan, bits, active, i)
-            else:  # "receive"
-                payload, airtime, energy = args
-                yield self.env.timeout(airtime)
-                self._record_downlink(payload, airtime, energy, i)
+                yield from self._upload(i, *args)
+            else:  # "receive": wait for this device's packet, listen to it
+                payload, out, receivers, offset = args
+                if offset > 0:
+                    yield self.env.timeout(offset)
+                yield self.env.timeout(out.per_device_airtime_s[i])
+                self._record_downlink(payload, out, receivers, i)
             done.succeed(self.env.now)
+
+    def _upload(self, i: int, plan: _Plan, bits: int, active):
+        env = self.env
+        yield env.timeout(min(plan.forward_time_s[i] + plan.backward_time_s[i],
+                              plan.cutoff_s - env.now))
+        self._record_compute(plan, i)
+        granted = None
+        if self.pool is not None:
+            granted = self.pool.request(i, plan.priority[i])
+            if plan.cutoff_s < math.inf:
+                yield granted | env.timeout(max(plan.cutoff_s - env.now, 0.0))
+            else:
+                yield granted
+        if granted is None or granted.triggered:
+            on_air = plan.hold_s[i]
+            if plan.late[i]:
+                on_air = max(plan.cutoff_s - env.now, 0.0)
+            yield env.timeout(on_air)
+            if granted is not None:
+                self.pool.release()
+        else:  # still queued at the deadline: give up the request
+            self.pool.withdraw(granted)
+        self._record_uplink(plan, bits, active, i)
 
     def _order(self, i: int, kind: str, args) -> simpy.Event:
         done = self.env.event()
@@ -171,13 +274,23 @@ class ProcessNetwork(Network):
             yield simpy.AllOf(self.env, list(events.values()))
         for i, event in events.items():
             finish[i] = event.value
-        return CollectResult(delivered=plan.delivered, finish_s=finish, active=active)
+        return CollectResult(delivered=plan.delivered, finish_s=finish, active=active,
+                             late=plan.late)
 
-    def broadcast(self, payload: Payload):
-        airtime, energy = self._broadcast_cost(payload)
-        events = [self._order(i, "receive", (payload, airtime, energy))
-                  for i in range(self.num_devices)]
-        yield simpy.AllOf(self.env, events)
+    def broadcast(self, payload: Payload, receivers: np.ndarray | None = None):
+        receivers = self._active(receivers)
+        out = self._transmit_down(payload, receivers)
+        # Unicast packets go out back to back in device order; a broadcast reaches all at once.
+        unicast = self.downlink.config.downlink.mode == "unicast"
+        offsets = np.cumsum(out.per_device_airtime_s) - out.per_device_airtime_s
+        events = [self._order(i, "receive", (payload, out, receivers,
+                                             float(offsets[i]) if unicast else 0.0))
+                  for i in np.flatnonzero(receivers)]
+        if out.airtime_s > 0:
+            events.append(self.env.timeout(out.airtime_s))
+        if events:
+            yield simpy.AllOf(self.env, events)
+        return BroadcastResult(received=out.received, airtime_s=out.airtime_s)
 
 
 ENGINES = {"vectorized": VectorNetwork, "processes": ProcessNetwork}

@@ -45,6 +45,10 @@ class AlgorithmRun:
                 "bits_up": float(led.bits_up[i]),
                 "packets_sent": int(led.packets_sent[i]),
                 "packets_delivered": int(led.packets_delivered[i]),
+                "transmissions": int(led.transmissions[i]),
+                "late_uploads": int(led.late_uploads[i]),
+                "queue_wait_s": float(led.queue_wait_s[i]),
+                "broadcasts_missed": int(led.broadcasts_missed[i]),
             }
             for i in range(led.num_devices)
         ]
@@ -59,7 +63,7 @@ def run_algorithm(world: World, params: AlgorithmParams,
     # Every algorithm draws fading from the same stream: common random numbers across methods.
     network = ENGINES[sc.engine.mode](env, ledger, world.uplink(), world.downlink(),
                                       world.compute_model(params.bits), sc.energy.rx_power_w,
-                                      keyed_rng(sc.seed, "fading"))
+                                      keyed_rng(sc.seed, "fading"), keyed_rng(sc.seed, "downlink"))
     ctx = RunContext(params.display_name, env, network, ledger, world.evaluator,
                      world.flat.initial().to(world.device), sc.seed, params.rounds,
                      params.eval_every, on_round)

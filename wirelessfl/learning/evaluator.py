@@ -58,13 +58,16 @@ class FlatModel:
         chunks = torch.split(theta, self.numels)
         return {n: c.view(s) for n, c, s in zip(self.names, chunks, self.shapes)}
 
+    def functional(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The model at theta, differentiable in theta; safe under torch.func transforms."""
+        return functional_call(self.model, self.unflatten(theta), (x,))
+
     def forward(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Differentiable in theta (also under torch.func transforms)."""
-        params = self.unflatten(theta)
-        if self.channels_last:
-            params = {name: to_channels_last(p) for name, p in params.items()}
-            x = to_channels_last(x)
-        return functional_call(self.model, params, (x,))
+        """As ``functional``, with convolutional models in channels-last layout (not for vmap)."""
+        if not self.channels_last:
+            return self.functional(theta, x)
+        params = {name: to_channels_last(p) for name, p in self.unflatten(theta).items()}
+        return functional_call(self.model, params, (to_channels_last(x),))
 
     @torch.no_grad()
     def predict(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -76,7 +79,7 @@ class FlatModel:
 
     def loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of one minibatch (the f_i(theta, xi) of the specs)."""
-        return F.cross_entropy(self.forward(theta, x), y)
+        return F.cross_entropy(self.functional(theta, x), y)
 
 
 @dataclass
@@ -176,13 +179,13 @@ class BatchedEvaluator:
     def stacked_gradients(self, models: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """Gradient of each device's minibatch loss at its own model: models [n, d], idx [n, b]
         (global sample indices) -> [n, d]. One autograd call for all n devices."""
-        leaf = models.detach().requires_grad_(True)
         y = self.data.y[idx]
-        with torch.enable_grad():
-            logits = self.stacked(leaf, self.data.x[idx])
+
+        def device_losses(logits: torch.Tensor) -> torch.Tensor:
             losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-            (g,) = torch.autograd.grad(losses.view(y.shape).mean(1).sum(), leaf)
-        return g
+            return losses.view(y.shape).mean(1)
+
+        return self.stacked.gradients(models, self.data.x[idx], device_losses)
 
     def device_gradients(self, theta: torch.Tensor, idx: torch.Tensor
                          ) -> Iterator[tuple[slice, torch.Tensor]]:

@@ -16,6 +16,7 @@ arithmetic path (same seed, same numbers):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -75,7 +76,7 @@ class StackedForward:
             self.strategy = "per-device"
         else:
             self.strategy = "vmap"
-        self._vmapped = vmap(flat.forward)
+        self._vmapped = vmap(flat.functional)
 
     def __call__(self, models: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if self.strategy == "linear":
@@ -83,6 +84,25 @@ class StackedForward:
         if self.strategy == "per-device":
             return torch.stack([self.flat.forward(models[i], x[i]) for i in range(len(models))])
         return self._vmapped(models, x)
+
+    def gradients(self, models: torch.Tensor, x: torch.Tensor,
+                  device_losses: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """d(device_losses(logits)[i]) / d(models[i]) for every i, in one autograd call: [n, d].
+
+        ``device_losses`` maps logits [n, b, C] to per-device losses [n]. The per-device strategy
+        differentiates with respect to one leaf per device: rows of a single [n, d] leaf would
+        make autograd zero-fill and add an [n, d] buffer per device (n^2 d work).
+        """
+        with torch.enable_grad():
+            if self.strategy == "per-device":
+                leaves = [row.detach().requires_grad_(True) for row in models]
+                logits = torch.stack([self.flat.forward(leaf, x[i])
+                                      for i, leaf in enumerate(leaves)])
+                grads = torch.autograd.grad(device_losses(logits).sum(), leaves)
+                return torch.stack(grads)
+            leaf = models.detach().requires_grad_(True)
+            (grad,) = torch.autograd.grad(device_losses(self(leaf, x)).sum(), leaf)
+            return grad
 
     def _linear(self, models: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n, b = x.shape[:2]

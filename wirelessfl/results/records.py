@@ -24,11 +24,13 @@ from wirelessfl.learning.partition import mean_tv_distance
 ROUND_COLUMNS = [
     "algorithm", "round", "sim_time_s", "energy_j", "energy_compute_j", "energy_compute_forward_j",
     "energy_compute_backward_j", "energy_uplink_j", "energy_downlink_j", "bits_up", "bits_down",
-    "delivered_fraction", "test_accuracy", "test_loss",
+    "delivered_fraction", "transmissions", "late_uploads", "queue_wait_s", "broadcasts_missed",
+    "test_accuracy", "test_loss",
 ]
 DEVICE_COLUMNS = [
     "algorithm", "device", "distance_m", "mean_snr_db", "energy_compute_j", "energy_uplink_j",
-    "energy_downlink_j", "bits_up", "packets_sent", "packets_delivered",
+    "energy_downlink_j", "bits_up", "packets_sent", "packets_delivered", "transmissions",
+    "late_uploads", "queue_wait_s", "broadcasts_missed",
 ]
 PACKAGES = ("wirelessfl", "torch", "numpy", "scipy", "simpy", "pydantic", "pandas", "pyarrow")
 

@@ -1,0 +1,211 @@
+"""Small-scale fading: the power gain |h|^2 of each device's channel at a simulated time.
+
+Models (``fading.model``), all of unit mean power E|h|^2 = 1:
+
+* ``rayleigh``: h ~ CN(0, 1), |h|^2 ~ Exp(1) (seed 002, Sec. V);
+* ``rician``: h = sqrt(K/(K+1)) + sqrt(1/(K+1)) s, s ~ CN(0, 1), K the LOS-to-scatter power ratio;
+  2 (K+1) |h|^2 ~ noncentral chi^2 (2 dof, noncentrality 2K);
+* ``nakagami``: |h|^2 ~ Gamma(m, 1/m), m >= 0.5 (m = 1 is Rayleigh);
+* ``none``: |h|^2 = 1.
+
+Time correlation (``fading.correlation``):
+
+* ``iid``: a new draw for every packet (today's behaviour);
+* ``block``: constant within blocks of ``coherence_time_s``, aligned to simulated time 0; a new
+  draw when a packet's start time falls in a new block;
+* ``gauss-markov``: the scattered part evolves as s_t = rho s_{t-dt} + sqrt(1 - rho^2) w,
+  w ~ CN(0, 1), rho = J0(2 pi f_D dt) (Clarke/Jakes autocorrelation; Baddour and Beaulieu, IEEE
+  Trans. Wireless Commun. 4(4), 2005, first-order AR model), f_D = v f_c / c. The lag-dt correlation
+  is exact for each step; over several steps it is the product of the steps' rho (AR(1) limit).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, model_validator
+from scipy import special
+
+from wirelessfl.channel.pathloss import SPEED_OF_LIGHT_M_S
+
+_ONLY = {  # field -> (models, correlations) that read it; None = any
+    "k_factor_db": (("rician",), None),
+    "k_factor_applies_to": (("rician",), None),
+    "m": (("nakagami",), None),
+    "coherence_time_s": (None, ("block",)),
+    "doppler_hz": (None, ("gauss-markov",)),
+    "speed_mps": (None, ("gauss-markov",)),
+}
+
+
+class FadingConfig(BaseModel):
+    """Which fading distribution, and how it evolves in simulated time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Literal["rayleigh", "rician", "nakagami", "none"] = Field(
+        "rayleigh", description="distribution of |h|^2 (unit mean)")
+    correlation: Literal["iid", "block", "gauss-markov"] = Field(
+        "iid", description="iid: new draw per packet; block: constant over coherence_time_s; "
+                           "gauss-markov: AR(1) with rho = J0(2 pi f_D dt)")
+    k_factor_db: float | None = Field(
+        None, description="rician: K-factor [dB] (TR 38.901 Table 7.5-6: UMa/UMi LOS 9, InH 7)")
+    k_factor_applies_to: Literal["all", "los"] | None = Field(
+        None, description="rician: 'all' devices (default) or only devices in LOS (3GPP path "
+                          "loss); NLOS devices then see Rayleigh fading (K = 0)")
+    m: float | None = Field(None, ge=0.5, description="nakagami: shape m >= 0.5")
+    coherence_time_s: PositiveFloat | None = Field(
+        None, description="block: block length T_c [s] (e.g. 0.423 / f_D, Rappaport eq. 5.40c)")
+    doppler_hz: NonNegativeFloat | None = Field(
+        None, description="gauss-markov: maximum Doppler shift f_D [Hz]")
+    speed_mps: NonNegativeFloat | None = Field(
+        None, description="gauss-markov: device speed [m/s]; f_D = v f_c / c "
+                          "(needs carrier_frequency_hz)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data):
+        """``fading: rayleigh`` (the original form) means ``fading: {model: rayleigh}``."""
+        return {"model": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _fields_match(self):
+        for name, (models, corrs) in _ONLY.items():
+            if getattr(self, name) is None:
+                continue
+            fix = (f"remove it (or set it to null where a profile sets it, e.g. --set "
+                   f"channel.fading.{name}=null)")
+            if models is not None and self.model not in models:
+                raise ValueError(f"fading.{name} is only read by model {models[0]!r} but model "
+                                 f"is {self.model!r}; {fix}, or set model: {models[0]}")
+            if corrs is not None and self.correlation not in corrs:
+                raise ValueError(f"fading.{name} is only read with correlation {corrs[0]!r} but "
+                                 f"correlation is {self.correlation!r}; {fix}, or set "
+                                 f"correlation: {corrs[0]}")
+        if self.model == "rician":
+            if self.k_factor_db is None:
+                raise ValueError("fading model 'rician' needs 'k_factor_db' (the K-factor in dB, "
+                                 "e.g. 9 for 3GPP UMa LOS, TR 38.901 Table 7.5-6); add it")
+            if self.k_factor_applies_to is None:
+                self.k_factor_applies_to = "all"
+        if self.model == "nakagami":
+            if self.m is None:
+                raise ValueError("fading model 'nakagami' needs 'm' (shape, >= 0.5; m = 1 is "
+                                 "Rayleigh); add it")
+            if self.correlation == "gauss-markov":
+                raise ValueError("fading correlation 'gauss-markov' evolves a complex Gaussian "
+                                 "channel, which Nakagami-m fading is not; use correlation 'iid' "
+                                 "or 'block' with nakagami, or model 'rayleigh'/'rician'")
+        if self.correlation == "block" and self.coherence_time_s is None:
+            raise ValueError("fading correlation 'block' needs 'coherence_time_s' (block length "
+                             "[s], e.g. 0.423 / f_D); add it")
+        if self.correlation == "gauss-markov" and \
+                (self.doppler_hz is None) == (self.speed_mps is None):
+            raise ValueError("fading correlation 'gauss-markov' needs exactly one of "
+                             "'doppler_hz' (f_D [Hz]) or 'speed_mps' (with the channel's "
+                             "carrier_frequency_hz); give one")
+        return self
+
+    def doppler(self, carrier_frequency_hz: float | None) -> float:
+        """Maximum Doppler shift f_D [Hz]: doppler_hz, or v f_c / c."""
+        if self.doppler_hz is not None:
+            return float(self.doppler_hz)
+        if self.speed_mps is None or carrier_frequency_hz is None:
+            raise ValueError("fading.speed_mps needs the channel's carrier_frequency_hz")
+        return float(self.speed_mps * carrier_frequency_hz / SPEED_OF_LIGHT_M_S)
+
+
+def fading_power(n: int, kind: str, rng: np.random.Generator) -> np.ndarray:
+    """Fading power gains |h|^2, shape [n]: Rayleigh -> Exp(1) (unit mean); none -> ones."""
+    if kind == "rayleigh":
+        return rng.standard_exponential(int(n))
+    if kind == "none":
+        return np.ones(int(n))
+    raise ValueError(f"unknown fading {kind!r}; choose 'rayleigh' or 'none'")
+
+
+def k_factor_linear(config: FadingConfig, n: int, los=None) -> np.ndarray:
+    """Per-device K (linear) [n]: 10^(K_dB/10), 0 for NLOS devices when applies_to is 'los'."""
+    if config.model != "rician":
+        return np.zeros(n)
+    k = np.full(n, 10.0 ** (config.k_factor_db / 10.0))
+    if config.k_factor_applies_to == "los":
+        mask = np.zeros(n, dtype=bool) if los is None else np.asarray(los, dtype=bool)
+        k = np.where(mask, k, 0.0)
+    return k
+
+
+class FadingProcess:
+    """Stateful fading of ``n`` devices, driven by one generator; ``power(t)`` is |h|^2 at time t.
+
+    ``now_s`` is a float or a [n] array of simulated times [s] (each device's packet start).
+    Every call draws for all n devices (the stream does not depend on who transmits). For the
+    default rayleigh + iid, one call is exactly one ``rng.standard_exponential(n)``.
+    """
+
+    def __init__(self, n: int, config, rng: np.random.Generator, los=None):
+        fading: FadingConfig = config.fading
+        self.n, self.config, self.rng = int(n), fading, rng
+        self._k = k_factor_linear(fading, self.n, los)
+        self._f_d = (fading.doppler(config.carrier_frequency_hz)
+                     if fading.correlation == "gauss-markov" else 0.0)
+        self._block: np.ndarray | None = None  # block index per device (block correlation)
+        self._gain: np.ndarray | None = None  # |h|^2 held over the block
+        self._s: np.ndarray | None = None  # complex scattered part (gauss-markov)
+        self._t: np.ndarray | None = None  # time of the last evaluation (gauss-markov)
+
+    def _draw_power(self) -> np.ndarray:
+        """Independent unit-mean |h|^2 for all devices (iid and block)."""
+        model, n, rng = self.config.model, self.n, self.rng
+        if model == "rayleigh":
+            return rng.standard_exponential(n)
+        if model == "none":
+            return np.ones(n)
+        if model == "nakagami":
+            return rng.gamma(self.config.m, 1.0 / self.config.m, n)
+        return np.abs(self._los_part() + self._scatter_scale() * self._cn(n)) ** 2  # rician
+
+    def _cn(self, n: int) -> np.ndarray:
+        """CN(0, 1) samples, shape [n]: (x + j y) / sqrt(2), x, y ~ N(0, 1)."""
+        xy = self.rng.standard_normal((2, n))
+        return (xy[0] + 1j * xy[1]) / np.sqrt(2.0)
+
+    def _los_part(self) -> np.ndarray:
+        return np.sqrt(self._k / (self._k + 1.0))
+
+    def _scatter_scale(self) -> np.ndarray:
+        return np.sqrt(1.0 / (self._k + 1.0))
+
+    def coefficient(self, now_s) -> np.ndarray:
+        """Complex h [n] at ``now_s`` (gauss-markov only: the state that power() squares)."""
+        if self.config.correlation != "gauss-markov":
+            raise ValueError("coefficient() is defined for correlation 'gauss-markov' only")
+        t = np.broadcast_to(np.asarray(now_s, dtype=float), (self.n,)).copy()
+        if self.config.model == "none":
+            return np.ones(self.n, dtype=complex)
+        if self._s is None:
+            self._s = self._cn(self.n)
+        else:
+            rho = special.j0(2.0 * np.pi * self._f_d * np.abs(t - self._t))
+            self._s = rho * self._s + np.sqrt(np.maximum(1.0 - rho**2, 0.0)) * self._cn(self.n)
+        self._t = t
+        return self._los_part() + self._scatter_scale() * self._s
+
+    def power(self, now_s=0.0) -> np.ndarray:
+        """|h|^2 [n] (unit mean) at simulated time ``now_s`` [s] (float or [n])."""
+        corr = self.config.correlation
+        if corr == "iid":
+            return self._draw_power()
+        if corr == "gauss-markov":
+            return np.abs(self.coefficient(now_s)) ** 2
+        t = np.broadcast_to(np.asarray(now_s, dtype=float), (self.n,))
+        block = np.floor(t / self.config.coherence_time_s).astype(np.int64)
+        if self._block is None:
+            self._gain, self._block = self._draw_power(), block
+        else:
+            new = block != self._block
+            if new.any():
+                self._gain = np.where(new, self._draw_power(), self._gain)
+                self._block = block
+        return self._gain.copy()
