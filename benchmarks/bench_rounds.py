@@ -47,6 +47,13 @@ def case_specs(quick: bool) -> list[dict]:
                           "num_classes": 10, "informative": 16}},
                       "model": {"name": "mlp", "hidden": [64]},
                       "algorithm": {"name": "dzofl", "batch_size": 10}})
+    # The same 1,000-device round on a shared pool (100 sub-bands, round-robin): the scheduler's
+    # cost in the engine's budget.
+    shared = dict(specs[-1] if quick else specs[-2])
+    shared.update(case="mlp_dzofl_n1000_shared", channel={
+        "profile": CHANNEL, "uplink": {"spectrum": {
+            "mode": "shared", "pool_bandwidth_hz": 200e6, "channels": 100}}})
+    specs.append(shared)
     return specs
 
 
@@ -117,8 +124,8 @@ def run_case(spec: dict, repeats: int, peak: float) -> dict:
     from wirelessfl.scenario.loader import scenario_from_document
 
     algo = {**spec["algorithm"], "rounds": spec["rounds"], "eval_every": spec["rounds"]}
-    doc = {"name": spec["case"], "channel": CHANNEL, "energy": ENERGY, "data": spec["data"],
-           "model": spec["model"], "population": {"num_devices": spec["n"]},
+    doc = {"name": spec["case"], "channel": spec.get("channel", CHANNEL), "energy": ENERGY,
+           "data": spec["data"], "model": spec["model"], "population": {"num_devices": spec["n"]},
            "algorithms": [algo]}
     scenario = scenario_from_document(doc, spec["case"])
     world = build_world(scenario)

@@ -9,7 +9,7 @@ import pandas as pd
 SUMMARY_COLUMNS = [
     "algorithm", "rounds_to_target", "time_to_target_s", "energy_to_target_j",
     "compute_share", "radio_share", "final_accuracy", "rounds", "sim_time_s", "energy_j",
-    "uplink_bits_per_device_round",
+    "uplink_bits_per_device_round", "in_time_fraction", "late_uploads",
 ]
 
 
@@ -38,6 +38,9 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int) -> p
             "sim_time_s": float(last.sim_time_s),
             "energy_j": float(last.energy_j),
             "uplink_bits_per_device_round": float(last.bits_up) / (num_devices * completed),
+            "in_time_fraction": float(last.delivered_fraction),
+            # runs recorded before deadlines existed have no such column
+            "late_uploads": int(last.get("late_uploads", 0) or 0),
         })
     return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
 
@@ -65,7 +68,8 @@ def format_summary(table: pd.DataFrame, target: float | None) -> str:
             ("compute_share", "compute", "pct"), ("radio_share", "radio", "pct"),
             ("final_accuracy", "final acc.", "acc"), ("rounds", "rounds", "int"),
             ("sim_time_s", "sim time [s]", "time"), ("energy_j", "energy [J]", "energy"),
-            ("uplink_bits_per_device_round", "uplink bits/dev/round", "bits")]
+            ("uplink_bits_per_device_round", "uplink bits/dev/round", "bits"),
+            ("in_time_fraction", "delivered", "pct"), ("late_uploads", "late uploads", "int")]
     cells = [[title for _, title, _ in head]]
     for _, row in table.iterrows():
         cells.append([str(row[c]) if k == "str" else _fmt(row[c], k) for c, _, k in head])
