@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from wirelessfl.algorithms.types import Payload
 from wirelessfl.errors import UserError
+from wirelessfl.learning.seeds import keyed_rng
 
 if TYPE_CHECKING:
     from wirelessfl.engine.context import RunContext
@@ -39,6 +40,9 @@ class AlgorithmParams(BaseModel):
     eval_every: int = Field(10, gt=0, description="evaluate the global model every this many rounds")
     bits: int | None = Field(None, ge=1, le=32,
                              description="M, bits per transmitted value (default: quantization_bits)")
+    participation: float = Field(
+        1.0, gt=0, le=1, description="beta, the fraction of devices asked to compute and upload "
+                                     "each round (drawn anew every round from the run's seed)")
 
     @property
     def display_name(self) -> str:
@@ -59,6 +63,7 @@ class Algorithm:
         self.theta: torch.Tensor = ctx.theta0.clone()
         # Downlink packets each device missed since it last held the current model.
         self.missed = np.zeros(ctx.num_devices, dtype=np.int64)
+        self.round_index = 0
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
@@ -74,10 +79,24 @@ class Algorithm:
         the current model as d float32 values."""
         return Payload.vectors(self.theta.numel(), 32, label="resync model")
 
+    def participants(self, k: int) -> np.ndarray:
+        """[N] bool: the round(beta N) devices (at least one) asked to take part in round k,
+        drawn from a stream keyed by (seed, round), so every algorithm of a scenario with the
+        same beta asks the same devices."""
+        n, beta = self.ctx.num_devices, self.params.participation
+        chosen = np.ones(n, dtype=bool)
+        if beta < 1:
+            count = max(1, round(beta * n))
+            chosen[:] = False
+            chosen[keyed_rng(self.ctx.seed, "participation", k).choice(n, count, replace=False)] = True
+        return chosen
+
     def collect(self, cost, payload: Payload, active: np.ndarray | None = None):
-        """``net.collect`` over the devices that hold the current model (and ``active``)."""
-        current = self.missed == 0
-        mask = current if active is None else current & np.asarray(active, dtype=bool)
+        """``net.collect`` over this round's participants that hold the current model (and
+        ``active``). Devices left out compute and send nothing."""
+        mask = (self.missed == 0) & self.participants(self.round_index)
+        if active is not None:
+            mask &= np.asarray(active, dtype=bool)
         return (yield from self.ctx.net.collect(cost, payload, mask))
 
     def broadcast(self, payload: Payload):
@@ -107,6 +126,7 @@ class Algorithm:
         self.setup()
         self.ctx.end_round(0, self.theta)
         for k in range(self.params.rounds):
+            self.round_index = k
             yield from self.resync()
             yield from self.round(k)
             self.ctx.end_round(k + 1, self.theta)

@@ -1,4 +1,6 @@
-"""Full-vector baselines: FedSGD and FedAvg (McMahan et al., 2017), the seed-002 "standard FL".
+"""Full-vector baselines: FedSGD and FedAvg (McMahan et al., 2017), the seed-002 "standard FL",
+and the heterogeneity baselines FedProx (Li et al., MLSys 2020) and SCAFFOLD (Karimireddy et al.,
+ICML 2020) that seed 000 compares against.
 
 FedSGD, round k: every device computes one minibatch gradient g_i at the broadcast theta_k and
 uploads Q(g_i) (d values of M bits plus a 32-bit scale); the server averages what was delivered,
@@ -7,6 +9,17 @@ g = (1/|S_k|) sum_{i in S_k} Q(g_i), broadcasts Q(g) and all copies take theta_{
 FedAvg, round k: every device runs E local SGD steps from theta_k and uploads
 Q(theta_i - theta_k); the server broadcasts the quantised mean delta Q(Delta) and all copies take
 theta_{k+1} = theta_k + server_lr * Q(Delta).
+
+FedProx, round k: as FedAvg, but each local step descends f_i(w) + (mu/2) ||w - theta_k||^2
+(Li et al. 2020, eq. 2), i.e. w <- w - lr (g_i(w) + mu (w - theta_k)).
+
+SCAFFOLD (option II of Karimireddy et al. 2020, Alg. 1), round k with server and device control
+variates c, c_i: K local steps y <- y - lr (g_i(y) - c_i + c); then
+c_i+ = c_i - c + (theta_k - y) / (K lr); the device uploads Delta y_i = y - theta_k and
+Delta c_i = c_i+ - c_i (two d-vectors); the server takes theta += server_lr mean_S(Delta y_i) and
+c += (1/N) sum_S Delta c_i and broadcasts both updates (two d-vectors). A device commits its new
+c_i only when its upload was delivered (the base station's acknowledgement), so c stays the mean of
+the c_i that the server knows; both directions are quantised like FedAvg's vectors.
 
 Lost uploads are never aggregated; a round in which nothing arrives leaves theta unchanged and the
 server broadcasts only a one-value "no update" flag.
@@ -118,3 +131,82 @@ class FedAvg(VectorUploadAlgorithm):
 
     def apply(self, mean_vector):
         self.theta = self.theta + self.params.server_lr * mean_vector
+
+
+class FedProxParams(FedAvgParams):
+    mu: float = Field(0.01, ge=0, description="mu, weight of the proximal term (Li et al. 2020)")
+
+
+@register
+class FedProx(FedAvg):
+    name = "fedprox"
+    Params = FedProxParams
+    summary = "FedAvg whose local steps add a proximal pull mu (w - theta) toward the broadcast model"
+
+    def device_vectors(self, k):
+        p, ev = self.params, self.ctx.evaluator
+        idx = ev.sample(keyed_generator(self.ctx.seed, "batch", k), p.batch_size, p.local_steps)
+        for rows in ev.chunks(p.batch_size, own_model=True):
+            models = self.theta.expand(rows.stop - rows.start, -1).clone()
+            for e in range(p.local_steps):
+                g = ev.stacked_gradients(models, idx[e, rows])
+                models.sub_(g + p.mu * (models - self.theta), alpha=p.lr)
+            yield rows, models - self.theta
+
+
+class ScaffoldParams(FedAvgParams):
+    pass
+
+
+@register
+class Scaffold(VectorUploadAlgorithm):
+    name = "scaffold"
+    Params = ScaffoldParams
+    summary = "drift-corrected local SGD with control variates; two d-vectors up and two down"
+
+    @classmethod
+    def declared_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
+        """Model delta and control-variate delta, each d values of M bits (+ a scale), each way."""
+        return Payload.vectors(d, bits, count=2), Payload.vectors(d, bits, count=2)
+
+    def setup(self) -> None:
+        self.c = torch.zeros_like(self.theta)
+        self.c_device = torch.zeros(self.ctx.num_devices, self.theta.numel(),
+                                    device=self.theta.device)
+
+    def cost(self) -> Cost:
+        e = self.params.local_steps
+        return Cost(forward_passes=e, backward_passes=e, batch_size=self.params.batch_size)
+
+    def round(self, k: int):
+        p, ev, d = self.params, self.ctx.evaluator, self.theta.numel()
+        up, down = self.declared_payloads(d, self.bits)
+        result = yield from self.collect(self.cost(), up)
+        delivered = torch.as_tensor(result.delivered, device=self.theta.device)
+        received = int(delivered.sum())
+        if not received:
+            yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
+            return
+        idx = ev.sample(keyed_generator(self.ctx.seed, "batch", k), p.batch_size, p.local_steps)
+        total_y, total_c = torch.zeros_like(self.theta), torch.zeros_like(self.theta)
+        for rows in ev.chunks(p.batch_size, own_model=True):
+            mask = delivered[rows]
+            if not mask.any():
+                continue
+            correction = self.c - self.c_device[rows]
+            models = self.theta.expand(rows.stop - rows.start, -1).clone()
+            for e in range(p.local_steps):
+                models.sub_(ev.stacked_gradients(models, idx[e, rows]) + correction, alpha=p.lr)
+            delta_y = models - self.theta
+            delta_c = -self.c - delta_y / (p.local_steps * p.lr)  # c_i+ - c_i
+            q_y = self.quantize(delta_y, "scaffold-up-y", k, rows)
+            q_c = self.quantize(delta_c, "scaffold-up-c", k, rows)
+            total_y += q_y[mask].sum(0)
+            total_c += q_c[mask].sum(0)
+            self.c_device[rows] += q_c * mask[:, None].to(q_c.dtype)
+        q_y_mean = self.quantize((total_y / received)[None], "scaffold-down-y", k, slice(0, 1))[0]
+        q_c_step = self.quantize((total_c / self.ctx.num_devices)[None], "scaffold-down-c", k,
+                                 slice(0, 1))[0]
+        yield from self.broadcast(down)
+        self.theta = self.theta + p.server_lr * q_y_mean
+        self.c = self.c + q_c_step
