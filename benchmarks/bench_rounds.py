@@ -110,7 +110,7 @@ def _project_rounds(world, params) -> tuple[float, float]:
 
     ev = world.evaluator
     eval_start = time.perf_counter()
-    ev.evaluate(world.flat.initial())
+    ev.metrics(world.flat.initial())
     evaluation = time.perf_counter() - eval_start  # evaluated at round 0 and the last round
     compute_before = ev.compute_s
     start = time.perf_counter()

@@ -17,13 +17,13 @@ import json
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from wirelessfl.engine.build import build_world  # noqa: E402
-from wirelessfl.engine.simulation import run_algorithm  # noqa: E402
-from wirelessfl.results.summary import summarize  # noqa: E402
-from wirelessfl.scenario.loader import load_scenario  # noqa: E402
+from wirelessfl.engine.build import build_world
+from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.results.summary import summarize
+from wirelessfl.scenario.loader import load_scenario
 
 
 def sweep(powers: list[float]) -> list[dict]:

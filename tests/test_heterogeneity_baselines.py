@@ -106,7 +106,7 @@ def test_partial_participation_asks_beta_n_devices_each_round(monkeypatch, name)
     rounds, n, beta = 6, 8, 0.25
     sc = small_scenario(EXACT, algorithms=[{"name": name, "rounds": rounds, "eval_every": 1,
                                             "participation": beta}])
-    world, _, run = _thetas(monkeypatch, sc)
+    _, _, run = _thetas(monkeypatch, sc)
     led = run.ledger
     assert led.packets_sent.sum() == rounds * round(beta * n)
     rows = pd.DataFrame(run.rows)

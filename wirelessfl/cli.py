@@ -36,10 +36,12 @@ def _cmd_run(args) -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
     writer = RunWriter(out, resolved_document(scenario), scenario.seed,
-                       extra={"model": _model_facts(world)},
+                       extra={"model": _model_facts(world), "problem": world.problem_record()},
                        partition=world.partition_record())
-    print(f"{scenario.name}: {world.num_devices} devices, model {scenario.model.name} "
-          f"(d = {world.flat.d:,}), dataset {scenario.data.name}; results -> {out}",
+    d = world.evaluator.d
+    what = (f"model {scenario.model.name} (d = {d:,}), dataset {scenario.data.name}"
+            if world.flat is not None else f"problem {scenario.problem.name} (d = {d:,})")
+    print(f"{scenario.name}: {world.num_devices} devices, {what}; results -> {out}",
           file=sys.stderr)
     total = sum(p.rounds for p in scenario.algorithms)
     # disable=None: tqdm draws only on a terminal, so logs and CI output stay clean.
@@ -76,7 +78,7 @@ def _cmd_run(args) -> int:
 def _model_facts(world) -> dict:
     """What the manifest records about the model and the per-pass energy it implies."""
     prof = world.model_profile
-    facts = {"d": world.flat.d, "macs_per_sample": prof.macs_per_sample,
+    facts = {"d": world.evaluator.d, "macs_per_sample": prof.macs_per_sample,
              "activations_per_sample": prof.activations_per_sample,
              "input_size": prof.input_size, "downlink_rate_bps": float(world.downlink().rate_bps)}
     for p in world.scenario.algorithms:

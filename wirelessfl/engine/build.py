@@ -1,7 +1,9 @@
-"""From a Scenario to live parts: the cell, the data on devices, the model, the evaluator.
+"""From a Scenario to live parts: the cell and the learning problem (the evaluator).
 
-Everything here is shared by all algorithms of a scenario (same positions, same shards, same
-theta_0), so algorithms are compared on the same world.
+The problem is a classifier (data on devices, a zoo model, ``BatchedEvaluator``) or, with
+``problem: {name: quadratic}``, fedred.md's synthetic quadratic (``QuadraticProblem``). Everything
+here is shared by all algorithms of a scenario (same positions, same shards, same theta_0), so
+algorithms are compared on the same world.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from wirelessfl.learning.datasets import Dataset, load_dataset
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.partition import label_counts, partition
+from wirelessfl.learning.problems import Problem, QuadraticProblem, fedred_quadratic
 from wirelessfl.learning.seeds import keyed_rng, stream_key
 from wirelessfl.results.records import partition_manifest
 from wirelessfl.scenario.schema import Scenario
@@ -36,13 +39,16 @@ def torch_device(requested: str) -> torch.device:
 
 @dataclass
 class World:
+    """The cell and the learning problem. ``evaluator`` is any ``Problem`` (algorithms use it as
+    ``ctx.evaluator``); ``dataset``, ``shards`` and ``flat`` are None for a quadratic."""
+
     scenario: Scenario
     cell: Cell
-    dataset: Dataset
-    shards: list[np.ndarray]
-    flat: FlatModel
+    dataset: Dataset | None
+    shards: list[np.ndarray] | None
+    flat: FlatModel | None
     model_profile: ModelProfile
-    evaluator: BatchedEvaluator
+    evaluator: Problem
     device: torch.device
 
     @property
@@ -58,18 +64,30 @@ class World:
     def compute_model(self, bits: int) -> ComputeModel:
         return ComputeModel(self.scenario.energy, self.model_profile, bits)
 
+    def initial(self) -> torch.Tensor:
+        """theta_0 [d] (float32, on the problem's device): every algorithm starts here."""
+        return self.evaluator.initial()
+
     def label_counts(self) -> np.ndarray:
         """[N, C] training samples of each class on each device."""
         return label_counts(self.dataset.y_train, self.shards, self.dataset.num_classes)
 
-    def partition_record(self) -> dict:
-        """What the manifest records about the split (hand it to ``RunWriter(partition=...)``)."""
+    def partition_record(self) -> dict | None:
+        """What the manifest records about the split (hand it to ``RunWriter(partition=...)``);
+        None for a problem without a dataset."""
+        if self.dataset is None:
+            return None
         config = self.scenario.partition
         return partition_manifest(config.scheme, config.params(), self.label_counts())
 
+    def problem_record(self) -> dict:
+        """What the manifest records about the problem (constants, f* when known)."""
+        return self.evaluator.describe()
+
 
 def build_world(scenario: Scenario) -> World:
-    """Place devices, load and split the data, build the model and the evaluator."""
+    """Place devices, then build the problem: load and split the data and build the model and
+    the evaluator, or draw the quadratic."""
     keep_freed_memory()  # the round's large temporaries reuse heap memory (engine/allocator.py)
     seed, n = scenario.seed, scenario.population.num_devices
     device = torch_device(scenario.device)
@@ -78,6 +96,9 @@ def build_world(scenario: Scenario) -> World:
                                    scenario.channel, keyed_rng(seed, "placement"))
     else:
         cell = Cell.build(n, scenario.channel, keyed_rng(seed, "placement"))
+    if scenario.problem.name == "quadratic":
+        problem = build_quadratic(scenario, device)
+        return World(scenario, cell, None, None, None, problem.model_profile, problem, device)
     dataset = load_dataset(scenario.data, seed)
     shards = partition(scenario.partition.scheme, dataset.y_train, n, keyed_rng(seed, "partition"),
                        **scenario.partition.params())
@@ -90,5 +111,20 @@ def build_world(scenario: Scenario) -> World:
     data = DeviceData.from_shards(dataset.x_train, dataset.y_train, shards, dataset.x_test,
                                   dataset.y_test, device)
     evaluator = BatchedEvaluator(flat, data, model_profile.activations_per_sample,
-                                 model_profile.input_size, scenario.engine.max_chunk_mb)
+                                 model_profile.input_size, scenario.engine.max_chunk_mb,
+                                 l2=scenario.model.l2)
+    # Training-set metrics cost a pass over all training data at each evaluation: on when the
+    # scenario asks, and always when the optimum is known (their point is f - f* then).
+    evaluator.train_metrics = bool(scenario.problem.train_metrics)
+    if scenario.model.name == "logistic" and scenario.model.l2 > 0:
+        evaluator.solve_optimum()  # strongly convex: f* and x* by a reference solve, once
+        evaluator.train_metrics = True
     return World(scenario, cell, dataset, shards, flat, model_profile, evaluator, device)
+
+
+def build_quadratic(scenario: Scenario, device: torch.device) -> QuadraticProblem:
+    """fedred.md's synthetic quadratic (Sec. 4.1 / 5.1) from the ``problem`` section."""
+    p = scenario.problem
+    a, c = fedred_quadratic(p.clients, p.dimension, p.L, p.mu, p.delta,
+                            keyed_rng(scenario.seed, "quadratic"), p.minimizer_std)
+    return QuadraticProblem(a, c, p.noise_std, device, scenario.engine.max_chunk_mb)

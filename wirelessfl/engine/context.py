@@ -10,7 +10,7 @@ import simpy
 import torch
 
 from wirelessfl.engine.ledger import Ledger
-from wirelessfl.learning.evaluator import BatchedEvaluator
+from wirelessfl.learning.problems import Problem
 
 
 class Diverged(Exception):
@@ -30,7 +30,7 @@ class RunContext:
     env: simpy.Environment
     net: object  # a wirelessfl.engine.network.Network
     ledger: Ledger
-    evaluator: BatchedEvaluator
+    evaluator: Problem  # the learning problem (a BatchedEvaluator, a QuadraticProblem, ...)
     theta0: torch.Tensor
     seed: int
     rounds: int
@@ -50,13 +50,14 @@ class RunContext:
             return
         if not bool(torch.isfinite(theta).all()):
             raise Diverged(completed, self.rows[-1] if self.rows else None)
-        accuracy, loss = self.evaluator.evaluate(theta)
-        if not math.isfinite(loss):
+        metrics = self.evaluator.metrics(theta)
+        if not math.isfinite(metrics["test_loss"]):
             raise Diverged(completed, self.rows[-1] if self.rows else None)
-        self.rows.append(self.snapshot(completed, accuracy, loss))
+        self.rows.append(self.snapshot(completed, metrics))
 
-    def snapshot(self, completed: int, accuracy: float, loss: float) -> dict:
-        """One ``rounds.parquet`` row: cumulative time, energy and bits at this point."""
+    def snapshot(self, completed: int, metrics: dict) -> dict:
+        """One ``rounds.parquet`` row: cumulative time, energy, bits and gradient evaluations at
+        this point, and the problem's ``metrics`` of the global model."""
         by_kind = self.ledger.energy_by_kind()
         compute = by_kind["compute_forward"] + by_kind["compute_backward"]
         return {
@@ -76,6 +77,9 @@ class RunContext:
             "late_uploads": int(self.ledger.late_uploads.sum()),
             "queue_wait_s": float(self.ledger.queue_wait_s.sum()),
             "broadcasts_missed": int(self.ledger.broadcasts_missed.sum()),
-            "test_accuracy": float(accuracy),
-            "test_loss": float(loss),
+            "gradient_evaluations": self.ledger.gradient_evaluations(),
+            "test_accuracy": float(metrics["test_accuracy"]),
+            "test_loss": float(metrics["test_loss"]),
+            "suboptimality": float(metrics["suboptimality"]),
+            "grad_norm_sq": float(metrics["grad_norm_sq"]),
         }

@@ -29,6 +29,8 @@ class Ledger:
     late_uploads: np.ndarray = field(init=False)  # uploads cut off by the round's deadline
     queue_wait_s: np.ndarray = field(init=False)  # time waiting for a shared sub-band [s]
     broadcasts_missed: np.ndarray = field(init=False)  # downlink packets not received
+    # Stochastic-gradient evaluations: one per backward pass a device's Cost asked for.
+    backward_passes: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         n = self.num_devices
@@ -42,6 +44,7 @@ class Ledger:
         self.late_uploads = np.zeros(n, dtype=np.int64)
         self.queue_wait_s = np.zeros(n)
         self.broadcasts_missed = np.zeros(n, dtype=np.int64)
+        self.backward_passes = np.zeros(n)
 
     def charge(self, kind: str, energy_j, busy_s, devices=slice(None)) -> None:
         """Add energy [J] and busy time [s] of ``kind`` to ``devices`` (index, mask or slice)."""
@@ -53,6 +56,10 @@ class Ledger:
         """Network-wide energy per kind [J]."""
         sums = self.energy_j.sum(axis=0)
         return {kind: float(sums[i]) for i, kind in enumerate(KINDS)}
+
+    def gradient_evaluations(self) -> float:
+        """Backward passes (gradient evaluations) per device, averaged over all devices."""
+        return float(self.backward_passes.mean()) if self.num_devices else 0.0
 
     def total_energy_j(self) -> float:
         return float(self.energy_j.sum())

@@ -55,6 +55,7 @@ class _Plan:
     backward_energy_j: np.ndarray
     forward_time_s: np.ndarray
     backward_time_s: np.ndarray
+    backward_passes: np.ndarray  # [N] backward passes (gradient evaluations) of active devices
     ready_s: np.ndarray  # absolute time the packet is ready [s]
     hold_s: np.ndarray  # airtime the upload needs, all ARQ attempts [s]
     upload_start_s: np.ndarray  # absolute start of the upload [s] (after any queueing)
@@ -137,6 +138,7 @@ class Network:
             backward_energy_j=bwd * self.compute.backward_energy_j(b),
             forward_time_s=forward_time,
             backward_time_s=backward_time,
+            backward_passes=bwd,
             ready_s=ready,
             hold_s=hold,
             upload_start_s=upload_start,
@@ -154,6 +156,7 @@ class Network:
                            plan.forward_time_s[devices], devices)
         self.ledger.charge("compute_backward", plan.backward_energy_j[devices],
                            plan.backward_time_s[devices], devices)
+        self.ledger.backward_passes[devices] += plan.backward_passes[devices]
 
     def _record_uplink(self, plan: _Plan, bits: int, active, devices) -> None:
         led = self.ledger

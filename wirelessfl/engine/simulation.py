@@ -65,7 +65,7 @@ def run_algorithm(world: World, params: AlgorithmParams,
                                       world.compute_model(params.bits), sc.energy.rx_power_w,
                                       keyed_rng(sc.seed, "fading"), keyed_rng(sc.seed, "downlink"))
     ctx = RunContext(params.display_name, env, network, ledger, world.evaluator,
-                     world.flat.initial().to(world.device), sc.seed, params.rounds,
+                     world.initial(), sc.seed, params.rounds,
                      params.eval_every, on_round)
     algorithm = algorithm_class(params.name)(params, ctx)
     run = AlgorithmRun(params.display_name, params, ctx.rows, ledger)

@@ -6,7 +6,11 @@ perturbations, quantisation and aggregation are plain tensor algebra. Three kind
 * shared-model passes (DZOFL's queries, FedSGD's gradients at the broadcast model): one forward pass
   over the concatenated device minibatches, per-device losses recovered by a reshape;
 * per-device gradients at a shared model and per-device local SGD: ``torch.func.vmap`` over devices;
-* test-set evaluation of the global model.
+* test-set evaluation of the global model;
+* exact training-set passes for the optimisation view (``Problem``, learning/problems.py):
+  f(theta) = (1/N) sum_i f_i(theta) with f_i the mean cross-entropy over device i's samples plus
+  ``l2``/2 ||theta||^2, its gradient, every device's full local gradient, and for the convex
+  ``logistic`` model with l2 > 0 the optimum by a float64 L-BFGS-B reference solve.
 
 Devices are processed in chunks whose size keeps the estimated peak memory under ``max_chunk_mb``.
 All random draws are made on the CPU from generators the caller passes, in an order that does not
@@ -26,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from wirelessfl.learning.problems import Problem
 from wirelessfl.learning.stacked import StackedForward, to_channels_last, uses_convolutions
 
 BYTES_PER_FLOAT = 4
@@ -110,11 +115,17 @@ class DeviceData:
         return len(self.sizes)
 
 
-class BatchedEvaluator:
-    """Losses, gradients and local training for all devices at once, chunked by memory."""
+class BatchedEvaluator(Problem):
+    """Losses, gradients and local training for all devices at once, chunked by memory.
+
+    The ``Problem`` of a torch classifier: f_i(theta) = mean cross-entropy over device i's samples
+    + l2/2 ||theta||^2 (the l2 term also enters every minibatch loss and gradient). With
+    ``train_metrics`` off, the training-set passes of ``metrics`` are skipped (NaN columns).
+    """
 
     def __init__(self, flat: FlatModel, data: DeviceData, activations_per_sample: int,
-                 input_size: int, max_chunk_mb: float = 1024.0):
+                 input_size: int, max_chunk_mb: float = 1024.0, l2: float = 0.0,
+                 train_metrics: bool = True):
         self.flat = flat
         self.data = data
         self.device = data.x.device
@@ -126,6 +137,21 @@ class BatchedEvaluator:
         # round into learning compute and engine overhead. perf_counter costs ~0.1 us a call.
         self.compute_s = 0.0
         self.stacked = StackedForward(flat)
+        self.l2 = float(l2)
+        self.train_metrics = train_metrics
+        self.optimum_value: float | None = None
+        self.optimum: torch.Tensor | None = None
+        self.optimum_gradient_max: float | None = None  # of the reference solve, when run
+        # f = (1/N) sum_i (1/m_i) sum_{s on i} loss_s: sample s of device i weighs 1 / (N m_i).
+        sizes = data.sizes.double()
+        self._weights = (1.0 / (self.num_devices * sizes)).repeat_interleave(data.sizes)
+
+    @property
+    def d(self) -> int:
+        return self.flat.d
+
+    def initial(self) -> torch.Tensor:
+        return self.flat.initial().to(self.device)
 
     # ---- chunking --------------------------------------------------------------------------
     def device_bytes(self, batch_size: int, own_model: bool) -> float:
@@ -173,6 +199,21 @@ class BatchedEvaluator:
             logits = self.flat.predict(theta, self.data.x[flat_idx])
             losses = F.cross_entropy(logits, self.data.y[flat_idx], reduction="none")
             out[rows] = losses.view(-1, b).mean(1)
+        if self.l2:
+            out += 0.5 * self.l2 * float(theta.square().sum())
+        self.compute_s += time.perf_counter() - start
+        return out
+
+    @torch.no_grad()
+    def stacked_losses(self, models: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Each device's minibatch loss at its own model: models [n, d], idx [n, b] -> [n]."""
+        start = time.perf_counter()
+        y = self.data.y[idx]
+        logits = self.stacked(models, self.data.x[idx])
+        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+        out = losses.view(y.shape).mean(1)
+        if self.l2:
+            out += 0.5 * self.l2 * models.square().sum(1)
         self.compute_s += time.perf_counter() - start
         return out
 
@@ -185,39 +226,8 @@ class BatchedEvaluator:
             losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
             return losses.view(y.shape).mean(1)
 
-        return self.stacked.gradients(models, self.data.x[idx], device_losses)
-
-    def device_gradients(self, theta: torch.Tensor, idx: torch.Tensor
-                         ) -> Iterator[tuple[slice, torch.Tensor]]:
-        """Per-device minibatch gradients at a shared theta, chunk by chunk: (rows, [n, d])."""
-        b = idx.shape[1]
-        for rows in self.chunks(b, own_model=True):
-            start = time.perf_counter()
-            models = theta.expand(rows.stop - rows.start, -1)
-            grads = self.stacked_gradients(models, idx[rows])
-            self.compute_s += time.perf_counter() - start
-            yield rows, grads
-
-    # ---- per-device models -------------------------------------------------------------------
-    def local_sgd(self, theta: torch.Tensor, idx: torch.Tensor, lr: float,
-                  steps: torch.Tensor | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
-        """Each device runs SGD from theta on its minibatches idx [E, N, b]; yields (rows, [n, d]).
-
-        ``steps`` [N] (optional) lets devices stop early: device i takes only its first steps[i].
-        """
-        num_steps, _, b = idx.shape
-        for rows in self.chunks(b, own_model=True):
-            start = time.perf_counter()
-            models = theta.expand(rows.stop - rows.start, -1).clone()
-            for e in range(num_steps):
-                g = self.stacked_gradients(models, idx[e, rows])
-                if steps is None:
-                    models.sub_(g, alpha=lr)
-                else:
-                    keep = (e < steps[rows]).to(device=self.device, dtype=g.dtype)[:, None]
-                    models.sub_(g * keep, alpha=lr)
-            self.compute_s += time.perf_counter() - start
-            yield rows, models
+        grads = self.stacked.gradients(models, self.data.x[idx], device_losses)
+        return grads + self.l2 * models if self.l2 else grads
 
     # ---- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
@@ -233,3 +243,123 @@ class BatchedEvaluator:
         n = max(len(y), 1)
         loss = loss_sum / n
         return correct / n, loss if math.isfinite(loss) else float("nan")
+
+    # ---- the training objective (exact, all samples) -------------------------------------------
+    def _samples_per_chunk(self) -> int:
+        """Training samples one autograd pass may hold under the memory bound."""
+        per_sample = BYTES_PER_FLOAT * (self.input_size + ACTIVATION_COPIES
+                                        * self.activations_per_sample)
+        room = self.max_chunk_bytes - 4 * BYTES_PER_FLOAT * self.flat.d
+        return max(1, int(room // per_sample))
+
+    def _train_pass(self, theta: torch.Tensor, with_gradient: bool
+                    ) -> tuple[float, torch.Tensor | None]:
+        """(sum_s w_s loss_s, its gradient or None) over the training set, chunked by samples."""
+        start = time.perf_counter()
+        total, grad = 0.0, torch.zeros_like(theta) if with_gradient else None
+        size, count = self._samples_per_chunk(), len(self.data.y)
+        weights = self._weights.to(self.device)
+        for lo in range(0, count, size):
+            x, y = self.data.x[lo:lo + size], self.data.y[lo:lo + size]
+            w = weights[lo:lo + size]
+            if with_gradient:
+                with torch.enable_grad():
+                    leaf = theta.detach().requires_grad_(True)
+                    losses = F.cross_entropy(self.flat.forward(leaf, x), y, reduction="none")
+                    value = (losses.double() * w).sum()
+                    (g,) = torch.autograd.grad(value, leaf)
+                grad += g
+                value = value.detach()
+            else:
+                with torch.no_grad():
+                    losses = F.cross_entropy(self.flat.predict(theta, x), y, reduction="none")
+                    value = (losses.double() * w).sum()
+            total += float(value)
+        self.compute_s += time.perf_counter() - start
+        return total, grad
+
+    def objective(self, theta: torch.Tensor) -> float:
+        value, _ = self._train_pass(theta, with_gradient=False)
+        return value + 0.5 * self.l2 * float(theta.double().square().sum())
+
+    def objective_gradient(self, theta: torch.Tensor) -> torch.Tensor:
+        _, grad = self._train_pass(theta, with_gradient=True)
+        return grad + self.l2 * theta if self.l2 else grad
+
+    def full_gradients(self, theta: torch.Tensor) -> torch.Tensor:
+        """grad f_i(theta) over all of device i's samples, every device: [N, d].
+
+        Devices are stacked as in ``stacked_gradients``; a device's samples are taken in column
+        blocks that fit the memory bound (shorter devices pad with weight 0)."""
+        start = time.perf_counter()
+        sizes, offsets = self.data.sizes, self.data.offsets
+        block = min(int(sizes.max()), self._samples_per_chunk())
+        out = torch.empty(self.num_devices, self.flat.d, device=self.device)
+        for rows in self.chunks(block, own_model=True):
+            m = sizes[rows]
+            models = theta.expand(len(m), -1)
+            total = torch.zeros(len(m), self.flat.d, device=self.device)
+            for lo in range(0, int(m.max()), block):
+                cols = torch.arange(lo, min(lo + block, int(m.max())))
+                valid = cols[None, :] < m[:, None]
+                idx = (offsets[rows][:, None] + torch.minimum(cols[None, :], m[:, None] - 1))
+                idx = idx.to(self.device)
+                weight = (valid / m[:, None]).to(device=self.device, dtype=theta.dtype)
+                y = self.data.y[idx]
+
+                def device_losses(logits, y=y, weight=weight):
+                    losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+                    return (losses.view(y.shape) * weight).sum(1)
+
+                total += self.stacked.gradients(models, self.data.x[idx], device_losses)
+            out[rows] = total
+        if self.l2:
+            out += self.l2 * theta
+        self.compute_s += time.perf_counter() - start
+        return out
+
+    def suboptimality(self, theta: torch.Tensor) -> float:
+        return super().suboptimality(theta) if self.train_metrics else math.nan
+
+    def grad_norm_sq(self, theta: torch.Tensor) -> float:
+        return super().grad_norm_sq(theta) if self.train_metrics else math.nan
+
+    def solve_optimum(self, gtol: float = 1e-10, max_iterations: int = 20000) -> None:
+        """Set ``optimum`` x* [d] (float64) and ``optimum_value`` f* by a centralised reference
+        solve: scipy L-BFGS-B (jac=True) on f in float64 over all training samples (each weighted
+        1 / (N m_i), so unequal shards give the same f as the devices), from theta_0, until the
+        largest gradient entry is below ``gtol`` or float64 allows no further progress (the
+        final value is kept in ``optimum_gradient_max``). Only meaningful for a convex model (logistic)
+        with l2 > 0, where f is l2-strongly convex and x* unique."""
+        from scipy.optimize import minimize
+
+        x, y = self.data.x, self.data.y
+        weights = self._weights.to(self.device)
+        size = self._samples_per_chunk()
+
+        def value_and_gradient(z: np.ndarray) -> tuple[float, np.ndarray]:
+            theta = torch.from_numpy(z).to(self.device)
+            total, grad = 0.5 * self.l2 * float(theta @ theta), self.l2 * theta
+            for lo in range(0, len(y), size):
+                leaf = theta.detach().requires_grad_(True)
+                with torch.enable_grad():
+                    logits = self.flat.functional(leaf, x[lo:lo + size].double())
+                    losses = F.cross_entropy(logits, y[lo:lo + size], reduction="none")
+                    value = (losses * weights[lo:lo + size]).sum()
+                    (g,) = torch.autograd.grad(value, leaf)
+                total += float(value.detach())
+                grad = grad + g
+            return total, grad.cpu().numpy()
+
+        start = self.flat.initial().double().numpy()
+        result = minimize(value_and_gradient, start, jac=True, method="L-BFGS-B",
+                          options={"maxiter": max_iterations, "maxcor": 30, "ftol": 0.0,
+                                   "gtol": gtol, "maxfun": 2 * max_iterations})
+        self.optimum = torch.from_numpy(result.x).to(self.device)
+        self.optimum_value = float(result.fun)
+        self.optimum_gradient_max = float(np.abs(result.jac).max())
+
+    def describe(self) -> dict:
+        return {"name": "classification", "d": self.d, "l2": self.l2,
+                "optimum_value": self.optimum_value,
+                "optimum_gradient_max": self.optimum_gradient_max}

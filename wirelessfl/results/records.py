@@ -25,7 +25,7 @@ ROUND_COLUMNS = [
     "algorithm", "round", "sim_time_s", "energy_j", "energy_compute_j", "energy_compute_forward_j",
     "energy_compute_backward_j", "energy_uplink_j", "energy_downlink_j", "bits_up", "bits_down",
     "delivered_fraction", "transmissions", "late_uploads", "queue_wait_s", "broadcasts_missed",
-    "test_accuracy", "test_loss",
+    "gradient_evaluations", "test_accuracy", "test_loss", "suboptimality", "grad_norm_sq",
 ]
 DEVICE_COLUMNS = [
     "algorithm", "device", "distance_m", "mean_snr_db", "energy_compute_j", "energy_uplink_j",

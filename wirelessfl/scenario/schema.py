@@ -20,6 +20,7 @@ from wirelessfl.energy.profile import EnergyProfile
 from wirelessfl.learning.datasets import DataConfig
 from wirelessfl.learning.models import MODEL_NAMES
 from wirelessfl.learning.partition import PARAM_DEFAULTS, SCHEME_PARAMS
+from wirelessfl.learning.problems import QUADRATIC_DEFAULTS
 
 
 class _Strict(BaseModel):
@@ -97,6 +98,10 @@ class PartitionConfig(_Strict):
 class ModelConfig(_Strict):
     name: str = Field("mlp", description=f"one of {', '.join(MODEL_NAMES)}")
     hidden: list[int] = Field([64], description="hidden layer widths (mlp only)")
+    l2: float = Field(
+        0.0, ge=0, allow_inf_nan=False,
+        description="weight of l2/2 ||theta||^2 in every f_i (and minibatch loss); with the "
+                    "logistic model and l2 > 0, f* is found by a reference solve")
 
     @field_validator("name")
     @classmethod
@@ -111,6 +116,68 @@ class ModelConfig(_Strict):
         if any(h <= 0 for h in hidden):
             raise ValueError("hidden layer widths must be positive integers")
         return hidden
+
+
+# Keys of the problem section each problem reads (besides name); defaults filled in when read.
+PROBLEM_PARAMS = {
+    "classification": ("train_metrics",),
+    "quadratic": ("clients", "dimension", "L", "mu", "delta", "noise_std", "minimizer_std"),
+}
+PROBLEM_DEFAULTS = {"train_metrics": False, **QUADRATIC_DEFAULTS}
+
+
+class ProblemConfig(_Strict):
+    """What the algorithms optimise. ``classification``: a model from the zoo on a dataset split
+    over devices (the ``data``, ``model`` and ``partition`` sections). ``quadratic``: fedred.md's
+    synthetic f_i(x) = 1/2 x^T A_i x - c_i^T x with known optimum, one device per client."""
+
+    name: Literal["classification", "quadratic"] = Field(
+        "classification", description="classification (data/model/partition) or quadratic")
+    train_metrics: bool | None = Field(
+        None, description="classification: compute grad_norm_sq over the training set at "
+                          "evaluation points (one extra pass over it each time; default false, "
+                          "always on when f* is known: logistic with model.l2 > 0)")
+    clients: int | None = Field(
+        None, gt=0, description=f"quadratic: n clients = devices (default "
+                                f"{QUADRATIC_DEFAULTS['clients']}, or population.num_devices)")
+    dimension: int | None = Field(
+        None, gt=0, description=f"quadratic: d (default {QUADRATIC_DEFAULTS['dimension']})")
+    L: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description=f"quadratic: smoothness max_i ||A_i|| (default {QUADRATIC_DEFAULTS['L']:g})")
+    mu: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description=f"quadratic: min_i lambda_min(A_i) (default {QUADRATIC_DEFAULTS['mu']:g})")
+    delta: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description=f"quadratic: Hessian dissimilarity delta_A = sqrt(mean_i ||A_i - A||^2) "
+                    f"(default {QUADRATIC_DEFAULTS['delta']:g})")
+    noise_std: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="quadratic: sigma, E||g - grad f_i||^2 = sigma^2 / batch_size (default 0)")
+    minimizer_std: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description=f"quadratic: std of the clients' minimisers (default "
+                    f"{QUADRATIC_DEFAULTS['minimizer_std']:g})")
+
+    @model_validator(mode="after")
+    def _params_match_name(self):
+        reads = PROBLEM_PARAMS[self.name]
+        for key, default in PROBLEM_DEFAULTS.items():
+            if key not in reads and getattr(self, key) is not None:
+                reader = next(n for n, keys in PROBLEM_PARAMS.items() if key in keys)
+                raise ValueError(f"'{key}' is only read by problem {reader!r} but name is "
+                                 f"{self.name!r}; remove it or set name: {reader}")
+            if key in reads and key != "clients" and getattr(self, key) is None:
+                setattr(self, key, default)
+        if self.name == "quadratic" and not self.L > self.mu:
+            raise ValueError(f"L ({self.L:g}) must be larger than mu ({self.mu:g}); raise L or "
+                             "lower mu")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _only_read_params(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class EngineConfig(_Strict):
@@ -134,6 +201,7 @@ class Scenario(_Strict):
     data: DataConfig = DataConfig()
     partition: PartitionConfig = PartitionConfig()
     model: ModelConfig = ModelConfig()
+    problem: ProblemConfig = ProblemConfig()
     quantization_bits: int = Field(
         16, ge=1, le=32, description="M, bits per transmitted value and MAC precision "
                                      "(seed 002, Sec. V: 16)")
@@ -149,4 +217,32 @@ class Scenario(_Strict):
         if dupes:
             raise ValueError(f"algorithms: two entries are both called {dupes[0]!r}; give each "
                              "a distinct 'label'")
+        return self
+
+    @model_validator(mode="after")
+    def _problem_fits(self):
+        """A quadratic has one device per client and no data, model or partition."""
+        problem = self.problem
+        if problem.name != "quadratic":
+            return self
+        given = "num_devices" in self.population.model_fields_set
+        n = self.population.num_devices
+        if problem.clients is None:
+            problem.clients = n if given else QUADRATIC_DEFAULTS["clients"]
+        elif given and problem.clients != n:
+            raise ValueError(f"problem.clients is {problem.clients} but population.num_devices is "
+                             f"{n}; the quadratic has one device per client: give only one of "
+                             "them, or equal values")
+        if not given:
+            self.population = PopulationConfig.model_validate(
+                {**self.population.model_dump(exclude_unset=True), "num_devices": problem.clients})
+        if problem.clients == 1 and problem.delta > 0:
+            raise ValueError(f"problem.delta ({problem.delta:g}) needs at least 2 clients (one "
+                             "client has no dissimilarity); set delta: 0 or clients >= 2")
+        for key, default in (("data", DataConfig()), ("model", ModelConfig()),
+                             ("partition", PartitionConfig())):
+            if getattr(self, key) != default:
+                raise ValueError(f"{key}: not read by problem 'quadratic' (it has no dataset or "
+                                 f"model); remove the {key} section or set problem.name: "
+                                 "classification")
         return self
