@@ -55,6 +55,9 @@ class Algorithm:
     name: ClassVar[str]
     Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
     summary: ClassVar[str] = ""
+    # True when the base station also learns from data of its own (ZO-HFL), so the model moves
+    # even in a round in which no upload arrives.
+    server_learns: ClassVar[bool] = False
 
     def __init__(self, params: AlgorithmParams, ctx: RunContext):
         self.params = params
@@ -66,8 +69,10 @@ class Algorithm:
         self.round_index = 0
 
     @classmethod
-    def declared_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
-        """(uplink per device, downlink broadcast) of one round in which packets arrive.
+    def declared_payloads(cls, d: int, bits: int, participants: int = 1
+                          ) -> tuple[Payload, Payload]:
+        """(uplink per device, downlink broadcast) of one round in which packets arrive, with
+        ``participants`` devices taking part (for downlinks that carry something per device).
 
         The spec's statement of what crosses the air; the conformance suite checks the engine's
         ledger against it for every registered algorithm.
@@ -154,4 +159,4 @@ def algorithm_class(name: str, where: str = "algorithms[].name") -> type[Algorit
 
 def _load_builtin_algorithms() -> None:
     # Importing the modules runs their @register decorators.
-    from wirelessfl.algorithms import dzofl, fedavg  # noqa: F401
+    from wirelessfl.algorithms import dzofl, fedavg, zo_hfl  # noqa: F401

@@ -58,7 +58,7 @@ class DZOFL(Algorithm):
     summary = "seed 002: two-point zeroth-order FL, one quantised scalar up and down per iteration"
 
     @classmethod
-    def declared_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
+    def declared_payloads(cls, d: int, bits: int, participants: int = 1) -> tuple[Payload, Payload]:
         """One M-bit scalar up per device and one down (seed 002, Sec. III: N M bits per iteration)."""
         return Payload.scalar(bits), Payload.scalar(bits)
 

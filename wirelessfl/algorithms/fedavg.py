@@ -42,7 +42,7 @@ class VectorUploadAlgorithm(Algorithm):
     """Shared mechanics of methods that upload one d-vector per device and broadcast one back."""
 
     @classmethod
-    def declared_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
+    def declared_payloads(cls, d: int, bits: int, participants: int = 1) -> tuple[Payload, Payload]:
         """d values of M bits (+ a 32-bit scale) each way (seed 002, Sec. III: M d bits)."""
         return Payload.vectors(d, bits), Payload.vectors(d, bits)
 
@@ -165,7 +165,7 @@ class Scaffold(VectorUploadAlgorithm):
     summary = "drift-corrected local SGD with control variates; two d-vectors up and two down"
 
     @classmethod
-    def declared_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
+    def declared_payloads(cls, d: int, bits: int, participants: int = 1) -> tuple[Payload, Payload]:
         """Model delta and control-variate delta, each d values of M bits (+ a scale), each way."""
         return Payload.vectors(d, bits, count=2), Payload.vectors(d, bits, count=2)
 

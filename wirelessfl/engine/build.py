@@ -100,8 +100,13 @@ def build_world(scenario: Scenario) -> World:
         problem = build_quadratic(scenario, device)
         return World(scenario, cell, None, None, None, problem.model_profile, problem, device)
     dataset = load_dataset(scenario.data, seed)
-    shards = partition(scenario.partition.scheme, dataset.y_train, n, keyed_rng(seed, "partition"),
-                       **scenario.partition.params())
+    # The base station's own samples (seed 000) come out first; devices split the rest.
+    order = keyed_rng(seed, "server-data").permutation(len(dataset.y_train))
+    keep = round(scenario.data.server_fraction * len(order))
+    server, on_devices = np.sort(order[:keep]), np.sort(order[keep:])
+    shards = partition(scenario.partition.scheme, dataset.y_train[on_devices], n,
+                       keyed_rng(seed, "partition"), **scenario.partition.params())
+    shards = [on_devices[s] for s in shards]
     model = build_model(scenario.model.name, dataset.input_shape, dataset.num_classes,
                         hidden=tuple(scenario.model.hidden),
                         seed=stream_key(seed, "init") % 2**31)
@@ -109,7 +114,7 @@ def build_world(scenario: Scenario) -> World:
     model = model.to(device)
     flat = FlatModel(model)
     data = DeviceData.from_shards(dataset.x_train, dataset.y_train, shards, dataset.x_test,
-                                  dataset.y_test, device)
+                                  dataset.y_test, device, server=server)
     evaluator = BatchedEvaluator(flat, data, model_profile.activations_per_sample,
                                  model_profile.input_size, scenario.engine.max_chunk_mb,
                                  l2=scenario.model.l2)

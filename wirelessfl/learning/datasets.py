@@ -75,6 +75,9 @@ class DataConfig(BaseModel):
     test_fraction: float = Field(
         0.25, gt=0, lt=1, description="test share for sets without a test split (stratified)")
     max_train_samples: PositiveInt | None = Field(None, description="subsample the training set")
+    server_fraction: float = Field(
+        0.0, ge=0, lt=1, description="share of the training set the base station keeps for its "
+                                     "own loss (seed 000's server data: 0.3); never on devices")
     max_test_samples: PositiveInt | None = Field(None, description="subsample the test set")
     synthetic: SyntheticConfig = SyntheticConfig()
 

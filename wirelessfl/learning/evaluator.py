@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from wirelessfl.errors import UserError
 from wirelessfl.learning.problems import Problem
 from wirelessfl.learning.stacked import StackedForward, to_channels_last, uses_convolutions
 
@@ -97,9 +98,13 @@ class DeviceData:
     sizes: torch.Tensor  # [N] samples per device (CPU, int64)
     x_test: torch.Tensor
     y_test: torch.Tensor
+    x_server: torch.Tensor | None = None  # the base station's own samples (seed 000)
+    y_server: torch.Tensor | None = None
 
     @classmethod
-    def from_shards(cls, x_train, y_train, shards, x_test, y_test, device) -> DeviceData:
+    def from_shards(cls, x_train, y_train, shards, x_test, y_test, device,
+                    server: np.ndarray | None = None) -> DeviceData:
+        """``shards``: training indices of each device; ``server``: those the base station keeps."""
         order = np.concatenate(shards)
         sizes = torch.tensor([len(s) for s in shards], dtype=torch.int64)
         offsets = torch.cumsum(sizes, 0) - sizes
@@ -107,8 +112,12 @@ class DeviceData:
         def put(a, dtype):
             return torch.as_tensor(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
 
-        return cls(put(x_train[order], torch.float32), put(y_train[order], torch.int64),
+        data = cls(put(x_train[order], torch.float32), put(y_train[order], torch.int64),
                    offsets, sizes, put(x_test, torch.float32), put(y_test, torch.int64))
+        if server is not None and len(server):
+            data.x_server = put(x_train[server], torch.float32)
+            data.y_server = put(y_train[server], torch.int64)
+        return data
 
     @property
     def num_devices(self) -> int:
@@ -231,6 +240,22 @@ class BatchedEvaluator(Problem):
 
     # ---- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
+    def server_gradient(self, theta: torch.Tensor, generator: torch.Generator,
+                        batch_size: int) -> torch.Tensor:
+        """Minibatch gradient [d] of the base station's own loss (mean cross-entropy on its data,
+        plus the l2 term), the batch drawn with replacement (seed 000's f~_1(x, xi))."""
+        if self.data.x_server is None:
+            raise UserError("this algorithm needs data held by the base station: set "
+                            "data.server_fraction (e.g. 0.3, seed 000 Sec. IV)")
+        pick = torch.randint(len(self.data.y_server), (batch_size,), generator=generator)
+        pick = pick.to(self.device)
+        with torch.enable_grad():
+            leaf = theta.detach().requires_grad_(True)
+            loss = F.cross_entropy(self.flat.forward(leaf, self.data.x_server[pick]),
+                                   self.data.y_server[pick])
+            (g,) = torch.autograd.grad(loss, leaf)
+        return g + self.l2 * theta if self.l2 else g
+
     def evaluate(self, theta: torch.Tensor, batch: int = 4096) -> tuple[float, float]:
         """(accuracy, mean loss) of theta on the test set."""
         x, y = self.data.x_test, self.data.y_test

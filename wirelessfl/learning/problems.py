@@ -150,6 +150,14 @@ class Problem(ABC):
                 "suboptimality": float(self.suboptimality(theta)),
                 "grad_norm_sq": float(self.grad_norm_sq(theta))}
 
+    def server_gradient(self, theta: torch.Tensor, generator: torch.Generator,
+                        batch_size: int) -> torch.Tensor:
+        """Minibatch gradient [d] of the base station's own loss (seed 000's f_1), for problems
+        whose base station holds data; others refuse with a clear message."""
+        raise UserError(f"this algorithm needs data held by the base station, which problem "
+                        f"'{type(self).__name__}' does not have; use a classification problem "
+                        "with data.server_fraction > 0")
+
     def describe(self) -> dict:
         """Facts for the run manifest (``problem`` entry)."""
         return {"d": self.d, "optimum_value": self.optimum_value}

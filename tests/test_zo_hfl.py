@@ -1,0 +1,104 @@
+"""ZO-HFL (seed 000) against a per-device reference written from Algorithms 1-2 of the spec, and
+its two payload modes against each other."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import small_scenario
+from wirelessfl.engine.build import build_world
+from wirelessfl.engine.context import RunContext
+from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.learning.seeds import keyed_generator
+
+EXACT = ["channel=seed002-pinned", "channel.uplink.delivery_probability=1.0",
+         "quantization_bits=32", "data.server_fraction=0.3"]
+
+
+def _run(monkeypatch, overrides=(), **params):
+    seen = []
+    original = RunContext.end_round
+
+    def record(self, completed, theta):
+        seen.append(theta.clone())
+        return original(self, completed, theta)
+
+    monkeypatch.setattr(RunContext, "end_round", record)
+    algo = {"name": "zo-hfl", "rounds": 2, "eval_every": 1, "tau": 2, "gamma0": 0.5,
+            "batch_size": 8, "server_batch_size": 8, **params}
+    sc = small_scenario([*EXACT, *overrides], algorithms=[algo])
+    world = build_world(sc)
+    return world, seen, run_algorithm(world, sc.algorithms[0])
+
+
+def _ce_grad(world, theta, x, y):
+    leaf = {n: p.detach().clone().requires_grad_(True)
+            for n, p in world.flat.unflatten(theta.clone()).items()}
+    loss = F.cross_entropy(torch.func.functional_call(world.flat.model, leaf, (x,)), y)
+    return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(leaf.values()))])
+
+
+def test_matches_a_per_device_reference(monkeypatch):
+    world, thetas, _ = _run(monkeypatch)
+    ev, n, d = world.evaluator, world.num_devices, world.flat.d
+    eta, lam, mu, lr0, b = 0.1, 1.0, 1.0, 0.1, 8
+    sizes = ev.data.sizes.double()
+    w = (sizes / sizes.sum()).float()
+    theta = thetas[0]
+    for r in range(2):
+        steps = math.ceil(2 * math.sqrt(r + 1))
+        z = torch.randn((n, d), generator=keyed_generator(3, "zo-hfl-v", r))
+        v = z / z.norm(dim=1, keepdim=True)
+        plus = ev.sample(keyed_generator(3, "batch", r), b, steps)
+        minus = ev.sample(keyed_generator(3, "batch-minus", r), b, steps)
+        pick = torch.randint(len(ev.data.y_server), (8,),
+                             generator=keyed_generator(3, "zo-hfl-server", r))
+        g = _ce_grad(world, theta, ev.data.x_server[pick], ev.data.y_server[pick])
+        for i in range(n):
+            f = []
+            for sign, idx in ((1.0, plus), (-1.0, minus)):
+                x = theta + sign * eta * v[i]
+                y = x.clone()
+                for t in range(steps):
+                    batch = idx[t, i]
+                    y = y - lr0 / (t + 1) * (_ce_grad(world, y, ev.data.x[batch], ev.data.y[batch])
+                                             + mu * (y - x))
+                f.append(0.5 * lam * float((x - y).double().square().sum()))
+            g = g + w[i] * (d / (2 * eta)) * (f[0] - f[1]) * v[i]
+        theta = theta - 0.5 / math.sqrt(r + 1) * g
+        torch.testing.assert_close(thetas[r + 1], theta, rtol=1e-4, atol=1e-5)
+
+
+def test_seed_mode_gives_the_paper_update_at_full_precision(monkeypatch):
+    _, models, run_m = _run(monkeypatch, payload="models")
+    _, seeds, run_s = _run(monkeypatch, payload="seed", scalar_range=1e6)
+    for a, b in zip(models, seeds):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    # ... with a fraction of the uplink: one 32-bit scalar instead of two d-vectors
+    assert run_s.ledger.bits_up.sum() * 2 * 650 == run_m.ledger.bits_up.sum()
+
+
+def test_without_coupling_it_is_server_sgd(monkeypatch):
+    world, thetas, run = _run(monkeypatch, lam=0.0)
+    ev = world.evaluator
+    theta = thetas[0]
+    for r in range(2):
+        pick = torch.randint(len(ev.data.y_server), (8,),
+                             generator=keyed_generator(3, "zo-hfl-server", r))
+        g = _ce_grad(world, theta, ev.data.x_server[pick], ev.data.y_server[pick])
+        theta = theta - 0.5 / math.sqrt(r + 1) * g
+        torch.testing.assert_close(thetas[r + 1], theta, rtol=1e-5, atol=1e-6)
+    # the clients still did (and paid for) their two solves of ceil(2 sqrt(r+1)) steps
+    assert np.all(run.ledger.energy_j[:, 1] > 0)
+
+
+def test_server_data_is_kept_off_the_devices(monkeypatch):
+    world, _, _ = _run(monkeypatch)
+    ev = world.evaluator
+    total = len(world.dataset.y_train)
+    assert len(ev.data.y_server) == round(0.3 * total)
+    assert len(ev.data.y_server) + int(ev.data.sizes.sum()) == total

@@ -1,0 +1,154 @@
+"""ZO-HFL (seed 000): hierarchical FL in which the server probes the clients' best responses with
+two-point zeroth-order estimates (spec zo_hfl.md, Algorithms 1-2).
+
+Round r, participants S_r (the base's ``participation`` beta, zo_hfl.md A11):
+  server: v_i ~ Unif(unit sphere) per participant; sends x_r and v_i;
+  client i: two proximal solves from the perturbed points x_r +- eta v_i (Alg. 2), H_{i,r} =
+    ceil(tau sqrt(r+1)) steps each, y <- Pi(y - lr_t (grad CE_i(y; zeta) + mu (y - x))),
+    lr_t = inner_lr0 / (t + 1), y_0 = x (A6), minibatches with replacement (A7);
+  uplink, mode ``models`` (the paper): y+ and y- (two d-vectors); mode ``seed`` (ours): the client
+    itself forms F+ - F- (below) and uploads one M-bit scalar, v_i coming from a seed both ends
+    share, so the server's update is the same up to that scalar's quantisation (zo_hfl.md 3.5);
+  server: F+- = (lam/2) ||x_r +- eta v_i - y+-||^2, g_i = (d / (2 eta)) (F+ - F-) v_i (eq. of 1.4),
+    g = grad f~_1(x_r, xi) (its own data, ``data.server_fraction``) + sum_i a_i g_i with
+    a_i = w_i / sum_{j delivered} w_j, w_i = N_i / N (A4, A5), x_{r+1} = x_r - gamma_r g,
+    gamma_r = gamma0 / sqrt(r + 1).
+Lost uploads drop out of the sum (a_i renormalised over what arrived). The server's own gradient is
+computed at the base station, which is mains powered: it is not in the devices' ledger.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
+from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.learning.quantize import quantize_rows, quantize_scalars
+from wirelessfl.learning.seeds import device_uniform, keyed_generator
+
+SEED_BITS = 32  # a direction travels as the seed of its generator in mode "seed" [D]
+
+
+class ZOHFLParams(AlgorithmParams):
+    batch_size: int = Field(32, gt=0, description="client minibatch B (zo_hfl.md A7: 32)")
+    server_batch_size: int = Field(32, gt=0, description="server minibatch B_s (A7: 32)")
+    gamma0: float = Field(0.01, gt=0, description="server step gamma_r = gamma0/sqrt(r+1) "
+                                                  "(seed 000 Sec. IV: 0.01)")
+    eta: float = Field(0.1, gt=0, description="smoothing radius eta (seed 000 Sec. IV: 0.1)")
+    tau: float = Field(20.0, gt=0, description="H_{i,r} = ceil(tau sqrt(r+1)) local steps per "
+                                               "solve (seed 000 Table I: 20)")
+    inner_lr0: float = Field(0.1, gt=0, description="client step lr_t = inner_lr0/(t+1) "
+                                                    "(seed 000 Sec. IV: 0.1)")
+    lam: float = Field(1.0, ge=0, description="lambda, weight of the coupling penalty (A9: 1)")
+    mu: float = Field(1.0, gt=0, description="mu, the clients' proximal weight (A9: 1)")
+    radius: float | None = Field(None, gt=0, description="rho: project y onto the ball "
+                                                         "||y - x|| <= rho (A18; none: off)")
+    payload: Literal["models", "seed"] = Field(
+        "models", description="models: upload y+ and y- (the paper); seed: upload the scalar "
+                              "F+ - F- (v from a shared seed)")
+    common_batches: bool = Field(False, description="the + and - solves reuse one minibatch "
+                                                    "sequence (A8, 'CRN'; the paper: independent)")
+    scalar_range: float = Field(1.0, gt=0, description="seed mode: F+ - F- is quantised on "
+                                                       "[-range, range]")
+    max_local_steps: int = Field(1000, gt=0, description="cap on H_{i,r} [D]")
+
+
+@register
+class ZOHFL(Algorithm):
+    name = "zo-hfl"
+    Params = ZOHFLParams
+    server_learns = True
+    summary = ("seed 000: server gradient on its own data + two-point ZO probes of the clients' "
+               "proximal solves; y+- (or one scalar) up")
+
+    @classmethod
+    def declared_payloads(cls, d: int, bits: int, participants: int = 1,
+                          payload: str = "models") -> tuple[Payload, Payload]:
+        """Up: y+ and y- (two d-vectors) or one scalar. Down: x_r and the participants'
+        directions in one transmission, as d-vectors or as seeds (zo_hfl.md A21)."""
+        if payload == "seed":
+            down_bits = d * bits + (32 if bits < 32 else 0) + participants * SEED_BITS
+            return Payload.scalar(bits), Payload(values=1, bits_per_value=down_bits,
+                                                 label="x and seeds")
+        return (Payload.vectors(d, bits, count=2),
+                Payload.vectors(d, bits, count=1 + participants, label="x and directions"))
+
+    def local_steps(self, r: int) -> int:
+        p = self.params
+        return min(p.max_local_steps, math.ceil(p.tau * math.sqrt(r + 1)))
+
+    def directions(self, r: int) -> torch.Tensor:
+        """v_i [N, d], uniform on the unit sphere, regenerated from (seed, round)."""
+        n, d = self.ctx.num_devices, self.theta.numel()
+        z = torch.randn((n, d), generator=keyed_generator(self.ctx.seed, "zo-hfl-v", r))
+        return (z / z.norm(dim=1, keepdim=True)).to(self.theta.device)
+
+    def setup(self) -> None:
+        data = getattr(self.ctx.evaluator, "data", None)  # problems without samples: equal weights
+        sizes = data.sizes.double().numpy() if data is not None else np.ones(self.ctx.num_devices)
+        self.weights = sizes / sizes.sum()  # w_i = N_i / N_clients (A5)
+
+    def _solve(self, x: torch.Tensor, idx: torch.Tensor, rows: slice) -> torch.Tensor:
+        """Alg. 2 for devices ``rows`` from their points x [n, d] on minibatches idx [H, N, b]."""
+        p, ev = self.params, self.ctx.evaluator
+        y = x.clone()
+        for t in range(idx.shape[0]):
+            g = ev.stacked_gradients(y, idx[t, rows]) + p.mu * (y - x)
+            y = y - (p.inner_lr0 / (t + 1)) * g
+            if p.radius is not None:
+                gap = y - x
+                norm = gap.norm(dim=1, keepdim=True).clamp_min(1e-30)
+                y = x + gap * torch.clamp(p.radius / norm, max=1.0)
+        return y
+
+    def round(self, r: int):
+        p, ev, ctx = self.params, self.ctx.evaluator, self.ctx
+        d, n = self.theta.numel(), ctx.num_devices
+        steps = self.local_steps(r)
+        chosen = self.participants(r) & (self.missed == 0)
+        up, down = self.declared_payloads(d, self.bits, int(chosen.sum()), p.payload)
+        yield from self.broadcast(down)
+        cost = Cost(forward_passes=2 * steps, backward_passes=2 * steps, batch_size=p.batch_size)
+        result = yield from self.collect(cost, up, chosen)
+        delivered = np.asarray(result.delivered, dtype=bool)
+        g = ev.server_gradient(self.theta, keyed_generator(ctx.seed, "zo-hfl-server", r),
+                               p.server_batch_size)
+        if delivered.any():
+            v = self.directions(r)
+            plus = ev.sample(keyed_generator(ctx.seed, "batch", r), p.batch_size, steps)
+            minus = plus if p.common_batches else ev.sample(
+                keyed_generator(ctx.seed, "batch-minus", r), p.batch_size, steps)
+            diff = torch.zeros(n, device=self.theta.device, dtype=torch.float64)
+            for rows in ev.chunks(p.batch_size, own_model=True):
+                if not delivered[rows].any():
+                    continue
+                x_plus = self.theta + p.eta * v[rows]
+                x_minus = self.theta - p.eta * v[rows]
+                y_plus = self._solve(x_plus, plus, rows)
+                y_minus = self._solve(x_minus, minus, rows)
+                if p.payload == "models":  # the server sees quantised y+-
+                    y_plus = self._quantize(y_plus, "zo-hfl-up-plus", r, rows)
+                    y_minus = self._quantize(y_minus, "zo-hfl-up-minus", r, rows)
+                f_plus = 0.5 * p.lam * (x_plus - y_plus).double().square().sum(1)
+                f_minus = 0.5 * p.lam * (x_minus - y_minus).double().square().sum(1)
+                diff[rows] = f_plus - f_minus
+            if p.payload == "seed":
+                diff, _ = quantize_scalars(diff, self.bits, p.scalar_range,
+                                           keyed_generator(ctx.seed, "zo-hfl-up", r))
+            mask = torch.as_tensor(delivered, device=self.theta.device)
+            w = torch.as_tensor(self.weights, device=self.theta.device) * mask
+            a = (w / w.sum()).to(torch.float64)
+            coeff = (a * diff * (d / (2 * p.eta))).to(self.theta.dtype)
+            g = g + (coeff[:, None] * v).sum(0)
+        self.theta = self.theta - p.gamma0 / math.sqrt(r + 1) * g
+
+    def _quantize(self, vectors: torch.Tensor, stream: str, r: int, rows: slice) -> torch.Tensor:
+        if self.bits >= 32:
+            return vectors
+        noise = device_uniform(self.ctx.seed, stream, r, rows, vectors.shape[1], vectors.device)
+        return quantize_rows(vectors, self.bits, noise)[0]
