@@ -15,6 +15,7 @@ from wirelessfl.energy import (
     ComputeModel,
     EnergyProfile,
     ModelProfile,
+    Seed002AcceleratorProfile,
     backward_energy_j,
     forward_energy_j,
     mac_energy_j,
@@ -103,8 +104,9 @@ def test_mac_energy_at_max_precision_is_a_and_increasing():
     {"mac_exponent": 2.5},
     {"mac_units": 0},
     {"rx_power_w": -0.1},
-    {"model": "cmos"},
+    {"model": "cmso"},
     {"mac_energy": 3.7e-12},
+    {"kappa": 1e-28},  # a field of the cmos model, not of this one
     {"sources": {"not_a_field": "x"}},
 ])
 def test_profile_rejects_bad_values(bad):
@@ -114,11 +116,12 @@ def test_profile_rejects_bad_values(bad):
 
 def test_catalog_entry_matches_defaults():
     doc = yaml.safe_load(CATALOG.read_text())
-    numbers = [k for k in EnergyProfile.model_fields
+    numbers = [k for k in Seed002AcceleratorProfile.model_fields
                if k not in ("name", "description", "model", "sources")]
-    # YAML 1.1 reads '4.0e9' as a string; the file must hold real numbers.
-    assert all(isinstance(doc[k], (int, float)) for k in numbers)
+    # YAML 1.1 reads '4.0e9' as a string; the file must hold real numbers (or null).
+    assert all(doc[k] is None or isinstance(doc[k], (int, float)) for k in numbers)
     profile = EnergyProfile(**doc)
+    assert type(profile) is Seed002AcceleratorProfile
     assert profile.name == "seed002-accelerator"
     assert set(profile.sources) == set(numbers)
     defaults = EnergyProfile()

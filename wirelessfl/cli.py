@@ -18,7 +18,8 @@ EXIT_INTERRUPTED = 130
 
 # Input shape and classes used by `wirelessfl profile` for each zoo model (the datasets they
 # are meant for: seed-002 CNN on 28x28 binary images, MLP/logistic on 8x8 digits).
-PROFILE_DEFAULTS = {"seed002-cnn": ((1, 28, 28), 2), "mlp": ((64,), 10), "logistic": ((64,), 10)}
+PROFILE_DEFAULTS = {"seed002-cnn": ((1, 28, 28), 2), "mlp": ((64,), 10), "logistic": ((64,), 10),
+                    "resnet18-cifar": ((3, 32, 32), 10)}
 
 
 def _cmd_run(args) -> int:
@@ -150,6 +151,8 @@ def _load_energy_profile(name: str):
 
 
 def _cmd_profile(args) -> int:
+    import dataclasses
+
     from wirelessfl.energy import ComputeModel, profile_model
     from wirelessfl.learning.models import MODEL_NAMES, build_model
 
@@ -168,14 +171,28 @@ def _cmd_profile(args) -> int:
     result = {"d": prof.params, "macs": prof.macs(args.batch),
               "activations": prof.activations(args.batch), "input_size": prof.input_size,
               "energy_forward_j": cm.forward_energy_j(args.batch),
-              "energy_backward_j": cm.backward_energy_j(args.batch)}
+              "energy_backward_j": cm.backward_energy_j(args.batch),
+              "time_forward_s": cm.forward_time_s(args.batch),
+              "time_backward_s": cm.backward_time_s(args.batch)}
     if args.json:
+        # Per-layer counts are per sample (see wirelessfl/energy/profiler.py).
+        result["layers"] = [dataclasses.asdict(layer) for layer in prof.layers]
         print(json.dumps(result))
-    else:
-        print(f"{args.model} on input {shape}, batch {args.batch}, {bits}-bit forward, "
-              f"energy profile '{profile.name}':")
-        for key, value in result.items():
-            print(f"  {key:<18} {value:,}" if isinstance(value, int) else f"  {key:<18} {value:.6g}")
+        return 0
+    print(f"{args.model} on input {shape}, batch {args.batch}, {bits}-bit forward, "
+          f"energy profile '{profile.name}' (model {profile.model}):")
+    for key, value in result.items():
+        print(f"  {key:<18} {value:,}" if isinstance(value, int) else f"  {key:<18} {value:.6g}")
+    if args.per_layer:
+        print("per layer, one sample:")
+        width = max([len(layer.name) for layer in prof.layers] + [5])
+        print(f"  {'layer':<{width}}  {'type':<20} {'MACs':>15} {'params':>12} {'activations':>12}")
+        for layer in prof.layers:
+            print(f"  {layer.name or '(model)':<{width}}  {layer.type:<20} {layer.macs:>15,} "
+                  f"{layer.params:>12,} {layer.activations:>12,}")
+        print(f"  {'total':<{width}}  {'':<20} {prof.macs_per_sample:>15,} "
+              f"{sum(layer.params for layer in prof.layers):>12,} "
+              f"{prof.activations_per_sample:>12,}")
     return 0
 
 
@@ -275,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="algorithms, channel and energy profiles, scenarios")
     lst.set_defaults(func=_cmd_list)
 
-    prof = sub.add_parser("profile", help="count a model's parameters, MACs and activations")
+    prof = sub.add_parser("profile", help="count a model's parameters, MACs and activations, "
+                                          "and price a pass on an energy profile")
     prof.add_argument("model")
     prof.add_argument("--energy", default="seed002-accelerator", help="energy profile")
     prof.add_argument("--batch", type=int, default=1)
@@ -283,7 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--input-shape", help="per-sample shape, e.g. 1,28,28")
     prof.add_argument("--classes", type=int, help="number of outputs")
     prof.add_argument("--hidden", type=int, nargs="*", default=[64], help="MLP hidden widths")
-    prof.add_argument("--json", action="store_true")
+    prof.add_argument("--per-layer", action="store_true",
+                      help="also print MACs, parameters and activations of every layer")
+    prof.add_argument("--json", action="store_true", help="one JSON object (with the layers)")
     prof.set_defaults(func=_cmd_profile)
 
     en = sub.add_parser("energy", help="seed-002 energy model (eqs. 5-10) for counts you give")

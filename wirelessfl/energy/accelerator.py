@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import math
 
-from wirelessfl.energy.profile import EnergyProfile
+from wirelessfl.energy.profile import EnergyProfile, Seed002AcceleratorProfile
+from wirelessfl.errors import UserError
+
+
+def _seed002(profile: EnergyProfile) -> Seed002AcceleratorProfile:
+    if not isinstance(profile, Seed002AcceleratorProfile):
+        raise UserError(f"energy profile '{profile.name or profile.model}' uses the "
+                        f"'{profile.model}' compute model, not the seed-002 accelerator model "
+                        "(eqs. 5-10); price it with ComputeModel (e.g. 'wirelessfl profile MODEL "
+                        f"--energy {profile.name or 'PROFILE'}')")
+    return profile
 
 
 def mac_energy_j(profile: EnergyProfile, bits: float) -> float:
     """E_MAC(M) = A (M / M_max)^mu, energy of one MAC at M bits [J] (seed 002, Sec. III-C)."""
+    profile = _seed002(profile)
     return profile.mac_energy_j * (bits / profile.max_precision_bits) ** profile.mac_exponent
 
 
@@ -22,6 +33,7 @@ def forward_energy_terms(profile: EnergyProfile, *, macs: float, activations: fl
                          params: float, input_size: float, bits: float) -> dict[str, float]:
     """The four terms of E_FP [J]: ``computing`` (eq. 6), ``weights`` E_w (eq. 7),
     ``activations`` E_b (eq. 8) and ``dram`` (eq. 9)."""
+    profile = _seed002(profile)
     e_m = mac_energy_j(profile, bits)
     e_max = mac_energy_j(profile, profile.max_precision_bits)  # = A
     buffer = e_m * macs * math.sqrt(bits / (profile.mac_units * profile.max_precision_bits))
@@ -46,6 +58,7 @@ def forward_energy_j(profile: EnergyProfile, *, macs: float, activations: float,
 def backward_energy_j(profile: EnergyProfile, *, macs: float, activations: float,
                       params: float) -> float:
     """E_BP, one backward pass at M_max bits [J] (eq. 10)."""
+    profile = _seed002(profile)
     e_max = mac_energy_j(profile, profile.max_precision_bits)  # = A
     m_max = profile.max_precision_bits
     spill_bits = max(params * m_max + activations * m_max - profile.sram_bits, 0.0)

@@ -1,64 +1,79 @@
 """Energy [J] and time [s] of forward and backward passes over a batch, for one model on one device.
 
+One interface for every compute model (the profile's ``model:``): ``ComputeModel(profile,
+model_profile, bits)`` with ``forward_energy_j(b)``, ``backward_energy_j(b)``,
+``forward_time_s(b)`` and ``backward_time_s(b)``. Each model prices a pass in its own module:
+
+* ``seed002-accelerator`` (``accelerator.py``, seed 002 eqs. 5-10): forward at M bits, backward
+  at M_max; time N_c / throughput forward, 2 N_c / throughput backward (eq. 10 counts 2 N_c MACs:
+  input gradients and weight gradients);
+* ``cmos`` (``cmos.py``): kappa x cycles x f^2 and cycles / f, backward = 2 x forward;
+* ``per-operation`` (``per_operation.py``): MAC energy by precision plus SRAM/DRAM traffic.
+
 A pass over b samples is charged for what the batch computes: N_c = b x MACs per sample,
-O_c = b x activations per sample, x_in = b x input size (the whole batch is read from DRAM), and
-d once. So the paper's Sec. V inputs (N_c of one sample, O_c of a batch of 10) are not both one
-pass's counts; see spec dzofl.md, section 5. Forward runs at M bits, backward at M_max (eq. 10).
-Time: forward N_c / throughput; backward 2 N_c / throughput (eq. 10 counts 2 N_c MACs: input
-gradients and weight gradients).
+O_c = b x activations per sample, x_in = b x input size (the whole batch is read), and d once.
+So the paper's Sec. V inputs (N_c of one sample, O_c of a batch of 10) are not both one pass's
+counts; see spec dzofl.md, section 5.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from wirelessfl.energy import cmos, per_operation
 from wirelessfl.energy.accelerator import backward_energy_j, forward_energy_j
-from wirelessfl.energy.profile import EnergyProfile
+from wirelessfl.energy.profile import EnergyProfile, Seed002AcceleratorProfile
 from wirelessfl.energy.profiler import ModelProfile
 from wirelessfl.errors import UserError
 
 
-class ComputeModel:
-    """Prices passes of a profiled model on an ``EnergyProfile`` device at ``bits`` precision."""
+def _seed002_check_bits(profile: Seed002AcceleratorProfile, bits: int) -> None:
+    if not 1 <= bits <= profile.max_precision_bits:
+        raise UserError(f"quantization_bits must be in [1, {profile.max_precision_bits}] (the "
+                        f"energy profile's max_precision_bits); got {bits}")
 
-    def __init__(self, energy: EnergyProfile, model: ModelProfile, bits: int):
-        if not 1 <= bits <= energy.max_precision_bits:
-            raise UserError(f"quantization_bits must be in [1, {energy.max_precision_bits}] (the "
-                            f"energy profile's max_precision_bits); got {bits}")
-        self.energy = energy
-        self.model = model
-        self.bits = int(bits)
-        self._cache: dict[int, tuple[float, float, float, float]] = {}
 
-    def _costs(self, batch: int) -> tuple[float, float, float, float]:
+def _seed002_costs(profile: Seed002AcceleratorProfile, model: ModelProfile, batch: int,
+                   bits: int) -> tuple[float, float, float, float]:
+    macs, activations = model.macs(batch), model.activations(batch)
+    return (
+        forward_energy_j(profile, macs=macs, activations=activations, params=model.params,
+                         input_size=batch * model.input_size, bits=bits),
+        backward_energy_j(profile, macs=macs, activations=activations, params=model.params),
+        macs / profile.throughput_macs_per_s,
+        2 * macs / profile.throughput_macs_per_s,
+    )
+
+
+# model tag -> (check of M, (profile, model, batch, bits) -> (fwd J, bwd J, fwd s, bwd s))
+_MODELS = {
+    "seed002-accelerator": (_seed002_check_bits, _seed002_costs),
+    "cmos": (cmos.check_bits, cmos.pass_costs),
+    "per-operation": (per_operation.check_bits, per_operation.pass_costs),
+}
+
+
+class PassCosts:
+    """What the engine reads: energy and time of one forward or backward pass over a batch, as a
+    float (one device model) or an [N] array (a population); subclasses give ``_costs``."""
+
+    def _costs(self, batch: int) -> tuple:
         """(forward J, backward J, forward s, backward s) of one pass over ``batch`` samples."""
-        costs = self._cache.get(batch)
-        if costs is None:
-            m, e = self.model, self.energy
-            macs, activations = m.macs(batch), m.activations(batch)
-            costs = (
-                forward_energy_j(e, macs=macs, activations=activations, params=m.params,
-                                 input_size=batch * m.input_size, bits=self.bits),
-                backward_energy_j(e, macs=macs, activations=activations, params=m.params),
-                macs / e.throughput_macs_per_s,
-                2 * macs / e.throughput_macs_per_s,
-            )
-            self._cache[batch] = costs
-        return costs
+        raise NotImplementedError
 
-    def forward_energy_j(self, batch: int) -> float:
-        """Energy of one forward pass over ``batch`` samples at M bits [J] (eqs. 5-9)."""
+    def forward_energy_j(self, batch: int) -> float | np.ndarray:
+        """Energy of one forward pass over ``batch`` samples at M bits [J]."""
         return self._costs(batch)[0]
 
-    def backward_energy_j(self, batch: int) -> float:
-        """Energy of one backward pass over ``batch`` samples at M_max bits [J] (eq. 10)."""
+    def backward_energy_j(self, batch: int) -> float | np.ndarray:
+        """Energy of one backward pass over ``batch`` samples [J]."""
         return self._costs(batch)[1]
 
-    def forward_time_s(self, batch: int) -> float:
+    def forward_time_s(self, batch: int) -> float | np.ndarray:
         """Duration of one forward pass over ``batch`` samples [s]."""
         return self._costs(batch)[2]
 
-    def backward_time_s(self, batch: int) -> float:
+    def backward_time_s(self, batch: int) -> float | np.ndarray:
         """Duration of one backward pass over ``batch`` samples [s]."""
         return self._costs(batch)[3]
 
@@ -71,3 +86,24 @@ class ComputeModel:
         """Per-device compute time [s] for arrays of pass counts [N], all of ``batch`` samples."""
         _, _, t_fwd, t_bwd = self._costs(batch)
         return np.asarray(forward_passes) * t_fwd + np.asarray(backward_passes) * t_bwd
+
+
+class ComputeModel(PassCosts):
+    """Prices passes of a profiled model on an ``EnergyProfile`` device at ``bits`` precision."""
+
+    def __init__(self, energy: EnergyProfile, model: ModelProfile, bits: int):
+        check_bits, self._price = _MODELS[energy.model]
+        check_bits(energy, bits)
+        self.energy = energy
+        self.model = model
+        self.bits = int(bits)
+        self._cache: dict[int, tuple[float, float, float, float]] = {}
+
+    def _costs(self, batch: int) -> tuple[float, float, float, float]:
+        """(forward J, backward J, forward s, backward s) of one pass over ``batch`` samples."""
+        costs = self._cache.get(batch)
+        if costs is None:
+            costs = tuple(float(c) for c in self._price(self.energy, self.model, batch, self.bits))
+            self._cache[batch] = costs
+        return costs
+

@@ -1,4 +1,4 @@
-"""The model zoo: the seed-002 CNN, an MLP and a logistic (softmax-linear) model.
+"""The model zoo: the seed-002 CNN, an MLP, a logistic (softmax-linear) model and ResNet-18 (CIFAR).
 
 Models are plain ``torch.nn.Module`` objects; the batched evaluator treats their parameters
 functionally (``torch.func.functional_call``), so a model is only ever instantiated once per run.
@@ -82,7 +82,66 @@ class Logistic(nn.Module):
         return [self.flatten, self.fc]
 
 
-MODEL_NAMES = ("seed002-cnn", "mlp", "logistic")
+class BasicBlock(nn.Module):
+    """ResNet's basic block: 3x3 conv-BN-ReLU, 3x3 conv-BN, plus the shortcut, then ReLU.
+
+    The shortcut is the identity, or a 1x1 convolution with BN when the stride or the width
+    changes (He et al., 2016, option B).
+    """
+
+    def __init__(self, in_channels: int, channels: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, channels, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(channels, channels, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_channels != channels:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, channels, 1, stride=stride, bias=False),
+                nn.BatchNorm2d(channels))
+        self.relu2 = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu1(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu2(out + self.shortcut(x))
+
+
+class ResNet18Cifar(nn.Module):
+    """ResNet-18 for 32x32 images (He, Zhang, Ren and Sun, "Deep Residual Learning for Image
+    Recognition", CVPR 2016, Table 1's 18-layer net, as adapted for CIFAR in kuangliu/pytorch-cifar,
+    models/resnet.py): a 3x3 stride-1 stem with no max-pool, BasicBlocks [2, 2, 2, 2] of
+    64/128/256/512 channels (stride 2 from the second stage on, 1x1 stride-2 downsampling with
+    BN), global average pooling and a linear classifier.
+
+    For a 3x32x32 input and 10 classes: d = 11,173,962 parameters and 555,422,720 MACs per sample
+    in the convolutions and the linear layer (tests/test_profiler.py derives both by hand).
+    """
+
+    def __init__(self, input_shape: Sequence[int] = (3, 32, 32), num_classes: int = 10):
+        super().__init__()
+        channels = input_shape[0]
+        self.conv1 = nn.Conv2d(channels, 64, 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU()
+        stages, width = [], 64
+        for out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            stages.append(nn.Sequential(BasicBlock(width, out, stride), BasicBlock(out, out, 1)))
+            width = out
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(self.flatten(self.pool(x)))
+
+
+MODEL_NAMES = ("seed002-cnn", "mlp", "logistic", "resnet18-cifar")
 
 
 def build_model(
@@ -108,6 +167,14 @@ def build_model(
             model = MLP(input_shape, num_classes, hidden)
         elif name == "logistic":
             model = Logistic(input_shape, num_classes)
+        elif name == "resnet18-cifar":
+            shape = tuple(input_shape)
+            if len(shape) != 3 or min(shape[1:]) < 8:
+                raise UserError(
+                    f"model 'resnet18-cifar' needs image inputs (channels, height, width) of at "
+                    f"least 8x8 pixels, got shape {shape}; it is built for 3x32x32 (CIFAR-10)"
+                )
+            model = ResNet18Cifar(shape, num_classes)
         else:
             raise UserError(f"unknown model '{name}'; choose one of {', '.join(MODEL_NAMES)}")
     finally:
