@@ -132,4 +132,5 @@ def build_quadratic(scenario: Scenario, device: torch.device) -> QuadraticProble
     p = scenario.problem
     a, c = fedred_quadratic(p.clients, p.dimension, p.L, p.mu, p.delta,
                             keyed_rng(scenario.seed, "quadratic"), p.minimizer_std)
-    return QuadraticProblem(a, c, p.noise_std, device, scenario.engine.max_chunk_mb)
+    return QuadraticProblem(a, c, p.noise_std, device, scenario.engine.max_chunk_mb,
+                            server_loss=p.server_loss)

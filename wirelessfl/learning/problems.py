@@ -42,6 +42,7 @@ QUADRATIC_DEFAULTS = {
     "delta": 5.0,  # delta_A ~ delta_B ~ 5 (Sec. 4.1)
     "noise_std": 0.0,  # sigma of Assumption 1 (Sec. 1.4); 0 = exact gradients
     "minimizer_std": 3.0,  # client minimisers b_i ~ N(0, 3^2 I) (Sec. 5.1, item 5)
+    "server_loss": False,  # [D] the base station's own loss (seed 000's f_1): the clients' mean
 }
 
 
@@ -154,9 +155,9 @@ class Problem(ABC):
                         batch_size: int) -> torch.Tensor:
         """Minibatch gradient [d] of the base station's own loss (seed 000's f_1), for problems
         whose base station holds data; others refuse with a clear message."""
-        raise UserError(f"this algorithm needs data held by the base station, which problem "
-                        f"'{type(self).__name__}' does not have; use a classification problem "
-                        "with data.server_fraction > 0")
+        raise UserError(f"this algorithm needs a loss held by the base station, which problem "
+                        f"'{type(self).__name__}' does not have; set data.server_fraction > 0 "
+                        "(classification) or problem.server_loss: true (quadratic)")
 
     def describe(self) -> dict:
         """Facts for the run manifest (``problem`` entry)."""
@@ -275,7 +276,7 @@ class QuadraticProblem(Problem):
     """
 
     def __init__(self, a, c, noise_std: float = 0.0, device: torch.device | str = "cpu",
-                 max_chunk_mb: float = 1024.0):
+                 max_chunk_mb: float = 1024.0, server_loss: bool = False):
         a = np.asarray(a, dtype=np.float64)
         c = np.asarray(c, dtype=np.float64)
         self.num_devices, self.d = c.shape
@@ -283,6 +284,7 @@ class QuadraticProblem(Problem):
         self.noise_std = float(noise_std)
         self.max_chunk_bytes = max_chunk_mb * 2**20
         self.compute_s = 0.0
+        self.server_loss = bool(server_loss)
         self.a_np, self.c_np = a, c
         self.A = torch.as_tensor(a, device=self.device)
         self.c = torch.as_tensor(c, device=self.device)
@@ -383,6 +385,18 @@ class QuadraticProblem(Problem):
     def objective(self, theta: torch.Tensor) -> float:
         x = theta.to(torch.float64)
         return float(0.5 * x @ (self.A_mean @ x) - self.c_mean @ x)
+
+    def server_gradient(self, theta: torch.Tensor, generator: torch.Generator,
+                        batch_size: int) -> torch.Tensor:
+        """With ``server_loss``, the base station's own loss is the clients' mean quadratic:
+        grad = A x - c (+ the same minibatch noise model as the devices', from ``generator``)."""
+        if not self.server_loss:
+            return super().server_gradient(theta, generator, batch_size)
+        g = self.A_mean @ theta.to(torch.float64) - self.c_mean
+        if self.noise_std:
+            xi = torch.randn(self.d, generator=generator, dtype=torch.float64)
+            g = g + xi.to(self.device) * self.noise_std / math.sqrt(batch_size * self.d)
+        return g.to(theta.dtype)
 
     def objective_gradient(self, theta: torch.Tensor) -> torch.Tensor:
         x = theta.to(torch.float64)

@@ -121,7 +121,8 @@ class ModelConfig(_Strict):
 # Keys of the problem section each problem reads (besides name); defaults filled in when read.
 PROBLEM_PARAMS = {
     "classification": ("train_metrics",),
-    "quadratic": ("clients", "dimension", "L", "mu", "delta", "noise_std", "minimizer_std"),
+    "quadratic": ("clients", "dimension", "L", "mu", "delta", "noise_std", "minimizer_std",
+                  "server_loss"),
 }
 PROBLEM_DEFAULTS = {"train_metrics": False, **QUADRATIC_DEFAULTS}
 
@@ -159,6 +160,9 @@ class ProblemConfig(_Strict):
         None, ge=0, allow_inf_nan=False,
         description=f"quadratic: std of the clients' minimisers (default "
                     f"{QUADRATIC_DEFAULTS['minimizer_std']:g})")
+    server_loss: bool | None = Field(
+        None, description="quadratic: the base station holds a loss of its own, the clients' "
+                          "mean quadratic (what ZO-HFL's server term needs; default false)")
 
     @model_validator(mode="after")
     def _params_match_name(self):
