@@ -125,3 +125,28 @@ def test_participants_are_common_across_algorithms(monkeypatch):
                                                 "participation": 0.5}])
         sent.append(_thetas(monkeypatch, sc)[2].ledger.packets_sent.copy())
     np.testing.assert_array_equal(sent[0], sent[1])
+
+
+def test_server_data_makes_the_base_station_one_more_client(monkeypatch):
+    """FedAvg with server_data: with every upload lost, theta moves by exactly the server's own
+    E local steps on its data; with full delivery the server's delta is one term of N + 1."""
+    lost = ["channel=seed002-pinned", "channel.uplink.delivery_probability=1e-12",
+            "quantization_bits=32", "data.server_fraction=0.3"]
+    algo = {"name": "fedavg", "rounds": 1, "eval_every": 1, "local_steps": 3, "lr": 0.3,
+            "server_data": True}
+    world, thetas, _ = _thetas(monkeypatch, small_scenario(lost, algorithms=[algo]))
+    ev, theta = world.evaluator, thetas[0]
+    gen = keyed_generator(3, "server-batch", 0)
+    w = theta.clone()
+    for _ in range(3):
+        pick = torch.randint(len(ev.data.y_server), (10,), generator=gen)
+        leaf = {n: p.detach().clone().requires_grad_(True)
+                for n, p in world.flat.unflatten(w.clone()).items()}
+        loss = F.cross_entropy(torch.func.functional_call(world.flat.model, leaf,
+                                                          (ev.data.x_server[pick],)),
+                               ev.data.y_server[pick])
+        g = torch.cat([x.reshape(-1) for x in torch.autograd.grad(loss, list(leaf.values()))])
+        w = w - 0.3 * g
+    torch.testing.assert_close(thetas[1], w, rtol=1e-5, atol=1e-6)
+    with pytest.raises(Exception, match="server_data is not available for scaffold"):
+        small_scenario(lost, algorithms=[{"name": "scaffold", "server_data": True}])

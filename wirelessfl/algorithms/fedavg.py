@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
 from wirelessfl.algorithms.types import Cost, Payload
@@ -64,16 +64,24 @@ class VectorUploadAlgorithm(Algorithm):
         noise = device_uniform(self.ctx.seed, stream, k, rows, vectors.shape[1], vectors.device)
         return quantize_rows(vectors, self.bits, noise)[0]
 
+    def server_vector(self, k: int) -> torch.Tensor:
+        """What the base station contributes from its own data (``server_data: true``): the
+        same local work a device does, on minibatches of the server's samples."""
+        raise NotImplementedError
+
     def round(self, k: int):
         d = self.theta.numel()
         vector, broadcast = self.declared_payloads(d, self.bits)
         result = yield from self.collect(self.cost(), vector)
         delivered = torch.as_tensor(result.delivered, device=self.theta.device)
         received = int(delivered.sum())
+        total = torch.zeros_like(self.theta)
+        if self.params.server_data:  # the base station takes part as one more (wired) client
+            total += self.server_vector(k)
+            received += 1
         if not received:
             yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
             return
-        total = torch.zeros_like(self.theta)
         for rows, vectors in self.device_vectors(k):
             mask = delivered[rows]
             if mask.any():
@@ -85,7 +93,15 @@ class VectorUploadAlgorithm(Algorithm):
         self.apply(q_mean)
 
 
-class FedSGDParams(AlgorithmParams):
+class VectorUploadParams(AlgorithmParams):
+    server_data: bool = Field(
+        False, description="the base station also trains on the data it keeps "
+                           "(data.server_fraction), as one more client in the average (the "
+                           "fair baseline for ZO-HFL, zo_hfl.md A14); its compute is not charged "
+                           "to any device")
+
+
+class FedSGDParams(VectorUploadParams):
     lr: float = Field(0.1, gt=0, description="server learning rate on the averaged gradient")
 
 
@@ -103,11 +119,16 @@ class FedSGD(VectorUploadAlgorithm):
         idx = ev.sample(keyed_generator(self.ctx.seed, "batch", k), self.params.batch_size)[0]
         return ev.device_gradients(self.theta, idx)
 
+    def server_vector(self, k):
+        p = self.params
+        return self.ctx.evaluator.server_gradient(
+            self.theta, keyed_generator(self.ctx.seed, "server-batch", k), p.batch_size)
+
     def apply(self, mean_vector):
         self.theta = self.theta - self.params.lr * mean_vector
 
 
-class FedAvgParams(AlgorithmParams):
+class FedAvgParams(VectorUploadParams):
     lr: float = Field(0.1, gt=0, description="local SGD learning rate")
     local_steps: int = Field(5, gt=0, description="E, local SGD steps per round")
     server_lr: float = Field(1.0, gt=0, description="server step on the averaged model delta")
@@ -129,6 +150,19 @@ class FedAvg(VectorUploadAlgorithm):
         for rows, models in ev.local_sgd(self.theta, idx, p.lr):
             yield rows, models - self.theta
 
+    def server_vector(self, k):
+        """E local steps on the server's minibatches (with replacement), as its model delta."""
+        p, ev = self.params, self.ctx.evaluator
+        gen = keyed_generator(self.ctx.seed, "server-batch", k)
+        model = self.theta.clone()
+        for _ in range(p.local_steps):
+            g = ev.server_gradient(model, gen, p.batch_size)
+            model = model - p.lr * (g + self.proximal_pull(model))
+        return model - self.theta
+
+    def proximal_pull(self, model: torch.Tensor) -> torch.Tensor | float:
+        return 0.0
+
     def apply(self, mean_vector):
         self.theta = self.theta + self.params.server_lr * mean_vector
 
@@ -143,6 +177,9 @@ class FedProx(FedAvg):
     Params = FedProxParams
     summary = "FedAvg whose local steps add a proximal pull mu (w - theta) toward the broadcast model"
 
+    def proximal_pull(self, model):
+        return self.params.mu * (model - self.theta)
+
     def device_vectors(self, k):
         p, ev = self.params, self.ctx.evaluator
         idx = ev.sample(keyed_generator(self.ctx.seed, "batch", k), p.batch_size, p.local_steps)
@@ -150,12 +187,18 @@ class FedProx(FedAvg):
             models = self.theta.expand(rows.stop - rows.start, -1).clone()
             for e in range(p.local_steps):
                 g = ev.stacked_gradients(models, idx[e, rows])
-                models.sub_(g + p.mu * (models - self.theta), alpha=p.lr)
+                models.sub_(g + self.proximal_pull(models), alpha=p.lr)
             yield rows, models - self.theta
 
 
 class ScaffoldParams(FedAvgParams):
-    pass
+    @field_validator("server_data")
+    @classmethod
+    def _no_server_client(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("server_data is not available for scaffold (the server would need "
+                             "a control variate of its own); remove it")
+        return value
 
 
 @register
