@@ -77,19 +77,32 @@ def _cmd_run(args) -> int:
 
 
 def _model_facts(world) -> dict:
-    """What the manifest records about the model and the per-pass energy it implies."""
+    """What the manifest records about the model and the per-pass energy it implies (for a mixed
+    population, per device class: the mean over the class's devices)."""
+    import numpy as np
+
     prof = world.model_profile
     facts = {"d": world.evaluator.d, "macs_per_sample": prof.macs_per_sample,
              "activations_per_sample": prof.activations_per_sample,
              "input_size": prof.input_size, "downlink_rate_bps": float(world.downlink().rate_bps)}
+    if world.heterogeneous:
+        facts["device_classes"] = {name: int((world.device_class == c).sum())
+                                   for c, name in enumerate(world.class_names)}
+
+    def value(x):
+        if np.ndim(x) == 0:
+            return float(x)
+        return {name: float(np.mean(x[world.device_class == c]))
+                for c, name in enumerate(world.class_names) if (world.device_class == c).any()}
+
     for p in world.scenario.algorithms:
         cm = world.compute_model(p.bits)
         facts.setdefault("per_pass", {})[p.display_name] = {
             "batch": p.batch_size, "bits": p.bits,
-            "energy_forward_j": cm.forward_energy_j(p.batch_size),
-            "energy_backward_j": cm.backward_energy_j(p.batch_size),
-            "time_forward_s": cm.forward_time_s(p.batch_size),
-            "time_backward_s": cm.backward_time_s(p.batch_size)}
+            "energy_forward_j": value(cm.forward_energy_j(p.batch_size)),
+            "energy_backward_j": value(cm.backward_energy_j(p.batch_size)),
+            "time_forward_s": value(cm.forward_time_s(p.batch_size)),
+            "time_backward_s": value(cm.backward_time_s(p.batch_size))}
     return facts
 
 
@@ -98,8 +111,11 @@ def _cmd_validate(args) -> int:
 
     scenario = load_scenario(args.scenario, args.set or [])
     names = ", ".join(p.display_name for p in scenario.algorithms)
+    classes = scenario.population.classes
+    energy = (f"energy '{scenario.energy.name}'" if classes is None else "device classes "
+              + ", ".join(f"'{name}' {c.fraction:g}" for name, c in classes.items()))
     print(f"{args.scenario}: valid ({scenario.population.num_devices} devices, channel "
-          f"'{scenario.channel.name}', energy '{scenario.energy.name}', algorithms: {names})")
+          f"'{scenario.channel.name}', {energy}, algorithms: {names})")
     return 0
 
 

@@ -8,7 +8,8 @@ only what was delivered.
 
 Devices that miss a downlink packet (``downlink.loss``) no longer hold the current model: they sit
 out every collect until ``resync`` (run by the base before each round) has sent them what they
-missed, so a stale model never feeds the aggregate.
+missed, so a stale model never feeds the aggregate. Devices whose battery ran out are left out of
+collects and broadcasts by the network itself.
 """
 
 from __future__ import annotations
@@ -111,12 +112,13 @@ class Algorithm:
         return result
 
     def resync(self):
-        """Send stale devices what they missed (a packet of its own, which can be lost again)."""
-        stale = self.missed > 0
+        """Send stale devices what they missed (a packet of its own, which can be lost again);
+        devices whose battery ran out are not resynced."""
+        stale = (self.missed > 0) & self.ctx.net.alive
         if not stale.any():
             return
-        result = yield from self.ctx.net.broadcast(self.resync_payload(int(self.missed.max())),
-                                                   receivers=stale)
+        missed = int(self.missed[stale].max())
+        result = yield from self.ctx.net.broadcast(self.resync_payload(missed), receivers=stale)
         self.missed[stale & result.received] = 0
 
     def setup(self) -> None:

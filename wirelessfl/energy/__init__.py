@@ -8,6 +8,7 @@ from wirelessfl.energy.accelerator import (
     mac_energy_j,
 )
 from wirelessfl.energy.compute import ComputeModel
+from wirelessfl.energy.device import DevicePower
 from wirelessfl.energy.population import (
     PopulationCompute,
     class_counts,
@@ -29,6 +30,7 @@ __all__ = [
     "COMPUTE_MODELS",
     "CmosProfile",
     "ComputeModel",
+    "DevicePower",
     "EnergyProfile",
     "LayerProfile",
     "ModelProfile",

@@ -2,19 +2,29 @@
 
 The problem is a classifier (data on devices, a zoo model, ``BatchedEvaluator``) or, with
 ``problem: {name: quadratic}``, fedred.md's synthetic quadratic (``QuadraticProblem``). Everything
-here is shared by all algorithms of a scenario (same positions, same shards, same theta_0), so
-algorithms are compared on the same world.
+here is shared by all algorithms of a scenario (same positions, same shards, same theta_0, same
+device classes and clocks), so algorithms are compared on the same world.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from wirelessfl.channel import Cell, Downlink, Uplink
-from wirelessfl.energy import ComputeModel, ModelProfile, profile_model
+from wirelessfl.energy import (
+    ComputeModel,
+    DevicePower,
+    EnergyProfile,
+    ModelProfile,
+    PopulationCompute,
+    draw_device_classes,
+    lognormal_frequencies_hz,
+    profile_model,
+    uniform_frequencies_hz,
+)
 from wirelessfl.engine.allocator import keep_freed_memory
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import Dataset, load_dataset
@@ -39,8 +49,11 @@ def torch_device(requested: str) -> torch.device:
 
 @dataclass
 class World:
-    """The cell and the learning problem. ``evaluator`` is any ``Problem`` (algorithms use it as
-    ``ctx.evaluator``); ``dataset``, ``shards`` and ``flat`` are None for a quadratic."""
+    """The cell, the devices' hardware and the learning problem. ``evaluator`` is any
+    ``Problem`` (algorithms use it as ``ctx.evaluator``); ``dataset``, ``shards`` and ``flat``
+    are None for a quadratic. Device i has the energy profile
+    ``class_profiles[device_class[i]]`` and, with ``population.cpu_frequency``, the clock
+    ``frequency_hz[i]``; drawn from the scenario when not given."""
 
     scenario: Scenario
     cell: Cell
@@ -50,10 +63,35 @@ class World:
     model_profile: ModelProfile
     evaluator: Problem
     device: torch.device
+    class_names: list[str] = field(default_factory=list)
+    class_profiles: list[EnergyProfile] = field(default_factory=list)
+    device_class: np.ndarray | None = None  # [N] index into class_names
+    frequency_hz: np.ndarray | None = None  # [N] CPU clocks [Hz]; None: each profile's own
+
+    def __post_init__(self) -> None:
+        if self.device_class is None:
+            (self.class_names, self.class_profiles, self.device_class,
+             self.frequency_hz) = draw_population(self.scenario)
 
     @property
     def num_devices(self) -> int:
         return self.scenario.population.num_devices
+
+    @property
+    def heterogeneous(self) -> bool:
+        """True when devices differ in hardware (several classes or per-device clocks)."""
+        return len(self.class_profiles) > 1 or self.frequency_hz is not None
+
+    def device_class_names(self) -> list[str]:
+        """[N] the class (energy profile) name of each device."""
+        return [self.class_names[c] for c in self.device_class]
+
+    def device_power(self, uplink: Uplink | None = None) -> DevicePower:
+        """Each device's transmit draw (its profile's PA and circuit with the channel's RF
+        output and circuit power), receive and idle power, and battery."""
+        uplink = uplink or self.uplink()
+        return DevicePower.from_profiles(self.class_profiles, self.device_class,
+                                         uplink.tx_power_w, uplink.circuit_power_w)
 
     def uplink(self) -> Uplink:
         return Uplink(self.cell, self.scenario.channel)
@@ -61,8 +99,13 @@ class World:
     def downlink(self) -> Downlink:
         return Downlink(self.cell, self.scenario.channel)
 
-    def compute_model(self, bits: int) -> ComputeModel:
-        return ComputeModel(self.scenario.energy, self.model_profile, bits)
+    def compute_model(self, bits: int) -> ComputeModel | PopulationCompute:
+        """Pass prices at M = ``bits``: floats for one kind of device, arrays [N] (a
+        ``PopulationCompute``) for a mixed population or per-device clocks."""
+        if not self.heterogeneous:
+            return ComputeModel(self.class_profiles[0], self.model_profile, bits)
+        return PopulationCompute.from_profiles(self.class_profiles, self.model_profile, bits,
+                                               self.device_class, self.frequency_hz)
 
     def initial(self) -> torch.Tensor:
         """theta_0 [d] (float32, on the problem's device): every algorithm starts here."""
@@ -83,6 +126,34 @@ class World:
     def problem_record(self) -> dict:
         """What the manifest records about the problem (constants, f* when known)."""
         return self.evaluator.describe()
+
+
+def draw_population(scenario: Scenario
+                    ) -> tuple[list[str], list[EnergyProfile], np.ndarray, np.ndarray | None]:
+    """(class names, their profiles, device_class [N], clocks [N] or None). Classes are drawn
+    with exact counts by largest remainder from the stream (seed, "device-classes"); clocks from
+    (seed, "cpu-frequency")."""
+    population, seed = scenario.population, scenario.seed
+    n = population.num_devices
+    if population.classes is None:
+        names = [scenario.energy.name or "default"]
+        profiles = [scenario.energy]
+        device_class = np.zeros(n, dtype=np.int64)
+    else:
+        fractions = {name: c.fraction for name, c in population.classes.items()}
+        names, device_class = draw_device_classes(fractions, n,
+                                                  keyed_rng(seed, "device-classes"))
+        profiles = [population.classes[name].energy for name in names]
+    clocks = population.cpu_frequency
+    frequency = None
+    if clocks is not None:
+        rng = keyed_rng(seed, "cpu-frequency")
+        if clocks.distribution == "uniform":
+            frequency = uniform_frequencies_hz(n, clocks.low_hz, clocks.high_hz, rng)
+        else:
+            frequency = lognormal_frequencies_hz(n, clocks.median_hz, clocks.sigma, rng,
+                                                 clocks.low_hz, clocks.high_hz)
+    return names, profiles, device_class, frequency
 
 
 def build_world(scenario: Scenario) -> World:

@@ -58,18 +58,22 @@ class RunContext:
     def snapshot(self, completed: int, metrics: dict) -> dict:
         """One ``rounds.parquet`` row: cumulative time, energy, bits and gradient evaluations at
         this point, and the problem's ``metrics`` of the global model."""
+        settle = getattr(self.net, "settle", None)
+        if settle is not None:  # idle time up to now (time spent outside a phase, if any)
+            settle()
         by_kind = self.ledger.energy_by_kind()
         compute = by_kind["compute_forward"] + by_kind["compute_backward"]
         return {
             "algorithm": self.algorithm,
             "round": completed,
             "sim_time_s": float(self.env.now),
-            "energy_j": compute + by_kind["uplink"] + by_kind["downlink"],
+            "energy_j": compute + by_kind["uplink"] + by_kind["downlink"] + by_kind["idle"],
             "energy_compute_j": compute,
             "energy_compute_forward_j": by_kind["compute_forward"],
             "energy_compute_backward_j": by_kind["compute_backward"],
             "energy_uplink_j": by_kind["uplink"],
             "energy_downlink_j": by_kind["downlink"],
+            "energy_idle_j": by_kind["idle"],
             "bits_up": float(self.ledger.bits_up.sum()),
             "bits_down": float(self.ledger.bits_down.sum()),
             "delivered_fraction": self.ledger.delivered_fraction(),
@@ -77,6 +81,7 @@ class RunContext:
             "late_uploads": int(self.ledger.late_uploads.sum()),
             "queue_wait_s": float(self.ledger.queue_wait_s.sum()),
             "broadcasts_missed": int(self.ledger.broadcasts_missed.sum()),
+            "alive_devices": int(self.ledger.alive.sum()),
             "gradient_evaluations": self.ledger.gradient_evaluations(),
             "test_accuracy": float(metrics["test_accuracy"]),
             "test_loss": float(metrics["test_loss"]),

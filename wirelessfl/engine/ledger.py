@@ -2,6 +2,10 @@
 
 Stored as dense numpy arrays [N, kinds] so a synchronous phase is recorded for all devices in
 one vector operation; totals are exact sums of the entries (conservation is tested).
+
+The kinds are exclusive in time: at every simulated instant a device that still has energy is
+computing, sending, receiving or idle (waiting), so per device the ``busy_s`` of the five kinds
+add up to the time it was alive (``alive_s``); the engine charges ``idle`` as the rest.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-KINDS = ("compute_forward", "compute_backward", "uplink", "downlink")
+KINDS = ("compute_forward", "compute_backward", "uplink", "downlink", "idle")
 KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
 
 
@@ -31,6 +35,8 @@ class Ledger:
     broadcasts_missed: np.ndarray = field(init=False)  # downlink packets not received
     # Stochastic-gradient evaluations: one per backward pass a device's Cost asked for.
     backward_passes: np.ndarray = field(init=False)
+    # Simulated time at which the device's battery ran out [s]; NaN while it has energy.
+    depleted_at_s: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         n = self.num_devices
@@ -45,6 +51,7 @@ class Ledger:
         self.queue_wait_s = np.zeros(n)
         self.broadcasts_missed = np.zeros(n, dtype=np.int64)
         self.backward_passes = np.zeros(n)
+        self.depleted_at_s = np.full(n, np.nan)
 
     def charge(self, kind: str, energy_j, busy_s, devices=slice(None)) -> None:
         """Add energy [J] and busy time [s] of ``kind`` to ``devices`` (index, mask or slice)."""
@@ -63,6 +70,19 @@ class Ledger:
 
     def total_energy_j(self) -> float:
         return float(self.energy_j.sum())
+
+    @property
+    def alive(self) -> np.ndarray:
+        """[N] bool: devices whose battery has not run out (all of them without budgets)."""
+        return np.isnan(self.depleted_at_s)
+
+    def alive_s(self, now_s: float) -> np.ndarray:
+        """[N] time each device has been alive by ``now_s`` [s]: until now or its depletion."""
+        return np.where(self.alive, now_s, np.minimum(self.depleted_at_s, now_s))
+
+    def active_s(self) -> np.ndarray:
+        """[N] time spent computing, sending or receiving [s] (every kind but idle)."""
+        return self.busy_s[:, :KIND_INDEX["idle"]].sum(axis=1)
 
     def delivered_fraction(self) -> float:
         """Uplink packets decoded / sent so far, over all devices (NaN before any upload)."""

@@ -10,6 +10,13 @@ Two engines give the same seconds, joules and deliveries (a test checks it):
 
 Per-device physics (compute time and energy, fading, airtime, delivery) comes from one function,
 ``_plan_collect``, so the two engines differ only in how simulated time is advanced.
+
+Every phase ends by charging idle time (``_close_phase``): for each device that still has energy,
+the phase's duration minus the time it computed, sent or received, at its idle power, so per
+device busy + idle time equals the simulated time it was alive. A device whose cumulative energy
+reaches its battery budget completes the phase it is in (its last phase may overshoot the
+budget), is marked depleted at the phase's end, and from then on neither computes, sends,
+listens nor idles: it is left out of every collect and broadcast.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import numpy as np
 import simpy
 
 from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.energy.device import DevicePower
 from wirelessfl.energy.radio import radio_energy_j
 from wirelessfl.engine.ledger import Ledger
 from wirelessfl.engine.spectrum import (
@@ -53,7 +61,7 @@ class BroadcastResult:
 class _Plan:
     forward_energy_j: np.ndarray
     backward_energy_j: np.ndarray
-    forward_time_s: np.ndarray
+    forward_time_s: np.ndarray  # [N] time computing [s], both parts cut at the deadline
     backward_time_s: np.ndarray
     backward_passes: np.ndarray  # [N] backward passes (gradient evaluations) of active devices
     ready_s: np.ndarray  # absolute time the packet is ready [s]
@@ -67,19 +75,36 @@ class _Plan:
     late: np.ndarray
     attempts: np.ndarray  # transmissions made (those started before the deadline)
 
+    @property
+    def busy_s(self) -> np.ndarray:
+        """[N] time each device computed or was on air in this phase [s]."""
+        return self.forward_time_s + self.backward_time_s + self.airtime_s
+
 
 class Network:
     """Shared state and physics of both engines; subclasses advance the clock."""
 
     def __init__(self, env: simpy.Environment, ledger: Ledger, uplink, downlink, compute,
-                 rx_power_w: float, rng: np.random.Generator,
+                 power: DevicePower | float, rng: np.random.Generator,
                  downlink_rng: np.random.Generator | None = None):
+        """``power``: every device's draws and budget (``DevicePower``), or a receive power [W]
+        alone for devices that draw the channel's transmit + circuit power while sending and
+        nothing while idle, with no battery limit."""
         self.env = env
         self.ledger = ledger
         self.uplink = uplink
         self.downlink = downlink
         self.compute = compute
-        self.rx_power_w = float(rx_power_w)
+        n = ledger.num_devices
+        if not isinstance(power, DevicePower):
+            power = DevicePower(
+                tx_draw_w=np.full(n, uplink.tx_power_w + uplink.circuit_power_w),
+                rx_power_w=np.full(n, float(power)), idle_power_w=np.zeros(n),
+                battery_j=np.full(n, np.inf))
+        self.power = power
+        self._batteries = power.has_batteries
+        self._idle_draw = bool(np.any(power.idle_power_w))
+        self.clock_s = float(env.now)  # every device's time is accounted for up to here [s]
         self.rng = rng
         self.downlink_rng = downlink_rng
         self.num_devices = ledger.num_devices
@@ -89,12 +114,50 @@ class Network:
         self.shared = up.spectrum.mode == "shared"
         self.channels = int(up.spectrum.channels or 1)
         self.scheduler = up.spectrum.scheduler or "round-robin"
-        self.on_air_power_w = uplink.tx_power_w + uplink.circuit_power_w
         self.phase = 0  # upload phases so far: rotates the round-robin order
         self.pf_average_bps: np.ndarray | None = None  # proportional-fair served-rate average
 
+    @property
+    def alive(self) -> np.ndarray:
+        """[N] bool: devices whose battery has not run out."""
+        return self.ledger.alive if self._batteries else self._all
+
     def _active(self, active: np.ndarray | None) -> np.ndarray:
-        return self._all if active is None else np.asarray(active, dtype=bool)
+        """The devices asked (default: all) that still have energy."""
+        asked = self._all if active is None else np.asarray(active, dtype=bool)
+        return asked & self.ledger.alive if self._batteries else asked
+
+    def _charge_idle(self, idle_s: np.ndarray) -> None:
+        self.ledger.charge("idle", self.power.idle_power_w * idle_s if self._idle_draw else 0.0,
+                           idle_s)
+
+    def settle(self) -> None:
+        """Charge idle time for any simulated time that passed outside a phase (the base
+        station's own work, say) to every device that still has energy."""
+        now = float(self.env.now)
+        if now > self.clock_s:
+            self._charge_idle(np.where(self.alive, now - self.clock_s, 0.0))
+            self.clock_s = now
+            self._deplete()
+
+    def _close_phase(self, start: float, busy_s: np.ndarray, alive: np.ndarray) -> None:
+        """End of a phase that began at ``start``: devices alive then were idle for the phase's
+        duration minus their busy time [s]; then mark batteries that ran out."""
+        now = float(self.env.now)
+        idle = np.maximum((now - start) - busy_s, 0.0)
+        if self._batteries:
+            idle = np.where(alive, idle, 0.0)
+        self._charge_idle(idle)
+        self.clock_s = now
+        self._deplete()
+
+    def _deplete(self) -> None:
+        """Devices whose cumulative energy reached their budget stop, as of now."""
+        if not self._batteries:
+            return
+        led = self.ledger
+        out = led.alive & (led.energy_j.sum(axis=1) >= self.power.battery_j)
+        led.depleted_at_s[out] = float(self.env.now)
 
     def _priorities(self, rate_bps: np.ndarray, active: np.ndarray) -> np.ndarray:
         """This phase's scheduler keys; updates the proportional-fair average afterwards."""
@@ -116,7 +179,10 @@ class Network:
         b = cost.batch_size
         forward_time = fwd * self.compute.forward_time_s(b)
         backward_time = bwd * self.compute.backward_time_s(b)
-        ready = start + (forward_time + backward_time)
+        forward_energy = fwd * self.compute.forward_energy_j(b)
+        backward_energy = bwd * self.compute.backward_energy_j(b)
+        compute_time = forward_time + backward_time
+        ready = start + compute_time
         outcome = self.uplink.transmit(payload.bits, active, self.rng, now_s=ready)
         hold = outcome.airtime_s
         priority = None
@@ -126,6 +192,11 @@ class Network:
             upload_start = schedule_uploads(ready, hold, priority, self.channels, active)
         self.phase += 1
         cutoff = start + self.deadline_s if self.deadline_s is not None else math.inf
+        cut = active & (ready > cutoff)
+        if cut.any():  # still computing at the deadline: stops there, pays for what it did
+            share = np.where(cut, (cutoff - start) / np.where(cut, compute_time, 1.0), 1.0)
+            forward_time, backward_time = forward_time * share, backward_time * share
+            forward_energy, backward_energy = forward_energy * share, backward_energy * share
         late = active & (upload_start + hold > cutoff)
         air = np.where(late, np.clip(cutoff - upload_start, 0.0, None), hold)
         attempts = outcome.attempts
@@ -134,8 +205,8 @@ class Network:
             attempts = np.where(late, np.minimum(attempts, np.ceil(air / per_attempt)),
                                 attempts).astype(np.int64)
         return _Plan(
-            forward_energy_j=fwd * self.compute.forward_energy_j(b),
-            backward_energy_j=bwd * self.compute.backward_energy_j(b),
+            forward_energy_j=forward_energy,
+            backward_energy_j=backward_energy,
             forward_time_s=forward_time,
             backward_time_s=backward_time,
             backward_passes=bwd,
@@ -145,7 +216,7 @@ class Network:
             priority=priority,
             cutoff_s=cutoff,
             airtime_s=air,
-            uplink_energy_j=radio_energy_j(self.on_air_power_w, air),
+            uplink_energy_j=radio_energy_j(self.power.tx_draw_w, air),
             delivered=outcome.delivered & active & ~late,
             late=late,
             attempts=attempts,
@@ -176,7 +247,8 @@ class Network:
 
     def _record_downlink(self, payload: Payload, out, receivers, devices) -> None:
         listen = out.per_device_airtime_s[devices]
-        self.ledger.charge("downlink", radio_energy_j(self.rx_power_w, listen), listen, devices)
+        self.ledger.charge("downlink", radio_energy_j(self.power.rx_power_w[devices], listen),
+                           listen, devices)
         self.ledger.bits_down[devices] += payload.bits * receivers[devices]
         self.ledger.broadcasts_missed[devices] += receivers[devices] & ~out.received[devices]
 
@@ -187,6 +259,8 @@ class VectorNetwork(Network):
     def collect(self, cost: Cost, payload: Payload, active: np.ndarray | None = None):
         """Every active device computes ``cost`` then uploads ``payload``; waits for the last
         (or for the deadline)."""
+        self.settle()
+        alive = self.alive
         active = self._active(active)
         start = self.env.now
         plan = self._plan_collect(cost, payload, active)
@@ -200,16 +274,21 @@ class VectorNetwork(Network):
         end = float(finish.max()) if finish.size else start
         if end > start:
             yield self.env.timeout(end - start)
+        self._close_phase(start, plan.busy_s, alive)
         return CollectResult(delivered=plan.delivered, finish_s=finish, active=active,
                              late=plan.late)
 
     def broadcast(self, payload: Payload, receivers: np.ndarray | None = None):
         """The base station sends ``payload`` to ``receivers`` (default: every device)."""
+        self.settle()
+        alive = self.alive
         receivers = self._active(receivers)
+        start = self.env.now
         out = self._transmit_down(payload, receivers)
         self._record_downlink(payload, out, receivers, slice(None))
         if out.airtime_s > 0:
             yield self.env.timeout(out.airtime_s)
+        self._close_phase(start, out.per_device_airtime_s, alive)
         return BroadcastResult(received=out.received, airtime_s=out.airtime_s)
 
 
@@ -267,6 +346,8 @@ class ProcessNetwork(Network):
         return done
 
     def collect(self, cost: Cost, payload: Payload, active: np.ndarray | None = None):
+        self.settle()
+        alive = self.alive
         active = self._active(active)
         start = self.env.now
         plan = self._plan_collect(cost, payload, active)
@@ -277,11 +358,15 @@ class ProcessNetwork(Network):
             yield simpy.AllOf(self.env, list(events.values()))
         for i, event in events.items():
             finish[i] = event.value
+        self._close_phase(start, plan.busy_s, alive)
         return CollectResult(delivered=plan.delivered, finish_s=finish, active=active,
                              late=plan.late)
 
     def broadcast(self, payload: Payload, receivers: np.ndarray | None = None):
+        self.settle()
+        alive = self.alive
         receivers = self._active(receivers)
+        start = self.env.now
         out = self._transmit_down(payload, receivers)
         # Unicast packets go out back to back in device order; a broadcast reaches all at once.
         unicast = self.downlink.config.downlink.mode == "unicast"
@@ -293,6 +378,7 @@ class ProcessNetwork(Network):
             events.append(self.env.timeout(out.airtime_s))
         if events:
             yield simpy.AllOf(self.env, events)
+        self._close_phase(start, out.per_device_airtime_s, alive)
         return BroadcastResult(received=out.received, airtime_s=out.airtime_s)
 
 

@@ -11,7 +11,7 @@ import simpy
 from wirelessfl.algorithms.base import AlgorithmParams, algorithm_class
 from wirelessfl.engine.build import World
 from wirelessfl.engine.context import Diverged, RunContext
-from wirelessfl.engine.ledger import Ledger
+from wirelessfl.engine.ledger import KIND_INDEX, Ledger
 from wirelessfl.engine.network import ENGINES
 from wirelessfl.learning.seeds import keyed_rng
 
@@ -31,17 +31,28 @@ class AlgorithmRun:
     def device_rows(self, world: World) -> list[dict]:
         """One ``devices.parquet`` row per device."""
         led, cell = self.ledger, world.cell
-        compute = led.energy_j[:, 0] + led.energy_j[:, 1]
+        k = KIND_INDEX
+        compute = led.energy_j[:, k["compute_forward"]] + led.energy_j[:, k["compute_backward"]]
+        compute_s = led.busy_s[:, k["compute_forward"]] + led.busy_s[:, k["compute_backward"]]
         snr_db = 10 * np.log10(cell.uplink_mean_snr)
+        classes = world.device_class_names()
         return [
             {
                 "algorithm": self.label,
                 "device": i,
+                "device_class": classes[i],
                 "distance_m": float(cell.distances_m[i]),
                 "mean_snr_db": float(snr_db[i]),
+                "energy_j": float(led.energy_j[i].sum()),
                 "energy_compute_j": float(compute[i]),
-                "energy_uplink_j": float(led.energy_j[i, 2]),
-                "energy_downlink_j": float(led.energy_j[i, 3]),
+                "energy_uplink_j": float(led.energy_j[i, k["uplink"]]),
+                "energy_downlink_j": float(led.energy_j[i, k["downlink"]]),
+                "energy_idle_j": float(led.energy_j[i, k["idle"]]),
+                "compute_s": float(compute_s[i]),
+                "uplink_s": float(led.busy_s[i, k["uplink"]]),
+                "downlink_s": float(led.busy_s[i, k["downlink"]]),
+                "idle_s": float(led.busy_s[i, k["idle"]]),
+                "depleted_at_s": float(led.depleted_at_s[i]),
                 "bits_up": float(led.bits_up[i]),
                 "packets_sent": int(led.packets_sent[i]),
                 "packets_delivered": int(led.packets_delivered[i]),
@@ -61,8 +72,10 @@ def run_algorithm(world: World, params: AlgorithmParams,
     env = simpy.Environment()
     ledger = Ledger(world.num_devices)
     # Every algorithm draws fading from the same stream: common random numbers across methods.
-    network = ENGINES[sc.engine.mode](env, ledger, world.uplink(), world.downlink(),
-                                      world.compute_model(params.bits), sc.energy.rx_power_w,
+    uplink = world.uplink()
+    network = ENGINES[sc.engine.mode](env, ledger, uplink, world.downlink(),
+                                      world.compute_model(params.bits),
+                                      world.device_power(uplink),
                                       keyed_rng(sc.seed, "fading"), keyed_rng(sc.seed, "downlink"))
     ctx = RunContext(params.display_name, env, network, ledger, world.evaluator,
                      world.initial(), sc.seed, params.rounds,

@@ -1,5 +1,6 @@
 """Figures drawn from a saved run alone (never re-simulating): accuracy vs energy and vs simulated
-time, where the energy went, and which labels each device holds."""
+time, where the energy went, which labels each device holds, how many devices still have energy,
+and how energy and time split per device and device class."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from wirelessfl.results.records import RunRecord
 
 BREAKDOWN = [("energy_compute_forward_j", "compute (forward)"),
              ("energy_compute_backward_j", "compute (backward)"),
-             ("energy_uplink_j", "uplink"), ("energy_downlink_j", "downlink")]
+             ("energy_uplink_j", "uplink"), ("energy_downlink_j", "downlink"),
+             ("energy_idle_j", "idle")]
+TIME_SPLIT = [("compute_s", "compute"), ("uplink_s", "uplink"), ("downlink_s", "downlink"),
+              ("idle_s", "idle")]
 
 
 def _accuracy_against(record: RunRecord, column: str, xlabel: str, path: Path) -> Path:
@@ -46,6 +50,8 @@ def energy_breakdown(record: RunRecord, path: Path) -> Path:
     bottom = [0.0] * len(last)
     names = list(last.algorithm)
     for column, label in BREAKDOWN:
+        if column not in last:  # runs recorded before idle energy existed
+            continue
         values = list(last[column])
         ax.bar(names, values, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values)]
@@ -94,15 +100,117 @@ def label_histogram(record: RunRecord, path: Path) -> Path | None:
     return path
 
 
+def network_lifetime(record: RunRecord, path: Path) -> Path | None:
+    """Devices with energy left (dashed, right axis) and test accuracy (solid) against simulated
+    time and against cumulative energy; None for a run recorded before ``alive_devices``."""
+    rounds = record.rounds
+    if "alive_devices" not in rounds:
+        return None
+    n = record.manifest.get("scenario", {}).get("population", {}).get("num_devices")
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.2))
+    for ax, column, xlabel in ((axes[0], "sim_time_s", "simulated time [s]"),
+                               (axes[1], "energy_j", "cumulative energy, all devices [J]")):
+        alive_ax = ax.twinx()
+        for colour, (algorithm, group) in zip(_colours(), rounds.groupby("algorithm", sort=False)):
+            group = group.sort_values("round")
+            ax.plot(group[column], group.test_accuracy, color=colour, marker=".", markersize=3,
+                    label=algorithm)
+            alive_ax.step(group[column], group.alive_devices, where="post", color=colour,
+                          linestyle="--", linewidth=1.2)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy (solid)")
+        alive_ax.set_ylabel("devices with energy left (dashed)")
+        alive_ax.set_ylim(0, (n or rounds.alive_devices.max()) * 1.05)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(loc="lower right", fontsize="small")
+    depleted = {a: int(g.alive_devices.iloc[0] - g.alive_devices.min())
+                for a, g in rounds.sort_values("round").groupby("algorithm", sort=False)}
+    fig.suptitle("network lifetime: devices whose battery ran out, by algorithm: "
+                 + ", ".join(f"{a} {k}" for a, k in depleted.items()), fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _colours():
+    return plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10
+
+
+def device_energy(record: RunRecord, path: Path) -> Path | None:
+    """Left: each device's energy over the run by device class and algorithm (box plus one
+    point per device). Right: where each class's time went (compute, uplink, downlink, idle),
+    as a share of the time its devices were alive. None for a run recorded before the
+    per-device class and time columns existed."""
+    devices = record.devices
+    needed = {"device_class", "energy_j", "depleted_at_s", *(c for c, _ in TIME_SPLIT)}
+    if devices.empty or not needed <= set(devices.columns):
+        return None
+    classes = list(dict.fromkeys(devices.device_class))
+    algorithms = list(dict.fromkeys(devices.algorithm))
+    width = 0.8 / len(algorithms)
+    fig, (ax, time_ax) = plt.subplots(1, 2, figsize=(12.0, 4.6))
+    rng = np.random.default_rng(0)  # jitter of the points only
+    for a, (algorithm, colour) in enumerate(zip(algorithms, _colours())):
+        rows = devices[devices.algorithm == algorithm]
+        positions = np.arange(len(classes)) + (a - (len(algorithms) - 1) / 2) * width
+        data = [rows.energy_j[rows.device_class == c].to_numpy() for c in classes]
+        box = ax.boxplot(data, positions=positions, widths=width * 0.8, showfliers=False,
+                         patch_artist=True)
+        for patch in box["boxes"]:
+            patch.set(facecolor=colour, alpha=0.25, edgecolor=colour)
+        for x, c in zip(positions, classes):
+            of_class = rows[rows.device_class == c]
+            jitter = x + rng.uniform(-0.3, 0.3, len(of_class)) * width
+            out = of_class.depleted_at_s.notna().to_numpy()
+            ax.scatter(jitter[~out], of_class.energy_j[~out], s=9, color=colour, alpha=0.8,
+                       label=algorithm if x == positions[0] else None)
+            ax.scatter(jitter[out], of_class.energy_j[out], s=28, color="black", marker="x",
+                       linewidths=0.8,
+                       label=f"{algorithm}: battery ran out" if out.any() else None)
+        # time split per class (stacked shares of alive time), hatched by algorithm
+        times = rows.groupby("device_class")[[c for c, _ in TIME_SPLIT]].sum().reindex(classes)
+        alive_s = np.maximum(times.sum(axis=1).to_numpy(), 1e-300)
+        bottom = np.zeros(len(classes))
+        for (column, label), shade in zip(TIME_SPLIT, ("#4c72b0", "#dd8452", "#55a868", "#c7c7c7")):
+            share = times[column].to_numpy() / alive_s
+            time_ax.bar(positions, share, bottom=bottom, width=width * 0.9, color=shade,
+                        edgecolor=colour, linewidth=1.2, label=label if a == 0 else None)
+            bottom += share
+    energies = devices.energy_j[devices.energy_j > 0]
+    if len(energies) and energies.max() / energies.min() > 100:
+        ax.set_yscale("log")
+    for axis in (ax, time_ax):
+        axis.set_xticks(np.arange(len(classes)))
+        axis.set_xticklabels([f"{c}\n({(devices.device_class == c).sum() // len(algorithms)} "
+                              "devices)" for c in classes])
+    ax.set_ylabel("energy per device over the run [J]")
+    ax.set_title("per-device energy by class", fontsize="medium")
+    ax.legend(fontsize="small")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    time_ax.set_ylabel("share of the time alive")
+    time_ax.set_ylim(0, 1.0)
+    time_ax.set_title("where each class's time went (bars: " + ", ".join(algorithms) + ")",
+                      fontsize="medium")
+    time_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def draw_report(record: RunRecord, out_dir: Path | None = None) -> list[Path]:
     """Write the run's PNG figures next to its results; returns their paths (the label histogram
-    only when the manifest has label counts)."""
+    only when the manifest has label counts, the lifetime and per-device figures only for runs
+    that recorded device energy budgets and classes)."""
     out = Path(out_dir or record.path)
     paths = [
         _accuracy_against(record, "energy_j", "cumulative energy, all devices [J]",
                           out / "accuracy_vs_energy.png"),
         _accuracy_against(record, "sim_time_s", "simulated time [s]", out / "accuracy_vs_time.png"),
         energy_breakdown(record, out / "energy_breakdown.png"),
+        label_histogram(record, out / "label_histogram.png"),
+        network_lifetime(record, out / "network_lifetime.png"),
+        device_energy(record, out / "device_energy.png"),
     ]
-    histogram = label_histogram(record, out / "label_histogram.png")
-    return paths + ([histogram] if histogram is not None else [])
+    return [p for p in paths if p is not None]

@@ -23,14 +23,16 @@ from wirelessfl.learning.partition import mean_tv_distance
 
 ROUND_COLUMNS = [
     "algorithm", "round", "sim_time_s", "energy_j", "energy_compute_j", "energy_compute_forward_j",
-    "energy_compute_backward_j", "energy_uplink_j", "energy_downlink_j", "bits_up", "bits_down",
-    "delivered_fraction", "transmissions", "late_uploads", "queue_wait_s", "broadcasts_missed",
-    "gradient_evaluations", "test_accuracy", "test_loss", "suboptimality", "grad_norm_sq",
+    "energy_compute_backward_j", "energy_uplink_j", "energy_downlink_j", "energy_idle_j",
+    "bits_up", "bits_down", "delivered_fraction", "transmissions", "late_uploads",
+    "queue_wait_s", "broadcasts_missed", "alive_devices", "gradient_evaluations",
+    "test_accuracy", "test_loss", "suboptimality", "grad_norm_sq",
 ]
 DEVICE_COLUMNS = [
-    "algorithm", "device", "distance_m", "mean_snr_db", "energy_compute_j", "energy_uplink_j",
-    "energy_downlink_j", "bits_up", "packets_sent", "packets_delivered", "transmissions",
-    "late_uploads", "queue_wait_s", "broadcasts_missed",
+    "algorithm", "device", "device_class", "distance_m", "mean_snr_db", "energy_j",
+    "energy_compute_j", "energy_uplink_j", "energy_downlink_j", "energy_idle_j", "compute_s",
+    "uplink_s", "downlink_s", "idle_s", "depleted_at_s", "bits_up", "packets_sent",
+    "packets_delivered", "transmissions", "late_uploads", "queue_wait_s", "broadcasts_missed",
 ]
 PACKAGES = ("wirelessfl", "torch", "numpy", "scipy", "simpy", "pydantic", "pandas", "pyarrow")
 

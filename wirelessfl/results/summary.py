@@ -8,14 +8,14 @@ import pandas as pd
 
 SUMMARY_COLUMNS = [
     "algorithm", "rounds_to_target", "time_to_target_s", "energy_to_target_j",
-    "compute_share", "radio_share", "final_accuracy", "rounds", "sim_time_s", "energy_j",
-    "uplink_bits_per_device_round", "in_time_fraction", "late_uploads",
+    "compute_share", "radio_share", "idle_share", "final_accuracy", "rounds", "sim_time_s",
+    "energy_j", "uplink_bits_per_device_round", "in_time_fraction", "late_uploads",
 ]
 
 
 def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int) -> pd.DataFrame:
     """One row per algorithm. The energy split is of the energy to target (of the total if the
-    target was not reached); 'radio' is uplink + downlink."""
+    target was not reached); 'radio' is uplink + downlink, 'idle' the waiting devices' draw."""
     out = []
     for algorithm, group in rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round")
@@ -33,6 +33,8 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int) -> p
             "energy_to_target_j": float(at.energy_j) if at is not None else math.nan,
             "compute_share": basis.energy_compute_j / total if total else math.nan,
             "radio_share": radio / total if total else math.nan,
+            # runs recorded before idle power was charged have no such column
+            "idle_share": (basis.get("energy_idle_j", 0.0) or 0.0) / total if total else math.nan,
             "final_accuracy": float(last.test_accuracy),
             "rounds": int(last["round"]),
             "sim_time_s": float(last.sim_time_s),
@@ -66,6 +68,7 @@ def format_summary(table: pd.DataFrame, target: float | None) -> str:
             ("time_to_target_s", "time to target [s]", "time"),
             ("energy_to_target_j", "energy to target [J]", "energy"),
             ("compute_share", "compute", "pct"), ("radio_share", "radio", "pct"),
+            ("idle_share", "idle", "pct"),
             ("final_accuracy", "final acc.", "acc"), ("rounds", "rounds", "int"),
             ("sim_time_s", "sim time [s]", "time"), ("energy_j", "energy [J]", "energy"),
             ("uplink_bits_per_device_round", "uplink bits/dev/round", "bits"),

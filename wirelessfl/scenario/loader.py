@@ -1,8 +1,9 @@
 """From a YAML file (plus ``--set`` overrides) to a validated Scenario, or one clean error.
 
 Steps: parse safely -> apply overrides -> resolve the channel and energy profiles from the catalogs
-(inline fields override the profile's, deeply) -> validate each algorithm against its own typed
-parameters -> validate the whole. Every error names the file and the key path.
+(inline fields override the profile's, deeply), and the energy profile of each device class
+(``population.classes``) -> validate each algorithm against its own typed parameters -> validate
+the whole. Every error names the file and the key path.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def apply_override(doc: dict, assignment: str) -> None:
         child = node.get(part)
         if isinstance(child, str) and part in PROFILE_SECTIONS:
             child = node[part] = {"profile": child}
+        elif _is_fraction(child) and depth >= 2 and parts[depth - 1] == "classes":
+            child = node[part] = {"fraction": child}  # population.classes.NAME opens up too
         elif child is None:
             child = node[part] = {}
         node = child
@@ -132,6 +135,41 @@ def _resolve_profile(doc: dict, section: str, source: str, base_dir: Path | None
     doc[section] = _deep_merge(base, inline)
 
 
+def _is_fraction(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _resolve_classes(doc: dict, source: str, base_dir: Path | None) -> None:
+    """``population.classes``: each entry ``NAME: fraction`` or ``NAME: {fraction, profile?,
+    <fields>}`` becomes ``{fraction, energy: <profile NAME (or profile:) from the catalog with
+    the fields applied>}``; an entry that already has ``energy`` (a resolved scenario) stays."""
+    population = doc.get("population")
+    classes = population.get("classes") if isinstance(population, dict) else None
+    if not isinstance(classes, dict):
+        return
+    resolved = {}
+    for name, entry in classes.items():
+        where = f"{source}: population.classes.{name}"
+        if _is_fraction(entry):
+            entry = {"fraction": entry}
+        if not isinstance(entry, dict):
+            raise UserError(f"{where}: expected a fraction (e.g. 0.3) or a mapping "
+                            f"{{fraction: 0.3, <energy profile fields>}}, got {entry!r}")
+        if "energy" in entry:
+            resolved[name] = entry
+            continue
+        inline = dict(entry)
+        fraction = inline.pop("fraction", None)
+        profile = inline.pop("profile", name)
+        if not isinstance(profile, str):
+            raise UserError(f"{where}.profile: expected an energy profile name, got {profile!r}")
+        base = catalog.load_mapping("energy", profile, where, base_dir)
+        resolved[name] = {"energy": _deep_merge(base, inline)}
+        if fraction is not None:
+            resolved[name]["fraction"] = fraction
+    population["classes"] = resolved
+
+
 def _deep_merge(base: dict, extra: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in extra.items():
@@ -177,6 +215,7 @@ def scenario_from_document(doc: object, source: str, overrides: list[str] = (),
         apply_override(doc, assignment)
     for section in PROFILE_SECTIONS:
         _resolve_profile(doc, section, source, base_dir)
+    _resolve_classes(doc, source, base_dir)
     doc["algorithms"] = _validate_algorithms(doc, source)
     try:
         scenario = Scenario.model_validate(doc)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
+    PositiveFloat,
     SerializeAsAny,
     field_validator,
     model_serializer,
@@ -27,11 +30,66 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class DeviceClassConfig(_Strict):
+    """One class of a mixed population: its share of the devices and its hardware. The loader
+    looks the profile up in ``energy/`` (the class's name, or ``profile:``) and applies the
+    entry's other keys to it, as for the scenario's ``energy``."""
+
+    fraction: float = Field(ge=0, le=1, allow_inf_nan=False,
+                            description="share of the N devices in this class")
+    energy: EnergyProfile = Field(description="the class's energy profile, resolved")
+
+
+class CpuFrequencyConfig(_Strict):
+    """Per-device CPU clocks of a population of ``cmos`` devices (Yang et al. 2021's f_k)."""
+
+    distribution: Literal["uniform", "lognormal"] = Field(
+        description="uniform: f ~ U[low_hz, high_hz]; lognormal: f = median_hz exp(sigma Z), "
+                    "clipped to [low_hz, high_hz] when given")
+    low_hz: PositiveFloat | None = Field(None, description="lowest clock [Hz]")
+    high_hz: PositiveFloat | None = Field(None, description="highest clock [Hz]")
+    median_hz: PositiveFloat | None = Field(None, description="lognormal: median clock [Hz]")
+    sigma: NonNegativeFloat | None = Field(None, description="lognormal: sigma of ln f")
+
+    @model_validator(mode="after")
+    def _params_match_distribution(self):
+        needs = {"uniform": ("low_hz", "high_hz"), "lognormal": ("median_hz", "sigma")}
+        for key in needs[self.distribution]:
+            if getattr(self, key) is None:
+                raise ValueError(f"distribution {self.distribution!r} needs '{key}'")
+        if self.distribution == "uniform":
+            for key in ("median_hz", "sigma"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"'{key}' is only read by distribution 'lognormal'; "
+                                     "remove it or set distribution: lognormal")
+        for key in ("low_hz", "high_hz", "median_hz"):
+            value = getattr(self, key)
+            if value is not None and value < 1e3:
+                raise ValueError(f"'{key}' is in Hz: write e.g. {value:g}e9 for {value:g} GHz")
+        if self.low_hz is not None and self.high_hz is not None and self.low_hz > self.high_hz:
+            raise ValueError(f"low_hz ({self.low_hz:g}) must not exceed high_hz "
+                             f"({self.high_hz:g})")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _only_given(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class PopulationConfig(_Strict):
     num_devices: int = Field(50, gt=0, description="N devices in the cell (seed 002, Sec. V: 50)")
     distances_m: list[float] | None = Field(
         None, description="fixed device distances to the base station [m] instead of random "
                           "placement; its length must equal num_devices")
+    classes: dict[str, DeviceClassConfig] | None = Field(
+        None, description="a mixed population: energy profile name -> fraction of the devices "
+                          "(summing to 1), e.g. {smartphone-soc: 0.3, mcu-iot: 0.7}, or -> "
+                          "{fraction: f, <profile fields to override>}; the scenario's energy "
+                          "profile is used when absent")
+    cpu_frequency: CpuFrequencyConfig | None = Field(
+        None, description="per-device CPU clocks drawn for cmos profiles: {distribution: "
+                          "uniform, low_hz, high_hz} or {distribution: lognormal, median_hz, "
+                          "sigma[, low_hz, high_hz]}")
 
     @model_validator(mode="after")
     def _distances_match(self):
@@ -42,6 +100,31 @@ class PopulationConfig(_Strict):
             if min(self.distances_m) <= 0:
                 raise ValueError("distances_m must all be positive [m]")
         return self
+
+    @model_validator(mode="after")
+    def _fractions_sum_to_one(self):
+        if self.classes is not None:
+            if not self.classes:
+                raise ValueError("classes is empty; name at least one energy profile, e.g. "
+                                 "{smartphone-soc: 0.3, mcu-iot: 0.7}, or remove it")
+            total = sum(c.fraction for c in self.classes.values())
+            if not math.isclose(total, 1.0, rel_tol=0, abs_tol=1e-9):
+                shares = ", ".join(f"{k}: {c.fraction:g}" for k, c in self.classes.items())
+                raise ValueError(f"classes: fractions must sum to 1; they sum to {total:g} "
+                                 f"({shares})")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _only_given(self, handler):
+        """Leave the optional sections out when absent (runs recorded before them match)."""
+        return {k: v for k, v in handler(self).items()
+                if v is not None or k == "distances_m"}
+
+    def profiles(self, default: EnergyProfile) -> list[EnergyProfile]:
+        """The energy profiles in use: the classes', or ``default`` alone."""
+        if self.classes is None:
+            return [default]
+        return [c.energy for c in self.classes.values()]
 
 
 class PartitionConfig(_Strict):
@@ -221,6 +304,21 @@ class Scenario(_Strict):
         if dupes:
             raise ValueError(f"algorithms: two entries are both called {dupes[0]!r}; give each "
                              "a distinct 'label'")
+        return self
+
+    @model_validator(mode="after")
+    def _clocks_need_cmos(self):
+        """Per-device clocks scale kappa C f^2 and C / f: only the cmos model has a clock."""
+        population = self.population
+        if population.cpu_frequency is None:
+            return self
+        names = list(population.classes or {"energy": None})
+        for name, profile in zip(names, population.profiles(self.energy), strict=True):
+            if profile.model != "cmos":
+                where = "energy" if population.classes is None else f"population.classes.{name}"
+                raise ValueError(f"population.cpu_frequency needs 'cmos' energy profiles, but "
+                                 f"{where} uses model {profile.model!r}; remove cpu_frequency or "
+                                 "use a cmos profile (e.g. smartphone-soc)")
         return self
 
     @model_validator(mode="after")
