@@ -48,3 +48,21 @@ def scenario_file(tmp_path):
         return path
 
     return write
+
+
+def run_recording_thetas(monkeypatch, scenario):
+    """Run the scenario's first algorithm; return (world, theta after every round, the run)."""
+    from wirelessfl.engine.build import build_world
+    from wirelessfl.engine.context import RunContext
+    from wirelessfl.engine.simulation import run_algorithm
+
+    seen = []
+    original = RunContext.end_round
+
+    def record(self, completed, theta):
+        seen.append(theta.clone())
+        return original(self, completed, theta)
+
+    monkeypatch.setattr(RunContext, "end_round", record)
+    world = build_world(scenario)
+    return world, seen, run_algorithm(world, scenario.algorithms[0])

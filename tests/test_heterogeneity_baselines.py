@@ -10,10 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import small_scenario
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.context import RunContext
-from wirelessfl.engine.simulation import run_algorithm
+from tests.conftest import run_recording_thetas, small_scenario
 from wirelessfl.learning.seeds import keyed_generator
 
 EXACT = ["channel=seed002-pinned", "channel.uplink.delivery_probability=1.0",
@@ -22,17 +19,7 @@ EXACT = ["channel=seed002-pinned", "channel.uplink.delivery_probability=1.0",
 
 def _thetas(monkeypatch, scenario):
     """Run the scenario's only algorithm; return theta after every round and the run."""
-    seen = []
-    original = RunContext.end_round
-
-    def record(self, completed, theta):
-        seen.append(theta.clone())
-        return original(self, completed, theta)
-
-    monkeypatch.setattr(RunContext, "end_round", record)
-    world = build_world(scenario)
-    run = run_algorithm(world, scenario.algorithms[0])
-    return world, seen, run
+    return run_recording_thetas(monkeypatch, scenario)
 
 
 def _grad(world, theta, idx):

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import small_scenario
+from tests.conftest import run_recording_thetas, small_scenario
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.context import RunContext
 from wirelessfl.engine.simulation import run_algorithm
@@ -20,19 +20,10 @@ EXACT = ["channel=seed002-pinned", "channel.uplink.delivery_probability=1.0",
 
 
 def _run(monkeypatch, overrides=(), **params):
-    seen = []
-    original = RunContext.end_round
-
-    def record(self, completed, theta):
-        seen.append(theta.clone())
-        return original(self, completed, theta)
-
-    monkeypatch.setattr(RunContext, "end_round", record)
     algo = {"name": "zo-hfl", "rounds": 2, "eval_every": 1, "tau": 2, "gamma0": 0.5,
             "batch_size": 8, "server_batch_size": 8, **params}
     sc = small_scenario([*EXACT, *overrides], algorithms=[algo])
-    world = build_world(sc)
-    return world, seen, run_algorithm(world, sc.algorithms[0])
+    return run_recording_thetas(monkeypatch, sc)
 
 
 def _ce_grad(world, theta, x, y):

@@ -240,10 +240,15 @@ class Network:
         led.queue_wait_s[devices] += np.where(active[devices], plan.upload_start_s[devices]
                                               - plan.ready_s[devices], 0.0)
 
-    def _transmit_down(self, payload: Payload, receivers: np.ndarray):
-        """The downlink outcome: who is on air how long, who decoded it."""
-        return self.downlink.transmit(payload.bits, receivers, rng=self.downlink_rng,
-                                      now_s=self.env.now)
+    def _begin_broadcast(self, payload: Payload, receivers: np.ndarray | None):
+        """(alive, receivers, start, outcome) of a downlink phase starting now: who is on air
+        how long and who decodes it (both engines)."""
+        self.settle()
+        alive = self.alive
+        receivers = self._active(receivers)
+        out = self.downlink.transmit(payload.bits, receivers, rng=self.downlink_rng,
+                                     now_s=self.env.now)
+        return alive, receivers, self.env.now, out
 
     def _record_downlink(self, payload: Payload, out, receivers, devices) -> None:
         listen = out.per_device_airtime_s[devices]
@@ -280,11 +285,7 @@ class VectorNetwork(Network):
 
     def broadcast(self, payload: Payload, receivers: np.ndarray | None = None):
         """The base station sends ``payload`` to ``receivers`` (default: every device)."""
-        self.settle()
-        alive = self.alive
-        receivers = self._active(receivers)
-        start = self.env.now
-        out = self._transmit_down(payload, receivers)
+        alive, receivers, start, out = self._begin_broadcast(payload, receivers)
         self._record_downlink(payload, out, receivers, slice(None))
         if out.airtime_s > 0:
             yield self.env.timeout(out.airtime_s)
@@ -363,11 +364,7 @@ class ProcessNetwork(Network):
                              late=plan.late)
 
     def broadcast(self, payload: Payload, receivers: np.ndarray | None = None):
-        self.settle()
-        alive = self.alive
-        receivers = self._active(receivers)
-        start = self.env.now
-        out = self._transmit_down(payload, receivers)
+        alive, receivers, start, out = self._begin_broadcast(payload, receivers)
         # Unicast packets go out back to back in device order; a broadcast reaches all at once.
         unicast = self.downlink.config.downlink.mode == "unicast"
         offsets = np.cumsum(out.per_device_airtime_s) - out.per_device_airtime_s
