@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from wirelessfl.algorithms.types import Payload
 from wirelessfl.errors import UserError
-from wirelessfl.learning.seeds import keyed_rng
+from wirelessfl.learning.quantize import quantize_rows
+from wirelessfl.learning.seeds import device_uniform, keyed_rng
 
 if TYPE_CHECKING:
     from wirelessfl.engine.context import RunContext
@@ -120,6 +121,14 @@ class Algorithm:
         missed = int(self.missed[stale].max())
         result = yield from self.ctx.net.broadcast(self.resync_payload(missed), receivers=stale)
         self.missed[stale & result.received] = 0
+
+    def quantize(self, vectors: torch.Tensor, stream: str, k: int, rows: slice) -> torch.Tensor:
+        """Per-vector-scaled unbiased M-bit quantisation of rows ``rows`` [n, d] (the devices'
+        uploads, or one row for a broadcast), noise keyed by (stream, round, device)."""
+        if self.bits >= 32:
+            return vectors
+        noise = device_uniform(self.ctx.seed, stream, k, rows, vectors.shape[1], vectors.device)
+        return quantize_rows(vectors, self.bits, noise)[0]
 
     def setup(self) -> None:
         """Per-run state beyond theta (control variates, momenta, ...)."""

@@ -34,8 +34,7 @@ from pydantic import Field, field_validator
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
 from wirelessfl.algorithms.types import Cost, Payload
-from wirelessfl.learning.quantize import quantize_rows
-from wirelessfl.learning.seeds import device_uniform, keyed_generator
+from wirelessfl.learning.seeds import keyed_generator
 
 
 class VectorUploadAlgorithm(Algorithm):
@@ -56,13 +55,6 @@ class VectorUploadAlgorithm(Algorithm):
     def apply(self, mean_vector: torch.Tensor) -> None:
         """Update theta with the (quantised) broadcast mean."""
         raise NotImplementedError
-
-    def quantize(self, vectors: torch.Tensor, stream: str, k: int, rows: slice) -> torch.Tensor:
-        """Per-vector-scaled unbiased M-bit quantisation with noise keyed by (device, round)."""
-        if self.bits >= 32:
-            return vectors
-        noise = device_uniform(self.ctx.seed, stream, k, rows, vectors.shape[1], vectors.device)
-        return quantize_rows(vectors, self.bits, noise)[0]
 
     def server_vector(self, k: int) -> torch.Tensor:
         """What the base station contributes from its own data (``server_data: true``): the

@@ -28,8 +28,8 @@ from pydantic import Field
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
 from wirelessfl.algorithms.types import Cost, Payload
-from wirelessfl.learning.quantize import quantize_rows, quantize_scalars
-from wirelessfl.learning.seeds import device_uniform, keyed_generator
+from wirelessfl.learning.quantize import quantize_scalars
+from wirelessfl.learning.seeds import keyed_generator
 
 SEED_BITS = 32  # a direction travels as the seed of its generator in mode "seed" [D]
 
@@ -132,8 +132,8 @@ class ZOHFL(Algorithm):
                 y_plus = self._solve(x_plus, plus, rows)
                 y_minus = self._solve(x_minus, minus, rows)
                 if p.payload == "models":  # the server sees quantised y+-
-                    y_plus = self._quantize(y_plus, "zo-hfl-up-plus", r, rows)
-                    y_minus = self._quantize(y_minus, "zo-hfl-up-minus", r, rows)
+                    y_plus = self.quantize(y_plus, "zo-hfl-up-plus", r, rows)
+                    y_minus = self.quantize(y_minus, "zo-hfl-up-minus", r, rows)
                 f_plus = 0.5 * p.lam * (x_plus - y_plus).double().square().sum(1)
                 f_minus = 0.5 * p.lam * (x_minus - y_minus).double().square().sum(1)
                 diff[rows] = f_plus - f_minus
@@ -146,9 +146,3 @@ class ZOHFL(Algorithm):
             coeff = (a * diff * (d / (2 * p.eta))).to(self.theta.dtype)
             g = g + (coeff[:, None] * v).sum(0)
         self.theta = self.theta - p.gamma0 / math.sqrt(r + 1) * g
-
-    def _quantize(self, vectors: torch.Tensor, stream: str, r: int, rows: slice) -> torch.Tensor:
-        if self.bits >= 32:
-            return vectors
-        noise = device_uniform(self.ctx.seed, stream, r, rows, vectors.shape[1], vectors.device)
-        return quantize_rows(vectors, self.bits, noise)[0]
