@@ -1,7 +1,9 @@
 """From a Scenario to live parts: the cell and the learning problem (the evaluator).
 
-The problem is a classifier (data on devices, a zoo model, ``BatchedEvaluator``) or, with
-``problem: {name: quadratic}``, fedred.md's synthetic quadratic (``QuadraticProblem``). Everything
+The problem is a classifier (data on devices, a zoo model, ``BatchedEvaluator``), with
+``problem: {name: quadratic}`` fedred.md's synthetic quadratic (``QuadraticProblem``), or with
+``problem: {name: logistic}`` fedred.md's regularised logistic regression on the same data split
+as a classifier's (``LogisticProblem``). Everything
 here is shared by all algorithms of a scenario (same positions, same shards, same theta_0, same
 device classes and clocks), so algorithms are compared on the same world.
 """
@@ -29,6 +31,7 @@ from wirelessfl.engine.allocator import keep_freed_memory
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import Dataset, load_dataset
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
+from wirelessfl.learning.logistic import LogisticProblem
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.partition import label_counts, partition
 from wirelessfl.learning.problems import Problem, QuadraticProblem, fedred_quadratic
@@ -51,7 +54,7 @@ def torch_device(requested: str) -> torch.device:
 class World:
     """The cell, the devices' hardware and the learning problem. ``evaluator`` is any
     ``Problem`` (algorithms use it as ``ctx.evaluator``); ``dataset``, ``shards`` and ``flat``
-    are None for a quadratic. Device i has the energy profile
+    are None for a quadratic, ``flat`` for logistic regression. Device i has the energy profile
     ``class_profiles[device_class[i]]`` and, with ``population.cpu_frequency``, the clock
     ``frequency_hz[i]``; drawn from the scenario when not given."""
 
@@ -158,7 +161,7 @@ def draw_population(scenario: Scenario
 
 def build_world(scenario: Scenario) -> World:
     """Place devices, then build the problem: load and split the data and build the model and
-    the evaluator, or draw the quadratic."""
+    the evaluator (or the logistic regression on that split), or draw the quadratic."""
     keep_freed_memory()  # the round's large temporaries reuse heap memory (engine/allocator.py)
     seed, n = scenario.seed, scenario.population.num_devices
     device = torch_device(scenario.device)
@@ -170,14 +173,12 @@ def build_world(scenario: Scenario) -> World:
     if scenario.problem.name == "quadratic":
         problem = build_quadratic(scenario, device)
         return World(scenario, cell, None, None, None, problem.model_profile, problem, device)
-    dataset = load_dataset(scenario.data, seed)
-    # The base station's own samples (seed 000) come out first; devices split the rest.
-    order = keyed_rng(seed, "server-data").permutation(len(dataset.y_train))
-    keep = round(scenario.data.server_fraction * len(order))
-    server, on_devices = np.sort(order[:keep]), np.sort(order[keep:])
-    shards = partition(scenario.partition.scheme, dataset.y_train[on_devices], n,
-                       keyed_rng(seed, "partition"), **scenario.partition.params())
-    shards = [on_devices[s] for s in shards]
+    split = split_data(scenario)
+    if scenario.problem.name == "logistic":
+        problem = build_logistic(scenario, device, split)
+        return World(scenario, cell, split.dataset, split.shards, None, problem.model_profile,
+                     problem, device)
+    dataset, server, shards = split.dataset, split.server, split.shards
     model = build_model(scenario.model.name, dataset.input_shape, dataset.num_classes,
                         hidden=tuple(scenario.model.hidden),
                         seed=stream_key(seed, "init") % 2**31)
@@ -196,6 +197,51 @@ def build_world(scenario: Scenario) -> World:
         evaluator.solve_optimum()  # strongly convex: f* and x* by a reference solve, once
         evaluator.train_metrics = True
     return World(scenario, cell, dataset, shards, flat, model_profile, evaluator, device)
+
+
+@dataclass
+class SplitData:
+    """The dataset and who holds what: ``server`` the training indices the base station keeps
+    (sorted), ``shards`` each device's training indices."""
+
+    dataset: Dataset
+    server: np.ndarray
+    shards: list[np.ndarray]
+
+
+def split_data(scenario: Scenario) -> SplitData:
+    """Load ``scenario.data``, take the base station's share out (seed 000's server data, stream
+    (seed, "server-data")), and partition the rest over the devices (stream (seed,
+    "partition")). Classifier and logistic regression share it, so they see the same split."""
+    seed, n = scenario.seed, scenario.population.num_devices
+    dataset = load_dataset(scenario.data, seed)
+    # The base station's own samples (seed 000) come out first; devices split the rest.
+    order = keyed_rng(seed, "server-data").permutation(len(dataset.y_train))
+    keep = round(scenario.data.server_fraction * len(order))
+    server, on_devices = np.sort(order[:keep]), np.sort(order[keep:])
+    shards = partition(scenario.partition.scheme, dataset.y_train[on_devices], n,
+                       keyed_rng(seed, "partition"), **scenario.partition.params())
+    return SplitData(dataset, server, [on_devices[s] for s in shards])
+
+
+def build_logistic(scenario: Scenario, device: torch.device,
+                   split: SplitData | None = None) -> LogisticProblem:
+    """fedred.md Sec. 4.2's logistic regression on the scenario's data, split as for a
+    classifier (``split_data``, loaded here when not given); the dataset must be binary."""
+    split = split or split_data(scenario)
+    dataset, p = split.dataset, scenario.problem
+    if dataset.num_classes != 2:
+        raise UserError(f"problem 'logistic' is binary but dataset '{dataset.name}' has "
+                        f"{dataset.num_classes} classes; set data.positive_classes (e.g. [0]: "
+                        "class 0 against the rest) or data.classes with two labels")
+    if len(dataset.input_shape) != 1:
+        raise UserError(f"problem 'logistic' needs flat inputs, but dataset '{dataset.name}' has "
+                        f"shape {dataset.input_shape}; use a tabular dataset (breast_cancer, "
+                        "libsvm, synthetic, digits)")
+    return LogisticProblem(dataset.x_train, dataset.y_train, split.shards, dataset.x_test,
+                           dataset.y_test, l2=p.l2, normalize_rows=p.normalize_rows,
+                           device=device, max_chunk_mb=scenario.engine.max_chunk_mb,
+                           server=split.server)
 
 
 def build_quadratic(scenario: Scenario, device: torch.device) -> QuadraticProblem:

@@ -1,8 +1,9 @@
-"""Datasets: built-in (scikit-learn digits, synthetic) or MNIST/FashionMNIST from local IDX files.
+"""Datasets: built-in (scikit-learn digits, breast cancer, synthetic), MNIST/FashionMNIST from
+local IDX files, or any LIBSVM-format file.
 
-Nothing is downloaded: built-in sets ship with scikit-learn; MNIST-like sets are read from the
-folder ``data.root``. Every loader returns float32 inputs and int64 labels, then the same label
-selection (``classes`` / ``positive_classes``) and deterministic subsampling are applied.
+Nothing is downloaded: built-in sets ship with scikit-learn; MNIST-like sets and LIBSVM files are
+read from the folder ``data.root``. Every loader returns float32 inputs and int64 labels, then the
+same label selection (``classes`` / ``positive_classes``) and deterministic subsampling are applied.
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dimension (count)
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _IDX_TITLES = {"mnist": "MNIST", "fashionmnist": "FashionMNIST"}
+LIBSVM_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary.html"
+# A LIBSVM set is held dense (float32): refuse one larger than this rather than exhaust memory.
+LIBSVM_MAX_DENSE_BYTES = 8 * 2**30
+# Classes of the built-in sets (a LIBSVM file's are known only once it is read).
+BUILTIN_CLASSES = {"digits": 10, "digits28": 10, "mnist": 10, "fashionmnist": 10,
+                   "breast_cancer": 2}
 
 
 class SyntheticConfig(BaseModel):
@@ -63,10 +70,20 @@ class DataConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Literal["digits", "digits28", "synthetic", "mnist", "fashionmnist"] = Field(
+    name: Literal["digits", "digits28", "synthetic", "mnist", "fashionmnist", "breast_cancer",
+                  "libsvm"] = Field(
         "digits", description="digits: sklearn 8x8 flat; digits28: the same upscaled to 1x28x28; "
-                              "synthetic: make_classification; mnist/fashionmnist: IDX files in root")
-    root: str | None = Field(None, description="folder with the four IDX files (mnist, fashionmnist)")
+                              "synthetic: make_classification; mnist/fashionmnist: IDX files in "
+                              "root; breast_cancer: sklearn's 569 x 30 binary set (standardised); "
+                              "libsvm: a LIBSVM-format file in root (data.file)")
+    root: str | None = Field(None, description="folder with the four IDX files (mnist, "
+                                               "fashionmnist) or the LIBSVM file(s) (libsvm)")
+    file: str | None = Field(
+        None, description="libsvm: the training file's name inside root (e.g. a9a; a .gz or .bz2 "
+                          "next to it is found too); labels are mapped to 0..C-1 in sorted order")
+    test_file: str | None = Field(
+        None, description="libsvm: the test file's name inside root (e.g. a9a.t); without it, a "
+                          "stratified test_fraction of the training file is held out")
     classes: list[int] | None = Field(
         None, description="keep only these labels, relabelled 0..k-1 in this order "
                           "(e.g. FashionMNIST [6, 7]: shirt vs sneaker, seed 002 Sec. V)")
@@ -80,6 +97,18 @@ class DataConfig(BaseModel):
                                      "own loss (seed 000's server data: 0.3); never on devices")
     max_test_samples: PositiveInt | None = Field(None, description="subsample the test set")
     synthetic: SyntheticConfig = SyntheticConfig()
+
+    @model_validator(mode="after")
+    def _libsvm_files(self):
+        if self.name != "libsvm":
+            for key in ("file", "test_file"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"data.{key} is only read by name 'libsvm' but name is "
+                                     f"{self.name!r}; remove it or set name: libsvm")
+        elif self.file is None:
+            raise ValueError("data.name 'libsvm' needs data.file, the LIBSVM file's name inside "
+                             f"data.root (e.g. file: a9a, from {LIBSVM_URL})")
+        return self
 
     @model_validator(mode="after")
     def _labels(self):
@@ -119,11 +148,19 @@ def load_dataset(config: DataConfig, seed: int) -> Dataset:
     if config.name in ("digits", "digits28"):
         x, y, num_classes = _digits(upscale=config.name == "digits28")
         x_train, x_test, y_train, y_test = _split(x, y, config.test_fraction, seed)
-    elif config.name == "synthetic":
-        x, y, num_classes = _synthetic(config.synthetic, seed)
+    elif config.name in ("synthetic", "breast_cancer"):
+        if config.name == "synthetic":
+            x, y, num_classes = _synthetic(config.synthetic, seed)
+        else:
+            x, y, num_classes = _breast_cancer()
         x_train, x_test, y_train, y_test = _split(x, y, config.test_fraction, seed)
         mean, std = x_train.mean(0), x_train.std(0) + 1e-8  # train statistics only
         x_train, x_test = (x_train - mean) / std, (x_test - mean) / std
+    elif config.name == "libsvm":
+        x_train, y_train, x_test, y_test, num_classes = read_libsvm_dataset(
+            config.root, config.file, config.test_file)
+        if x_test is None:
+            x_train, x_test, y_train, y_test = _split(x_train, y_train, config.test_fraction, seed)
     else:
         x_train, y_train, x_test, y_test = read_idx_dataset(config.root, config.name)
         num_classes = 10
@@ -172,6 +209,14 @@ def _synthetic(cfg: SyntheticConfig, seed: int) -> tuple[np.ndarray, np.ndarray,
         n_redundant=min(2, cfg.num_features - k), n_repeated=0, n_classes=cfg.num_classes,
         class_sep=cfg.class_sep, random_state=seed % 2**32)
     return x.astype(np.float32), y.astype(np.int64), cfg.num_classes
+
+
+def _breast_cancer() -> tuple[np.ndarray, np.ndarray, int]:
+    """sklearn's Wisconsin diagnostic breast cancer set: 569 x 30, label 0 malignant, 1 benign."""
+    from sklearn.datasets import load_breast_cancer
+
+    bunch = load_breast_cancer()
+    return bunch.data.astype(np.float32), bunch.target.astype(np.int64), 2
 
 
 def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int):
@@ -273,3 +318,114 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
         raise UserError(f"{path} should hold {header + math.prod(dims)} bytes for shape {dims} but "
                         f"holds {len(raw)} (truncated or corrupt); replace it with the original file")
     return np.frombuffer(raw, np.uint8, offset=header).reshape(dims)
+
+
+# --- LIBSVM files (https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/) ------------------
+
+
+def read_libsvm_dataset(root: str | None, file: str, test_file: str | None = None):
+    """(x_train, y_train, x_test, y_test, num_classes) from LIBSVM files in ``root``; x_test and
+    y_test are None without ``test_file``.
+
+    Both files are read together (sklearn ``load_svmlight_files``), so they share the number of
+    features (the larger of the two) and the zero- or one-based indexing. Inputs come back dense
+    float32; labels are mapped to 0..C-1 in the sorted order of the distinct values of both
+    files, so {-1, +1}, {0, 1} and {1, 2} all become {0, 1}.
+    """
+    from sklearn.datasets import load_svmlight_files
+
+    names = [file] if test_file is None else [file, test_file]
+    where = f"put the LIBSVM file(s) {', '.join(map(repr, names))} ({LIBSVM_URL})"
+    if root is None:
+        raise UserError(f"dataset 'libsvm' needs data.root: {where} in a folder and set data.root "
+                        "to it")
+    folder = Path(root).expanduser()
+    if not folder.is_dir():
+        raise UserError(f"data.root folder {folder} does not exist: {where} in {folder}, or fix "
+                        "data.root")
+    paths = []
+    for key, name in zip(("file", "test_file"), names):
+        path = _find_any(folder, name, ("", ".gz", ".bz2"))
+        if path is None:
+            raise UserError(f"data.root folder {folder} has no file {name!r} (plain, .gz or .bz2): "
+                            f"put the LIBSVM file {name!r} ({LIBSVM_URL}) in {folder}, or set "
+                            f"data.{key}")
+        paths.append(path)
+    try:
+        arrays = load_svmlight_files([str(p) for p in paths], dtype=np.float64)
+    except (ValueError, OSError, EOFError, zlib.error) as exc:
+        path, line = _first_bad_libsvm_line(paths)
+        at = f"{path}, line {line[0]}: {line[1]!r}" if line else f"{path}"
+        raise UserError(f"{at} is not valid LIBSVM format ({exc}); each line must read "
+                        "'<label> <index>:<value> ...' with increasing indices") from exc
+    xs, ys = arrays[0::2], arrays[1::2]
+    rows, features = sum(x.shape[0] for x in xs), xs[0].shape[1]
+    if rows * features * 4 > LIBSVM_MAX_DENSE_BYTES:
+        raise UserError(f"{paths[0]}: {rows} samples x {features} features would take "
+                        f"{rows * features * 4 / 2**30:.1f} GiB dense (float32), more than "
+                        f"{LIBSVM_MAX_DENSE_BYTES / 2**30:.0f} GiB; use a smaller LIBSVM set")
+    for path, y in zip(paths, ys):
+        if len(y) == 0:
+            raise UserError(f"{path} holds no samples; replace it with a LIBSVM file that has some")
+    values = np.unique(np.concatenate(ys))
+    if len(values) < 2:
+        raise UserError(f"{paths[0]} has a single label ({values[0]:g}); a classifier needs at "
+                        "least two: use another LIBSVM file")
+    out = []
+    for x, y in zip(xs, ys):
+        out += [np.asarray(x.toarray(), dtype=np.float32), np.searchsorted(values, y).astype(np.int64)]
+    if test_file is None:
+        out += [None, None]
+    return (*out, len(values))
+
+
+def _find_any(folder: Path, base: str, suffixes: tuple[str, ...]) -> Path | None:
+    for suffix in suffixes:
+        candidate = folder / f"{base}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _first_bad_libsvm_line(paths: list[Path]) -> tuple[Path, tuple[int, str] | None]:
+    """(file, (line number, text)) of the first line that is not '<label> [qid:<int>]
+    <index>:<value> ...' with increasing indices; (first file, None) when none is found."""
+    import bz2
+
+    for path in paths:
+        try:
+            if path.suffix == ".gz":
+                text = gzip.decompress(path.read_bytes())
+            elif path.suffix == ".bz2":
+                text = bz2.decompress(path.read_bytes())
+            else:
+                text = path.read_bytes()
+        except (OSError, EOFError, ValueError, zlib.error):
+            return path, None
+        for number, raw in enumerate(text.decode("utf-8", "replace").splitlines(), start=1):
+            line = raw.split("#", 1)[0].strip()
+            if line and not _libsvm_line_ok(line):
+                return path, (number, raw[:80])
+    return paths[0], None
+
+
+def _libsvm_line_ok(line: str) -> bool:
+    label, *pairs = line.split()
+    try:
+        float(label)
+        previous = -1
+        for k, pair in enumerate(pairs):
+            index, sep, value = pair.partition(":")
+            if not sep:
+                return False
+            if k == 0 and index == "qid":
+                int(value)
+                continue
+            index_value = int(index)
+            float(value)
+            if index_value <= previous:
+                return False
+            previous = index_value
+    except ValueError:
+        return False
+    return True

@@ -31,6 +31,7 @@ from torch import nn
 from torch.func import functional_call
 
 from wirelessfl.errors import UserError
+from wirelessfl.learning.minibatch import sample_minibatches
 from wirelessfl.learning.problems import Problem
 from wirelessfl.learning.stacked import StackedForward, to_channels_last, uses_convolutions
 
@@ -183,16 +184,12 @@ class BatchedEvaluator(Problem):
         """Minibatch sample indices [steps, N, b], without replacement within a minibatch.
 
         Each device ranks its samples by uniform keys and takes the b smallest; a device with
-        fewer than b samples repeats some (cyclically). Drawn on the CPU for determinism.
+        fewer than b samples repeats some (cyclically). Drawn on the CPU for determinism
+        (``sample_minibatches``, learning/minibatch.py).
         """
         start = time.perf_counter()
-        sizes, n = self.data.sizes, self.num_devices
-        width = max(int(sizes.max()), batch_size)
-        keys = torch.rand((steps, n, width), generator=generator)
-        keys.masked_fill_(torch.arange(width) >= sizes[:, None], 2.0)
-        local = keys.topk(batch_size, dim=2, largest=False).indices
-        local = torch.remainder(local, sizes[:, None])
-        out = (self.data.offsets[:, None] + local).to(self.device)
+        out = sample_minibatches(generator, self.data.sizes, self.data.offsets, batch_size,
+                                 steps, self.device)
         self.compute_s += time.perf_counter() - start
         return out
 

@@ -20,7 +20,8 @@ from pydantic import (
 from wirelessfl.algorithms.base import AlgorithmParams
 from wirelessfl.channel.config import ChannelConfig
 from wirelessfl.energy.profile import EnergyProfile
-from wirelessfl.learning.datasets import DataConfig
+from wirelessfl.learning.datasets import BUILTIN_CLASSES, DataConfig
+from wirelessfl.learning.logistic import LOGISTIC_DEFAULTS
 from wirelessfl.learning.models import MODEL_NAMES
 from wirelessfl.learning.partition import PARAM_DEFAULTS, SCHEME_PARAMS
 from wirelessfl.learning.problems import QUADRATIC_DEFAULTS
@@ -206,17 +207,21 @@ PROBLEM_PARAMS = {
     "classification": ("train_metrics",),
     "quadratic": ("clients", "dimension", "L", "mu", "delta", "noise_std", "minimizer_std",
                   "server_loss"),
+    "logistic": ("l2", "normalize_rows"),
 }
-PROBLEM_DEFAULTS = {"train_metrics": False, **QUADRATIC_DEFAULTS}
+PROBLEM_DEFAULTS = {"train_metrics": False, **QUADRATIC_DEFAULTS, **LOGISTIC_DEFAULTS}
 
 
 class ProblemConfig(_Strict):
     """What the algorithms optimise. ``classification``: a model from the zoo on a dataset split
     over devices (the ``data``, ``model`` and ``partition`` sections). ``quadratic``: fedred.md's
-    synthetic f_i(x) = 1/2 x^T A_i x - c_i^T x with known optimum, one device per client."""
+    synthetic f_i(x) = 1/2 x^T A_i x - c_i^T x with known optimum, one device per client.
+    ``logistic``: fedred.md Sec. 4.2's regularised binary logistic regression (no bias) on a
+    binary dataset split over devices (the ``data`` and ``partition`` sections), f* known."""
 
-    name: Literal["classification", "quadratic"] = Field(
-        "classification", description="classification (data/model/partition) or quadratic")
+    name: Literal["classification", "quadratic", "logistic"] = Field(
+        "classification", description="classification (data/model/partition), quadratic, or "
+                                      "logistic (data/partition)")
     train_metrics: bool | None = Field(
         None, description="classification: compute grad_norm_sq over the training set at "
                           "evaluation points (one extra pass over it each time; default false, "
@@ -246,6 +251,13 @@ class ProblemConfig(_Strict):
     server_loss: bool | None = Field(
         None, description="quadratic: the base station holds a loss of its own, the clients' "
                           "mean quadratic (what ZO-HFL's server term needs; default false)")
+    l2: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="logistic: weight of l2/2 ||x||^2 in every f_i (default 1/M, M the devices' "
+                    "training samples: the paper's mu = 1/M)")
+    normalize_rows: bool | None = Field(
+        None, description="logistic: rescale inputs so the devices' rows have mean norm 1 "
+                          "(fedred.md Sec. 5.2; default true)")
 
     @model_validator(mode="after")
     def _params_match_name(self):
@@ -319,6 +331,30 @@ class Scenario(_Strict):
                 raise ValueError(f"population.cpu_frequency needs 'cmos' energy profiles, but "
                                  f"{where} uses model {profile.model!r}; remove cpu_frequency or "
                                  "use a cmos profile (e.g. smartphone-soc)")
+        return self
+
+    @model_validator(mode="after")
+    def _logistic_fits(self):
+        """Logistic regression is its own linear model, on a binary dataset."""
+        if self.problem.name != "logistic":
+            return self
+        if self.model != ModelConfig():
+            raise ValueError("model: not read by problem 'logistic' (a linear model without bias; "
+                             "its regulariser is problem.l2); remove the model section or set "
+                             "problem.name: classification")
+        data = self.data
+        classes = (data.synthetic.num_classes if data.name == "synthetic"
+                   else BUILTIN_CLASSES.get(data.name))
+        if data.classes is not None and len(data.classes) != 2:
+            raise ValueError(f"data.classes={data.classes} keeps {len(data.classes)} labels but "
+                             "problem 'logistic' is binary; list two labels (e.g. [3, 8]) or use "
+                             "data.positive_classes")
+        if (classes is not None and classes > 2 and data.classes is None
+                and data.positive_classes is None):
+            raise ValueError(f"data: problem 'logistic' is binary but dataset '{data.name}' has "
+                             f"{classes} classes; set data.positive_classes (e.g. [0]: class 0 "
+                             "against the rest) or data.classes with two labels (e.g. [3, 8]), "
+                             "or use data.name: breast_cancer")
         return self
 
     @model_validator(mode="after")
