@@ -144,6 +144,8 @@ def test_stacked_gradients_and_losses_are_the_weighted_minibatch_loss(problem, t
     theta = models[0]
     torch.testing.assert_close(problem.device_losses(theta, idx),
                                problem.stacked_losses(theta.expand(N, -1), idx), rtol=0, atol=0)
+    both = problem.stacked_losses_and_gradients(models, idx)
+    assert torch.equal(both[0], losses) and torch.equal(both[1], grads)
 
 
 def test_results_come_back_in_thetas_dtype(problem):
@@ -288,6 +290,17 @@ def test_evaluate_is_test_accuracy_and_mean_log_loss(problem, truth):
     assert loss == pytest.approx(np.logaddexp(0, -truth.y_test * scores).mean(), rel=1e-13)
     accuracy, loss = problem.evaluate(problem.optimum.float())
     assert accuracy > 0.8  # class-dependent means: easy
+
+
+def test_device_accuracy_reweights_the_test_set_to_each_devices_label_mix(problem, truth):
+    theta = random_theta(21)
+    accuracy, loss, devices = problem.evaluate_devices(theta)
+    assert (accuracy, loss) == problem.evaluate(theta)
+    right = np.where(truth.a_test @ theta.numpy() > 0, 1.0, -1.0) == truth.y_test
+    per_class = [right[truth.y_test == c].mean() for c in (-1.0, 1.0)]
+    for i in range(N):
+        share = np.mean(truth.labels[i] > 0)
+        assert devices[i] == pytest.approx((1 - share) * per_class[0] + share * per_class[1])
 
 
 # ---- chunking ------------------------------------------------------------------------------------

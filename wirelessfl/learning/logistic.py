@@ -153,6 +153,8 @@ class LogisticProblem(Problem):
     per sample with one output activation and d inputs.
     """
 
+    compute_dtype = torch.float64  # the arithmetic is float64: local models may be kept so
+
     def __init__(self, x_train, y_train, shards, x_test, y_test, l2: float | None = None,
                  normalize_rows: bool = True, device: torch.device | str = "cpu",
                  max_chunk_mb: float = 1024.0, server: np.ndarray | None = None):
@@ -290,10 +292,16 @@ class LogisticProblem(Problem):
         margins = labels * (rows * x[:, None, :]).sum(2)
         return x, rows, labels, margins, self.device_weight[self.owner[idx[:, 0]]]
 
+    def _loss(self, x, margins, weight) -> torch.Tensor:
+        return weight * softplus(-margins).mean(1) + 0.5 * self.l2 * x.square().sum(1)
+
+    def _gradient(self, x, rows, labels, margins, weight) -> torch.Tensor:
+        coef = -labels * torch.sigmoid(-margins) * (weight / margins.shape[1])[:, None]
+        return (coef[:, :, None] * rows).sum(1) + self.l2 * x
+
     def stacked_losses(self, models: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         x, _, _, margins, weight = self._minibatch(models, idx)
-        loss = weight * softplus(-margins).mean(1) + 0.5 * self.l2 * x.square().sum(1)
-        return loss.to(models.dtype)
+        return self._loss(x, margins, weight).to(models.dtype)
 
     def device_losses(self, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
@@ -304,10 +312,16 @@ class LogisticProblem(Problem):
         return out
 
     def stacked_gradients(self, models: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        x, rows, labels, margins, weight = self._minibatch(models, idx)
-        coef = -labels * torch.sigmoid(-margins) * (weight / idx.shape[1])[:, None]
-        g = (coef[:, :, None] * rows).sum(1) + self.l2 * x
-        return g.to(models.dtype)
+        batch = self._minibatch(models, idx)
+        return self._gradient(*batch).to(models.dtype)
+
+    def stacked_losses_and_gradients(self, models: torch.Tensor, idx: torch.Tensor
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both of the above from one gather of the minibatch rows."""
+        batch = self._minibatch(models, idx)
+        x, margins, weight = batch[0], batch[3], batch[4]
+        return (self._loss(x, margins, weight).to(models.dtype),
+                self._gradient(*batch).to(models.dtype))
 
     # ---- exact passes over the training set ---------------------------------------------------
     def _blocks(self) -> Iterator[slice]:
@@ -371,6 +385,33 @@ class LogisticProblem(Problem):
         n = max(len(self.y_test), 1)
         correct = int(((scores > 0) == (self.y_test > 0)).sum())
         return correct / n, float(softplus(-self.y_test * scores).sum()) / n
+
+    def evaluate_devices(self, theta: torch.Tensor) -> tuple[float, float, np.ndarray]:
+        """``evaluate``'s (accuracy, loss) and each device's accuracy on its own test
+        distribution: the test set re-weighted to the device's training label mix p_i,
+        acc_i = sum_c p_i(c) acc_c with acc_c the test accuracy on class c (a class absent from
+        the test set is left out and p_i renormalised; NaN for a device holding only such a
+        class), as the torch classifier defines it."""
+        accuracy, loss = self.evaluate(theta)
+        scores = self.a_test @ theta.to(torch.float64)
+        positive = self.y_test > 0
+        right = ((scores > 0) == positive).double()
+        hits = torch.stack([right[~positive].sum(), right[positive].sum()]).cpu().numpy()
+        counts = torch.stack([(~positive).sum(), positive.sum()]).double().cpu().numpy()
+        present = counts > 0
+        per_class = np.where(present, hits / np.maximum(counts, 1), 0.0)
+        mass = self.label_mix[:, present].sum(1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            devices = np.where(mass > 0, self.label_mix @ per_class / mass, np.nan)
+        return accuracy, loss, devices
+
+    @cached_property
+    def label_mix(self) -> np.ndarray:
+        """[N, 2] float64: each device's share of label -1 and of label +1."""
+        bounds = np.concatenate([[0], np.cumsum(self.sizes_np)])
+        positive = np.add.reduceat((self.y_np > 0).astype(np.float64), bounds[:-1])
+        share = positive / self.sizes_np
+        return np.stack([1.0 - share, share], axis=1)
 
     def server_gradient(self, theta: torch.Tensor, generator: torch.Generator,
                         batch_size: int) -> torch.Tensor:
