@@ -1,4 +1,5 @@
-"""Partitioners: i.i.d. (unchanged), Dirichlet, shards, quantity skew, #C = k label skew.
+"""Partitioners: i.i.d. (unchanged), Dirichlet, shards, quantity skew, #C = k label skew,
+per-device Dirichlet label mixes.
 
 Truths are computed here with np.bincount / np.unique on each device's labels, not with the
 module's own label_counts (which is itself checked against np.bincount below).
@@ -38,6 +39,8 @@ SCHEMES = [
     ("shards", {"shards_per_device": 2}),
     ("quantity-skew", {"beta": 0.5, "min_samples": 3}),
     ("label-skew", {"classes_per_device": 3}),
+    ("client-dirichlet", {"alpha": 0.3, "min_samples": 10, "rare_classes": [5, 6],
+                          "size_median": 40.0}),
 ]
 
 
@@ -85,9 +88,10 @@ def test_registry_dispatch_and_unknown_scheme():
     direct = partition_iid(30, 4, np.random.default_rng(5))
     assert all(np.array_equal(x, y) for x, y in zip(shards, direct))
     assert set(PARTITIONERS) == set(SCHEME_PARAMS) == {
-        "iid", "dirichlet", "shards", "quantity-skew", "label-skew"}
+        "iid", "dirichlet", "shards", "quantity-skew", "label-skew", "client-dirichlet"}
     with pytest.raises(UserError, match="partition.scheme 'pathological' is unknown; choose one "
-                                        "of dirichlet, iid, label-skew, quantity-skew, shards"):
+                                        "of client-dirichlet, dirichlet, iid, label-skew, quantity-skew, "
+                                        "shards"):
         partition("pathological", labels, 4, np.random.default_rng(5))
 
 
@@ -102,8 +106,10 @@ def test_disjoint_nonempty_subset(scheme, params):
     assert len(np.unique(together)) == len(together)  # no sample on two devices
     assert together.min() >= 0 and together.max() < len(labels)
     assert min(len(s) for s in shards) >= params.get("min_samples", 1)
-    # 25 devices >= 10 classes: label-skew uses every class too, so every scheme assigns all.
-    assert len(together) == len(labels)
+    # 25 devices >= 10 classes: label-skew uses every class too, so every scheme but
+    # client-dirichlet (device sizes drawn, a subset) assigns all.
+    if scheme != "client-dirichlet":
+        assert len(together) == len(labels)
 
 
 @pytest.mark.parametrize("scheme, params", SCHEMES)
@@ -203,6 +209,31 @@ def test_label_skew_errors():
     with pytest.raises(UserError, match=r"partition.classes_per_device=2: class \d has 3 samples "
                                         r"for \d devices.*population.num_devices"):
         partition("label-skew", labels, 12, np.random.default_rng(0), classes_per_device=2)
+
+
+# ---- per-device Dirichlet label mixes (seed 003) ------------------------------------------------
+def test_client_dirichlet_sizes_and_rare_classes():
+    """Nearly uniform mixes (alpha large), fixed sizes (sigma 0), ample samples: every device
+    gets exactly size_median samples and the rare classes a rare_weight share of the others'."""
+    labels = np.repeat(np.arange(10), 20000)
+    shards = partition("client-dirichlet", labels, 50, np.random.default_rng(0), alpha=1e4,
+                       rare_classes=[5, 6, 7, 8, 9], rare_weight=0.2, size_median=2000.0,
+                       size_sigma=0.0)
+    assert [len(s) for s in shards] == [2000] * 50
+    totals = np.bincount(labels[np.concatenate(shards)], minlength=10)
+    assert totals[5:].mean() / totals[:5].mean() == pytest.approx(0.2, rel=0.03)
+
+
+def test_client_dirichlet_scales_down_a_class_that_runs_out():
+    labels = np.repeat(np.arange(2), [10000, 30])
+    shards = partition("client-dirichlet", labels, 8, np.random.default_rng(1), alpha=1e4,
+                       size_median=100.0, size_sigma=0.0)
+    held = np.bincount(labels[np.concatenate(shards)], minlength=2)
+    assert held[1] == 30  # 8 devices asked for about 400 samples of class 1: all 30 are used
+    assert held[0] == pytest.approx(400, abs=40)
+    with pytest.raises(UserError, match=r"partition.rare_classes lists \[7\], which the "
+                                        r"training set does not hold; its labels are \[0, 1\]"):
+        partition("client-dirichlet", labels, 2, np.random.default_rng(0), rare_classes=[7])
 
 
 # ---- errors -------------------------------------------------------------------------------------

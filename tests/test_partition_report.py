@@ -44,10 +44,11 @@ def test_schema_rejects_a_parameter_the_scheme_does_not_read():
     with pytest.raises(UserError) as err:
         small_scenario(partition={"scheme": "iid", "alpha": 0.1})
     assert str(err.value) == ("small.yaml: partition: 'alpha' is only read by scheme "
-                              "'dirichlet' but scheme is 'iid'; remove it or set scheme: "
-                              "dirichlet")
+                              "'dirichlet' or 'client-dirichlet' but scheme is 'iid'; remove it "
+                              "or set scheme: dirichlet")
     with pytest.raises(UserError, match=r"partition: 'min_samples' is only read by scheme "
-                                        r"'dirichlet' or 'quantity-skew' but scheme is 'shards'"):
+                                        r"'dirichlet' or 'quantity-skew' or 'client-dirichlet' "
+                                        r"but scheme is 'shards'"):
         small_scenario(partition={"scheme": "shards", "min_samples": 2})
 
 
@@ -55,7 +56,7 @@ def test_schema_rejects_a_parameter_the_scheme_does_not_read():
     ({"scheme": "dirichlet", "alpha": 0}, "partition.alpha: Input should be greater than 0"),
     ({"scheme": "label-skew", "classes_per_device": 1.5}, "partition.classes_per_device"),
     ({"scheme": "noniid"}, ("partition.scheme: Input should be 'iid', 'dirichlet', 'shards', "
-                            "'quantity-skew' or 'label-skew'")),
+                            "'quantity-skew', 'label-skew' or 'client-dirichlet'")),
 ])
 def test_schema_rejects_bad_values(bad, where):
     with pytest.raises(UserError, match=where):

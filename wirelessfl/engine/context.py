@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 import torch
 
@@ -20,6 +21,22 @@ class Diverged(Exception):
         self.round_index = round_index
         self.last_row = last_row
         super().__init__(f"diverged at round {round_index}")
+
+
+def device_accuracy_columns(accuracy, worst_fraction: float) -> dict:
+    """The per-device accuracy columns of a rounds row from [N] accuracies (None: a problem
+    without accuracy): their mean, the worst, the mean of the k = max(1, ceil(worst_fraction
+    N)) worst, and the list itself. Devices whose accuracy is NaN are left out."""
+    if accuracy is None:
+        return {"mean_device_accuracy": math.nan, "worst_device_accuracy": math.nan,
+                "worst_k_device_accuracy": math.nan, "device_accuracy": None}
+    values = np.asarray(accuracy, dtype=float)
+    known = np.sort(values[np.isfinite(values)])
+    k = max(1, math.ceil(worst_fraction * len(values)))
+    return {"mean_device_accuracy": float(known.mean()) if len(known) else math.nan,
+            "worst_device_accuracy": float(known[0]) if len(known) else math.nan,
+            "worst_k_device_accuracy": float(known[:k].mean()) if len(known) else math.nan,
+            "device_accuracy": values.tolist()}
 
 
 @dataclass
@@ -37,6 +54,8 @@ class RunContext:
     eval_every: int
     on_round: Callable[[int], None] | None = None
     rows: list[dict] = field(default_factory=list)
+    # Share of devices averaged in worst_k_device_accuracy (the scenario's worst_fraction).
+    worst_fraction: float = 0.1
 
     @property
     def num_devices(self) -> int:
@@ -87,4 +106,5 @@ class RunContext:
             "test_loss": float(metrics["test_loss"]),
             "suboptimality": float(metrics["suboptimality"]),
             "grad_norm_sq": float(metrics["grad_norm_sq"]),
+            **device_accuracy_columns(metrics.get("device_accuracy"), self.worst_fraction),
         }

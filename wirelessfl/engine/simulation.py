@@ -79,7 +79,7 @@ def run_algorithm(world: World, params: AlgorithmParams,
                                       keyed_rng(sc.seed, "fading"), keyed_rng(sc.seed, "downlink"))
     ctx = RunContext(params.display_name, env, network, ledger, world.evaluator,
                      world.initial(), sc.seed, params.rounds,
-                     params.eval_every, on_round)
+                     params.eval_every, on_round, worst_fraction=sc.worst_fraction)
     algorithm = algorithm_class(params.name)(params, ctx)
     run = AlgorithmRun(params.display_name, params, ctx.rows, ledger)
     env.process(algorithm.process())

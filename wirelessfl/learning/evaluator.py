@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -235,6 +236,24 @@ class BatchedEvaluator(Problem):
         grads = self.stacked.gradients(models, self.data.x[idx], device_losses)
         return grads + self.l2 * models if self.l2 else grads
 
+    def stacked_losses_and_gradients(self, models: torch.Tensor, idx: torch.Tensor
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``stacked_losses`` and ``stacked_gradients`` from one forward and one backward pass."""
+        y = self.data.y[idx]
+        seen: list[torch.Tensor] = []
+
+        def device_losses(logits: torch.Tensor) -> torch.Tensor:
+            losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+            out = losses.view(y.shape).mean(1)
+            seen.append(out.detach())
+            return out
+
+        grads = self.stacked.gradients(models, self.data.x[idx], device_losses)
+        losses = seen[0]
+        if self.l2:
+            return losses + 0.5 * self.l2 * models.square().sum(1), grads + self.l2 * models
+        return losses, grads
+
     # ---- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
     def server_gradient(self, theta: torch.Tensor, generator: torch.Generator,
@@ -255,16 +274,47 @@ class BatchedEvaluator(Problem):
 
     def evaluate(self, theta: torch.Tensor, batch: int = 4096) -> tuple[float, float]:
         """(accuracy, mean loss) of theta on the test set."""
+        return self.evaluate_devices(theta, batch)[:2]
+
+    def evaluate_devices(self, theta: torch.Tensor, batch: int = 4096
+                         ) -> tuple[float, float, np.ndarray]:
+        """(accuracy, mean loss) on the test set and, from the same pass, each device's accuracy
+        on its own test distribution: the test set re-weighted to the device's training label
+        mix p_i, acc_i = sum_c p_i(c) acc_c with acc_c the accuracy on the test samples of class
+        c (classes absent from the test set are left out and p_i renormalised; NaN for a device
+        holding only such classes). This is the expected accuracy on held-out samples drawn
+        from device i's label mix, exact when devices differ only in which labels they hold."""
         x, y = self.data.x_test, self.data.y_test
-        correct, loss_sum = 0, 0.0
+        classes = self.label_mix.shape[1]
+        hits = torch.zeros(classes, dtype=torch.float64, device=self.device)
+        loss_sum = 0.0
         for start in range(0, len(y), batch):
             logits = self.flat.predict(theta, x[start:start + batch])
             target = y[start:start + batch]
             loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
-            correct += int((logits.argmax(1) == target).sum())
+            right = (logits.argmax(1) == target).double()
+            hits += torch.bincount(target, weights=right, minlength=classes)[:classes]
+        counts = torch.bincount(y, minlength=classes)[:classes].double()
         n = max(len(y), 1)
         loss = loss_sum / n
-        return correct / n, loss if math.isfinite(loss) else float("nan")
+        hits_np, counts_np = hits.cpu().numpy(), counts.cpu().numpy()
+        present = counts_np > 0
+        per_class = np.where(present, hits_np / np.maximum(counts_np, 1), 0.0)
+        mass = self.label_mix[:, present].sum(1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            devices = np.where(mass > 0, self.label_mix @ per_class / mass, np.nan)
+        return float(hits_np.sum()) / n, loss if math.isfinite(loss) else float("nan"), devices
+
+    @cached_property
+    def label_mix(self) -> np.ndarray:
+        """[N, C] float64: each device's training label distribution (rows sum to 1)."""
+        y = self.data.y.cpu().numpy()
+        classes = int(max(y.max(initial=0), self.data.y_test.max().item() if
+                          len(self.data.y_test) else 0)) + 1
+        owner = np.repeat(np.arange(self.num_devices), self.data.sizes.numpy())
+        counts = np.zeros((self.num_devices, classes))
+        np.add.at(counts, (owner, y), 1.0)
+        return counts / np.maximum(counts.sum(1, keepdims=True), 1.0)
 
     # ---- the training objective (exact, all samples) -------------------------------------------
     def _samples_per_chunk(self) -> int:

@@ -2,8 +2,9 @@
 
 Every partitioner in PARTITIONERS takes (labels [n], num_devices, rng, **params) and returns
 ``num_devices`` int64 index arrays into the training set: disjoint, each non-empty, together the
-whole set or (label-skew) a subset of it. ``SCHEME_PARAMS`` says which keyword parameters each
-scheme reads; the scenario schema refuses the others. Errors name the scenario key and the fix.
+whole set or (label-skew, client-dirichlet) a subset of it. ``SCHEME_PARAMS`` says which keyword
+parameters each scheme reads; the scenario schema refuses the others. Errors name the scenario key
+and the fix.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ DEFAULT_CLASSES_PER_DEVICE = 2  # #C = 2, one of Li et al. 2022's settings (#C =
 DEFAULT_MIN_SAMPLES = 1
 # Dirichlet draws tried before samples are moved to devices below min_samples (see dirichlet).
 DIRICHLET_MAX_DRAWS = 100
+# client-dirichlet: the seed-003 prototype's split (fgdro.md Sec. 5): rare classes keep 20 % of
+# their weight, device sizes max(40, floor(LogNormal(ln 300, 0.8))).
+DEFAULT_RARE_WEIGHT = 0.2
+DEFAULT_SIZE_MEDIAN = 300.0
+DEFAULT_SIZE_SIGMA = 0.8
 
 
 def _check_devices(num_devices: int, available: int, need_each: int = 1,
@@ -142,6 +148,69 @@ def dirichlet(labels: np.ndarray, num_devices: int, rng: np.random.Generator, *,
     return _group(order, owner, num_devices, rng)
 
 
+# ---- per-device Dirichlet label mixes --------------------------------------------------------------
+def _largest_remainder(shares: np.ndarray, total: int) -> np.ndarray:
+    """Integers summing to ``total``, floor(shares) plus one for the largest remainders."""
+    base = np.floor(shares).astype(np.int64)
+    extra = total - int(base.sum())
+    if extra > 0:
+        base[np.argsort(-(shares - base), kind="stable")[:extra]] += 1
+    return base
+
+
+def client_dirichlet(labels: np.ndarray, num_devices: int, rng: np.random.Generator, *,
+                     alpha: float = DEFAULT_ALPHA, min_samples: int = DEFAULT_MIN_SAMPLES,
+                     rare_classes: list[int] | tuple = (),
+                     rare_weight: float = DEFAULT_RARE_WEIGHT,
+                     size_median: float = DEFAULT_SIZE_MEDIAN,
+                     size_sigma: float = DEFAULT_SIZE_SIGMA) -> list[np.ndarray]:
+    """Label skew drawn per device, with unequal sizes and optional rare classes: the split of
+    seed 003's prototype experiment (fgdro.md Sec. 5), after Shen et al. 2021's imbalanced
+    CIFAR-10 (seed 003, App. G).
+
+    Device i's label mix pi_i ~ Dir(alpha 1_C); the entries of ``rare_classes`` are multiplied by
+    ``rare_weight`` and pi_i renormalised (fgdro.md: classes 5-9 at 20 %); its size
+    m_i = max(min_samples, floor(LogNormal(ln size_median, size_sigma))); its class counts are
+    a Multinomial(m_i, pi_i) draw, filled with samples of those classes without replacement.
+    Where the devices together ask for more samples of a class than the training set holds,
+    their counts of that class are scaled down in proportion (largest remainder), so sizes may
+    end below m_i. A subset of the training set is assigned.
+    """
+    _check_positive(alpha, "partition.alpha")
+    _check_positive(min_samples, "partition.min_samples", integer=True)
+    _check_positive(rare_weight, "partition.rare_weight")
+    _check_positive(size_median, "partition.size_median")
+    if not (size_sigma >= 0 and np.isfinite(size_sigma)):
+        raise UserError(f"partition.size_sigma must be a finite number >= 0, got {size_sigma!r}")
+    if num_devices < 1:
+        raise UserError(f"population.num_devices must be at least 1, got {num_devices}")
+    order, class_sizes = _by_class(labels, rng)
+    classes = np.flatnonzero(class_sizes)
+    unknown = sorted({int(c) for c in rare_classes} - set(classes.tolist()))
+    if unknown:
+        raise UserError(f"partition.rare_classes lists {unknown}, which the training set does not "
+                        f"hold; its labels are {classes.tolist()}")
+    mix = rng.dirichlet(np.full(len(classes), float(alpha)), num_devices)  # [N, C]
+    mix[:, np.isin(classes, list(rare_classes))] *= rare_weight
+    mix /= mix.sum(axis=1, keepdims=True)
+    # LogNormal(ln median, sigma) = median exp(sigma Z)
+    drawn = np.floor(size_median * np.exp(size_sigma * rng.standard_normal(num_devices)))
+    sizes = np.maximum(min_samples, drawn).astype(np.int64)
+    counts = np.stack([rng.multinomial(m, p / p.sum()) for m, p in zip(sizes, mix)], axis=1)
+    available = class_sizes[classes]
+    for c in np.flatnonzero(counts.sum(axis=1) > available):  # [C, N]: too few samples of c
+        counts[c] = _largest_remainder(counts[c] * available[c] / counts[c].sum(), available[c])
+    empty = np.flatnonzero(counts.sum(axis=0) == 0)
+    if len(empty):
+        raise UserError(f"partition: device {int(empty[0])} got no samples (its classes ran out); "
+                        "use more data, fewer devices (population.num_devices) or a smaller "
+                        "partition.size_median")
+    starts = np.concatenate([[0], np.cumsum(class_sizes)])[classes]  # each class's block
+    taken = [order[start:start + total] for start, total in zip(starts, counts.sum(axis=1))]
+    owner = np.concatenate([np.repeat(np.arange(num_devices), row) for row in counts])
+    return _group(np.concatenate(taken), owner, num_devices, rng)
+
+
 # ---- shards ---------------------------------------------------------------------------------------
 def shards(labels: np.ndarray, num_devices: int, rng: np.random.Generator, *,
            shards_per_device: int = DEFAULT_SHARDS_PER_DEVICE) -> list[np.ndarray]:
@@ -238,16 +307,20 @@ def label_skew(labels: np.ndarray, num_devices: int, rng: np.random.Generator, *
 
 PARTITIONERS: dict[str, Partitioner] = {
     "iid": _iid, "dirichlet": dirichlet, "shards": shards, "quantity-skew": quantity_skew,
-    "label-skew": label_skew,
+    "label-skew": label_skew, "client-dirichlet": client_dirichlet,
 }
 # The keyword parameters each scheme reads (the scenario schema refuses any other).
 SCHEME_PARAMS: dict[str, tuple[str, ...]] = {
     "iid": (), "dirichlet": ("alpha", "min_samples"), "shards": ("shards_per_device",),
     "quantity-skew": ("beta", "min_samples"), "label-skew": ("classes_per_device",),
+    "client-dirichlet": ("alpha", "min_samples", "rare_classes", "rare_weight", "size_median",
+                         "size_sigma"),
 }
-PARAM_DEFAULTS: dict[str, float | int] = {
+PARAM_DEFAULTS: dict[str, float | int | list[int]] = {
     "alpha": DEFAULT_ALPHA, "shards_per_device": DEFAULT_SHARDS_PER_DEVICE, "beta": DEFAULT_BETA,
     "classes_per_device": DEFAULT_CLASSES_PER_DEVICE, "min_samples": DEFAULT_MIN_SAMPLES,
+    "rare_classes": [], "rare_weight": DEFAULT_RARE_WEIGHT, "size_median": DEFAULT_SIZE_MEDIAN,
+    "size_sigma": DEFAULT_SIZE_SIGMA,
 }
 
 

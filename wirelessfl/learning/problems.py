@@ -133,6 +133,17 @@ class Problem(ABC):
             self.compute_s += time.perf_counter() - start
             yield rows, models
 
+    def stacked_losses_and_gradients(self, models: torch.Tensor, idx: torch.Tensor
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f_i(models_i; idx_i) [n], grad f_i(models_i; idx_i) [n, d]): the loss and the
+        gradient of one minibatch at each device's own model (one pass where the problem can)."""
+        return self.stacked_losses(models, idx), self.stacked_gradients(models, idx)
+
+    def evaluate_devices(self, theta: torch.Tensor) -> tuple[float, float, np.ndarray | None]:
+        """``evaluate``'s (accuracy, loss) and the [N] accuracy of theta on each device's own
+        test distribution (None for a problem without accuracy, such as the quadratic)."""
+        return (*self.evaluate(theta), None)
+
     def suboptimality(self, theta: torch.Tensor) -> float:
         """f(theta) - f*, NaN when f* is unknown."""
         if self.optimum_value is None:
@@ -144,12 +155,14 @@ class Problem(ABC):
         g = self.objective_gradient(theta).double()
         return float(g @ g)
 
-    def metrics(self, theta: torch.Tensor) -> dict[str, float]:
-        """What the rounds table records at an evaluation point."""
-        accuracy, loss = self.evaluate(theta)
+    def metrics(self, theta: torch.Tensor) -> dict:
+        """What the rounds table records at an evaluation point (``device_accuracy``: [N] or
+        None)."""
+        accuracy, loss, devices = self.evaluate_devices(theta)
         return {"test_accuracy": float(accuracy), "test_loss": float(loss),
                 "suboptimality": float(self.suboptimality(theta)),
-                "grad_norm_sq": float(self.grad_norm_sq(theta))}
+                "grad_norm_sq": float(self.grad_norm_sq(theta)),
+                "device_accuracy": devices}
 
     def server_gradient(self, theta: torch.Tensor, generator: torch.Generator,
                         batch_size: int) -> torch.Tensor:

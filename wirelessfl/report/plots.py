@@ -1,12 +1,14 @@
 """Figures drawn from a saved run alone (never re-simulating): accuracy vs energy and vs simulated
 time, where the energy went, which labels each device holds, how many devices still have energy,
-and how energy and time split per device and device class."""
+how energy and time split per device and device class, and how accuracy spreads over devices."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -89,9 +91,11 @@ def label_histogram(record: RunRecord, path: Path) -> Path | None:
     if num_classes <= 20:
         ax.legend(title="class", fontsize="small", ncol=1 if num_classes <= 10 else 2,
                   loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    params = ", ".join(f"{k}={v:g}" for k, v in (part.get("params") or {}).items())
+    params = ", ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}"
+                       for k, v in (part.get("params") or {}).items())
     tv = part.get("mean_label_tv")
-    ax.set_title(f"labels per device: {part.get('scheme', '?')}" + (f" ({params})" if params else "")
+    ax.set_title(textwrap.fill(f"labels per device: {part.get('scheme', '?')}"
+                               + (f" ({params})" if params else ""), 90)
                  + (f"\nmean total-variation distance to the overall mix {tv:.3f}"
                     if tv is not None else ""), fontsize="medium")
     fig.tight_layout()
@@ -199,6 +203,55 @@ def device_energy(record: RunRecord, path: Path) -> Path | None:
     return path
 
 
+def device_accuracy(record: RunRecord, path: Path) -> Path | None:
+    """Left: each algorithm's accuracy on every device's own test distribution at its last
+    evaluation (box plus one point per device). Right: the worst device's accuracy and the mean
+    of the worst k against cumulative energy. None for runs without per-device accuracy (a
+    quadratic, or recorded before the column existed)."""
+    rounds = record.rounds
+    if "device_accuracy" not in rounds or rounds.device_accuracy.isna().all():
+        return None
+    fig, (ax, energy_ax) = plt.subplots(1, 2, figsize=(12.0, 4.6))
+    rng = np.random.default_rng(0)  # jitter of the points only
+    names = []
+    for a, ((algorithm, group), colour) in enumerate(zip(rounds.groupby("algorithm", sort=False),
+                                                         _colours())):
+        group = group[group.device_accuracy.notna()].sort_values("round")
+        if group.empty:
+            continue
+        names.append(algorithm)
+        values = np.asarray(group.device_accuracy.iloc[-1], dtype=float)
+        box = ax.boxplot([values[np.isfinite(values)]], positions=[a], widths=0.6,
+                         showfliers=False, patch_artist=True)
+        for patch in box["boxes"]:
+            patch.set(facecolor=colour, alpha=0.25, edgecolor=colour)
+        ax.scatter(a + rng.uniform(-0.2, 0.2, len(values)), values, s=12, color=colour,
+                   alpha=0.8)
+        x = group.energy_j.where(group.energy_j > 0)
+        energy_ax.plot(x, group.worst_device_accuracy, color=colour, marker=".",
+                       label=f"{algorithm}: worst device")
+        energy_ax.plot(x, group.worst_k_device_accuracy, color=colour, linestyle="--",
+                       label=f"{algorithm}: worst k")
+    fraction = record.manifest.get("scenario", {}).get("worst_fraction", 0.1)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=20, ha="right")
+    ax.set_ylabel("accuracy on the device's own label mix")
+    ax.set_title("per-device accuracy at the last evaluation", fontsize="medium")
+    ax.grid(True, axis="y", alpha=0.3)
+    energy_ax.set_xscale("log")
+    energy_ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no crowded labels
+    energy_ax.set_xlabel("cumulative energy, all devices [J]")
+    energy_ax.set_ylabel("accuracy")
+    energy_ax.set_title(f"worst device, and mean of the worst k = ceil({fraction:g} N)",
+                        fontsize="medium")
+    energy_ax.grid(True, which="both", alpha=0.3)
+    energy_ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def draw_report(record: RunRecord, out_dir: Path | None = None) -> list[Path]:
     """Write the run's PNG figures next to its results; returns their paths (the label histogram
     only when the manifest has label counts, the lifetime and per-device figures only for runs
@@ -212,5 +265,6 @@ def draw_report(record: RunRecord, out_dir: Path | None = None) -> list[Path]:
         label_histogram(record, out / "label_histogram.png"),
         network_lifetime(record, out / "network_lifetime.png"),
         device_energy(record, out / "device_energy.png"),
+        device_accuracy(record, out / "device_accuracy.png"),
     ]
     return [p for p in paths if p is not None]

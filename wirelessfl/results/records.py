@@ -27,6 +27,7 @@ ROUND_COLUMNS = [
     "bits_up", "bits_down", "delivered_fraction", "transmissions", "late_uploads",
     "queue_wait_s", "broadcasts_missed", "alive_devices", "gradient_evaluations",
     "test_accuracy", "test_loss", "suboptimality", "grad_norm_sq",
+    "mean_device_accuracy", "worst_device_accuracy", "worst_k_device_accuracy", "device_accuracy",
 ]
 DEVICE_COLUMNS = [
     "algorithm", "device", "device_class", "distance_m", "mean_snr_db", "energy_j",

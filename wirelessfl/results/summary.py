@@ -8,7 +8,8 @@ import pandas as pd
 
 SUMMARY_COLUMNS = [
     "algorithm", "rounds_to_target", "time_to_target_s", "energy_to_target_j",
-    "compute_share", "radio_share", "idle_share", "final_accuracy", "rounds", "sim_time_s",
+    "compute_share", "radio_share", "idle_share", "final_accuracy",
+    "final_worst_device_accuracy", "rounds", "sim_time_s",
     "energy_j", "uplink_bits_per_device_round", "in_time_fraction", "late_uploads",
 ]
 
@@ -36,6 +37,8 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int) -> p
             # runs recorded before idle power was charged have no such column
             "idle_share": (basis.get("energy_idle_j", 0.0) or 0.0) / total if total else math.nan,
             "final_accuracy": float(last.test_accuracy),
+            # NaN for problems without accuracy and runs recorded before the column existed
+            "final_worst_device_accuracy": float(last.get("worst_device_accuracy", math.nan)),
             "rounds": int(last["round"]),
             "sim_time_s": float(last.sim_time_s),
             "energy_j": float(last.energy_j),
@@ -69,7 +72,8 @@ def format_summary(table: pd.DataFrame, target: float | None) -> str:
             ("energy_to_target_j", "energy to target [J]", "energy"),
             ("compute_share", "compute", "pct"), ("radio_share", "radio", "pct"),
             ("idle_share", "idle", "pct"),
-            ("final_accuracy", "final acc.", "acc"), ("rounds", "rounds", "int"),
+            ("final_accuracy", "final acc.", "acc"),
+            ("final_worst_device_accuracy", "worst device", "acc"), ("rounds", "rounds", "int"),
             ("sim_time_s", "sim time [s]", "time"), ("energy_j", "energy [J]", "energy"),
             ("uplink_bits_per_device_round", "uplink bits/dev/round", "bits"),
             ("in_time_fraction", "delivered", "pct"), ("late_uploads", "late uploads", "int")]

@@ -132,14 +132,18 @@ class PartitionConfig(_Strict):
     """How the training set is split over devices; each scheme reads only its own parameters
     (``SCHEME_PARAMS``), whose defaults are filled in when the scheme reads them."""
 
-    scheme: Literal["iid", "dirichlet", "shards", "quantity-skew", "label-skew"] = Field(
+    scheme: Literal["iid", "dirichlet", "shards", "quantity-skew", "label-skew",
+                    "client-dirichlet"] = Field(
         "iid", description="iid: equal random shards (seed 002); dirichlet: per-class Dir(alpha) "
                            "label skew; shards: sorted-label shards (McMahan et al. 2017); "
                            "quantity-skew: i.i.d. labels, Dir(beta) sizes; label-skew: exactly "
-                           "classes_per_device classes each (Li et al. 2022, #C = k)")
+                           "classes_per_device classes each (Li et al. 2022, #C = k); "
+                           "client-dirichlet: a Dir(alpha) label mix per device, rare classes, "
+                           "log-normal sizes (fgdro.md Sec. 5)")
     alpha: float | None = Field(
         None, gt=0, allow_inf_nan=False,
-        description=f"dirichlet: concentration (default {PARAM_DEFAULTS['alpha']}); large -> "
+        description=f"dirichlet, client-dirichlet: concentration (default "
+                    f"{PARAM_DEFAULTS['alpha']}); large -> "
                     "i.i.d.-like, small -> one or two classes per device")
     shards_per_device: int | None = Field(
         None, gt=0, description=f"shards: shards per device (default "
@@ -152,8 +156,23 @@ class PartitionConfig(_Strict):
         None, gt=0, description=f"label-skew: classes each device holds (default "
                                 f"{PARAM_DEFAULTS['classes_per_device']})")
     min_samples: int | None = Field(
-        None, gt=0, description=f"dirichlet, quantity-skew: fewest samples a device may get "
-                                f"(default {PARAM_DEFAULTS['min_samples']})")
+        None, gt=0, description=f"dirichlet, quantity-skew, client-dirichlet: fewest samples a "
+                                f"device may get (default {PARAM_DEFAULTS['min_samples']})")
+    rare_classes: list[int] | None = Field(
+        None, description="client-dirichlet: labels whose weight in every device's mix is "
+                          "multiplied by rare_weight (default none; fgdro.md Sec. 5: [5..9])")
+    rare_weight: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description=f"client-dirichlet: weight factor of the rare classes (default "
+                    f"{PARAM_DEFAULTS['rare_weight']}, fgdro.md Sec. 5)")
+    size_median: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description=f"client-dirichlet: median device size, LogNormal(ln median, sigma) "
+                    f"(default {PARAM_DEFAULTS['size_median']:g}, fgdro.md Sec. 5)")
+    size_sigma: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description=f"client-dirichlet: sigma of the log device size (default "
+                    f"{PARAM_DEFAULTS['size_sigma']}, fgdro.md Sec. 5)")
 
     @model_validator(mode="after")
     def _params_match_scheme(self):
@@ -306,6 +325,9 @@ class Scenario(_Strict):
                                      "(seed 002, Sec. V: 16)")
     target_accuracy: float | None = Field(
         None, gt=0, le=1, description="test accuracy that counts as converged in the summary")
+    worst_fraction: float = Field(
+        0.1, gt=0, le=1, description="worst_k_device_accuracy averages the k = max(1, ceil("
+                                     "worst_fraction N)) devices with the lowest accuracy")
     engine: EngineConfig = EngineConfig()
     algorithms: list[SerializeAsAny[AlgorithmParams]] = Field(min_length=1)
 

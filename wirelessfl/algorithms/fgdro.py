@@ -1,0 +1,348 @@
+"""FGDRO-CVaR, FGDRO-KL and FGDRO-KL-Adam (seed 003: Guo and Yang, "Communication-Efficient
+Federated Group Distributionally Robust Optimization"; spec fgdro.md, Sec. 2).
+
+Objectives over the N devices' local losses L_i (fgdro.md 1.3-1.4):
+  CVaR:  min_w min_s (1/N) sum_i (L_i(w) - s)_+ + (K/N) s   (= K/N x the mean of the K largest L_i)
+  KL:    min_w lam log((1/N) sum_i exp(L_i(w) / lam))
+
+Round r (fgdro.md Alg. 1-3 as corrected there, Sec. 6 items 1-3), every participating device i
+starting from the broadcast state and running I local steps on fresh minibatches z:
+  CVaR:     l = loss(w; z); u_i <- (1-b1) u_i + b1 l; a = 1[u_i > s]  (s before this step);
+            s <- s - eta2 (K/N - a); w <- w - eta1 a grad loss(w; z)
+  KL:       l, g = loss and grad at (w; z); u_i <- (1-b1) u_i + b1 l; e = exp(u_i / lam);
+            v <- (1-b2) v + b2 e; h = (e / v) g; m <- (1-b3) m + b3 h; w <- w - eta m
+  KL-Adam:  as KL, then q <- (1-b4) q + b4 h*h; w <- w - eta m / (sqrt(q) + tau)  (no bias
+            correction)
+u_i is device state that never leaves the device (it carries over between rounds, also through
+rounds the device sits out). Uplink per device: w and s (CVaR); w, m and v (KL); w, m, q and v
+(KL-Adam); the server averages each over the devices whose upload arrived, S_r, with weight
+1/|S_r| (fgdro.md Sec. 6 item 19), and broadcasts the averages back (the same sizes).
+
+On the air (fgdro.md Sec. 3): vectors as d values of M bits (+ a 32-bit scale below 32 bits),
+sent as differences from the broadcast values the receiver already holds (the same information
+and size as the vectors themselves, quantised more finely), and the scalar s or v as one float64
+(64 bits). At M = 32 an upload is 4cd + 8 bytes with c = 1, 2, 3 vectors: the spec's table.
+
+Compute (fgdro.md Sec. 3): I forward and I backward passes per device per round, except CVaR with
+``lazy_backward`` (the default, fgdro.md Sec. 6 item 21), which costs only the A_i steps with
+a = 1 as backward passes (the forward pass comes first and decides); ``lazy_backward: false``
+charges all I, as the paper's own timings (Table 6) suggest it ran.
+
+Losses: a lost upload leaves its device out of every average of that round; a device that missed
+the broadcast sits out until it is resynced (the base), keeping its u_i; the round's downlink is
+the broadcast that ends it (as for FedAvg), every device holding w_0 and the initial s, v, m, q at
+the start. If no upload arrives the server keeps its state and broadcasts a one-value flag.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from typing import ClassVar
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
+from wirelessfl.algorithms.types import VECTOR_SCALE_HEADER_BITS, Cost, Payload
+from wirelessfl.errors import UserError
+from wirelessfl.learning.seeds import keyed_generator
+
+SCALAR_BITS = 64  # s and v travel as float64 (fgdro.md Sec. 3: "scalars float64 (8 B)")
+EXP_CLAMP = 700.0  # exp(u / lam) with u / lam clamped at 700 (fgdro.md Sec. 2.2 and 6 item 20)
+
+
+def state_payload(d: int, bits: int, vectors: int, label: str) -> Payload:
+    """``vectors`` d-vectors of ``bits`` bits per value (+ a 32-bit scale each below 32 bits)
+    and one float64 scalar."""
+    header = VECTOR_SCALE_HEADER_BITS * vectors if bits < 32 else 0
+    return Payload(values=vectors * d, bits_per_value=bits, header_bits=header + SCALAR_BITS,
+                   label=label)
+
+
+class FGDROParams(AlgorithmParams):
+    batch_size: int = Field(32, gt=0, description="B, minibatch per local step (fgdro.md 2.5: "
+                                                  "32, the paper's experiments)")
+    local_steps: int = Field(32, gt=0, description="I, local steps per round (fgdro.md 2.5: 32)")
+    lr: float = Field(0.1, gt=0, allow_inf_nan=False,
+                      description="eta (eta1 for CVaR), the model's step size (fgdro.md 2.5: "
+                                  "SGD-type 0.1 for small models)")
+    beta1: float = Field(0.1, gt=0, le=1, description="b1, weight of a fresh loss in the "
+                                                      "tracker u_i (fgdro.md 2.5: 0.1)")
+
+
+class _FGDRO(Algorithm):
+    """Shared round of the three methods: local steps, one upload, averages over what arrived."""
+
+    vectors: ClassVar[int]  # d-vectors each way: w (+ m, + q)
+
+    @classmethod
+    def declared_payloads(cls, d: int, bits: int, participants: int = 1
+                          ) -> tuple[Payload, Payload]:
+        """The same state each way: ``vectors`` d-vectors of M bits and one float64 scalar
+        (fgdro.md Sec. 3: CVaR 1 vec + 1 sc, KL 2 vec + 1 sc, KL-Adam 3 vec + 1 sc)."""
+        up = state_payload(d, bits, cls.vectors, f"{cls.name} upload")
+        return up, state_payload(d, bits, cls.vectors, f"{cls.name} broadcast")
+
+    def resync_payload(self, missed: int) -> Payload:
+        """The whole current state at full precision (the vectors and the scalar)."""
+        return state_payload(self.theta.numel(), 32, self.vectors, f"{self.name} resync")
+
+    def setup(self) -> None:
+        n, d = self.ctx.num_devices, self.theta.numel()
+        dev = self.theta.device
+        self.u = torch.zeros(n, dtype=torch.float64, device=dev)  # fgdro.md Sec. 6 item 4: u = 0
+        # Server state beyond theta: the averaged vectors (m, q) and the scalar (s or v).
+        self.moments = torch.zeros(self.vectors - 1, d, device=dev)
+        self.scalar = self.initial_scalar()
+
+    def initial_scalar(self) -> float:
+        raise NotImplementedError
+
+    def local_round(self, rows: torch.Tensor, idx: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """I local steps of devices ``rows`` (indices [n]) on their minibatches idx [I, n, b]
+        from the broadcast state; updates their u_i. Returns (vectors [n, c, d] after the round,
+        scalars [n] float64, backward passes [n])."""
+        raise NotImplementedError
+
+    def start(self, vector: torch.Tensor, n: int) -> torch.Tensor:
+        """n devices' copies [n, d] of a broadcast vector, in the problem's compute precision
+        (float64 for the quadratic; what travels stays float32)."""
+        dtype = getattr(self.ctx.evaluator, "compute_dtype", vector.dtype)
+        return vector.to(dtype).expand(n, -1).clone()
+
+    def lazy(self) -> bool:
+        """True when the backward passes depend on the data (then the work comes first)."""
+        return False
+
+    def _work(self, k: int, mask: np.ndarray
+              ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(device indices, vectors, scalars, backward passes) for the devices of ``mask``,
+        chunk by chunk."""
+        p, ev = self.params, self.ctx.evaluator
+        idx = ev.sample(keyed_generator(self.ctx.seed, "batch", k), p.batch_size, p.local_steps)
+        for chunk in ev.chunks(p.batch_size, own_model=True):
+            rows = np.flatnonzero(mask[chunk]) + chunk.start
+            if not len(rows):
+                continue
+            rows_t = torch.as_tensor(rows, device=idx.device)
+            # host seconds of learning compute (the problem's own timers are overridden here)
+            before, start = ev.compute_s, time.perf_counter()
+            out = self.local_round(rows_t, idx[:, rows_t])
+            ev.compute_s = before + (time.perf_counter() - start)
+            yield (torch.as_tensor(rows), *out)
+
+    def round(self, k: int):
+        p, n, d = self.params, self.ctx.num_devices, self.theta.numel()
+        up, down = self.declared_payloads(d, self.bits)
+        mask = (self.missed == 0) & self.participants(k) & self.ctx.net.alive
+        steps = p.local_steps
+        if self.lazy():  # CVaR: the indicators decide the backward passes, so compute first
+            work = list(self._work(k, mask))
+            backward = np.zeros(n)
+            for rows, _, _, passes in work:
+                backward[rows.numpy()] = passes.cpu().numpy()
+        else:
+            work, backward = None, np.where(mask, float(steps), 0.0)
+        cost = Cost(forward_passes=steps, backward_passes=backward, batch_size=p.batch_size)
+        result = yield from self.collect(cost, up, mask)
+        delivered = np.asarray(result.delivered, dtype=bool)
+        if work is None:
+            work = self._work(k, mask)  # streamed: one chunk of devices in memory at a time
+        current = self.state_vectors()
+        total = torch.zeros_like(current)
+        scalar_sum, received = 0.0, 0
+        for rows, vectors, scalars, _ in work:
+            keep = torch.as_tensor(delivered[rows.numpy()], device=vectors.device)
+            if not keep.any():
+                continue
+            for j in range(self.vectors):  # differences from the broadcast state, quantised
+                diff = (vectors[:, j] - current[j].to(vectors.dtype)).to(current.dtype)
+                q = self._quantize_rows(diff, j, k, rows)
+                total[j] += q[keep].sum(0)
+            scalar_sum += float(scalars[keep].sum())
+            received += int(keep.sum())
+        if not received:
+            yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
+            return
+        mean = total / received
+        q_mean = torch.stack([self.quantize(mean[j][None], f"{self.name}-down-{j}", k,
+                                            slice(0, 1))[0] for j in range(self.vectors)])
+        yield from self.broadcast(down)
+        self.apply(current + q_mean, scalar_sum / received)
+
+    def _quantize_rows(self, vectors: torch.Tensor, j: int, k: int, rows: torch.Tensor
+                       ) -> torch.Tensor:
+        """Quantise the uploads of devices ``rows`` (sorted indices) with each device's own
+        keyed noise (the same values whichever devices are computed together)."""
+        out = torch.empty_like(vectors)
+        start = 0
+        # consecutive runs of device indices share one draw of keyed noise
+        breaks = np.flatnonzero(np.diff(rows.numpy()) != 1) + 1
+        for run in np.split(np.arange(len(rows)), breaks):
+            lo, hi = int(rows[run[0]]), int(rows[run[-1]]) + 1
+            out[start:start + len(run)] = self.quantize(vectors[start:start + len(run)],
+                                                        f"{self.name}-up-{j}", k, slice(lo, hi))
+            start += len(run)
+        return out
+
+    def state_vectors(self) -> torch.Tensor:
+        """The broadcast vectors [c, d]: theta, then m (and q)."""
+        return torch.cat([self.theta[None], self.moments])
+
+    def apply(self, vectors: torch.Tensor, scalar: float) -> None:
+        """Take the new server state (the averages, as broadcast)."""
+        self.theta = vectors[0].clone()
+        self.moments = vectors[1:].clone()
+        self.scalar = scalar
+
+
+class FGDROCVaRParams(FGDROParams):
+    k: int | None = Field(None, ge=1, description="K: the objective is the mean of the K largest "
+                                                  "device losses (default max(1, ceil(0.2 N)), "
+                                                  "fgdro.md 2.5)")
+    lr_s: float | None = Field(None, gt=0, allow_inf_nan=False,
+                               description="eta2, step size of the threshold s (default: lr, "
+                                           "fgdro.md Sec. 6 item 6)")
+    lazy_backward: bool = Field(True, description="skip the backward pass of a step whose "
+                                                  "indicator is 0 and cost it as skipped "
+                                                  "(fgdro.md Sec. 3; false: every step pays "
+                                                  "one, as the paper's timings suggest)")
+
+
+@register
+class FGDROCVaR(_FGDRO):
+    name = "fgdro-cvar"
+    Params = FGDROCVaRParams
+    summary = ("seed 003 Alg. 1: mean of the K largest device losses; threshold s local and "
+               "averaged; w and s up (1 vector + 1 float64)")
+    vectors = 1
+
+    def setup(self) -> None:
+        super().setup()
+        n, k = self.ctx.num_devices, self.params.k
+        if k is None:
+            k = max(1, math.ceil(0.2 * n))  # fgdro.md 2.5 default
+        if k > n:
+            raise UserError(f"{self.params.display_name}: k = {k} exceeds the {n} devices "
+                            f"(population.num_devices); choose k between 1 and {n}")
+        self.k_devices = k
+        self.lr_s = self.params.lr_s if self.params.lr_s is not None else self.params.lr
+
+    def initial_scalar(self) -> float:
+        return 0.0  # s_bar = 0 (fgdro.md Alg. 1)
+
+    def lazy(self) -> bool:
+        return self.params.lazy_backward
+
+    def local_round(self, rows, idx):
+        p, ev = self.params, self.ctx.evaluator
+        n = len(rows)
+        w = self.start(self.theta, n)
+        s = torch.full((n,), self.scalar, dtype=torch.float64, device=w.device)
+        u = self.u[rows]
+        share = self.k_devices / self.ctx.num_devices  # K / N
+        passes = torch.zeros(n, dtype=torch.float64, device=w.device)
+        for t in range(p.local_steps):
+            batch = idx[t]
+            if p.lazy_backward:
+                loss = ev.stacked_losses(w, batch)
+            else:
+                loss, grad = ev.stacked_losses_and_gradients(w, batch)
+            u = (1 - p.beta1) * u + p.beta1 * loss.double()
+            a = u > s  # the indicator at the threshold before this step's update
+            s = s - self.lr_s * (share - a.double())
+            if p.lazy_backward:
+                on = torch.nonzero(a).squeeze(1)
+                if len(on):
+                    w[on] -= p.lr * ev.stacked_gradients(w[on], batch[on])
+                passes += a.double()
+            else:
+                w -= p.lr * grad * a[:, None].to(w.dtype)
+                passes += 1.0
+        self.u[rows] = u
+        return w[:, None], s, passes
+
+
+class FGDROKLParams(FGDROParams):
+    lam: float = Field(1.0, gt=0, allow_inf_nan=False,
+                       description="lambda, strength of the KL regulariser (fgdro.md 2.5: 1; "
+                                   "0.5 in its Sec. 5 experiment); small -> worst device, "
+                                   "large -> average loss")
+    beta2: float = Field(0.1, gt=0, le=1, description="b2, weight of exp(u_i/lam) in the "
+                                                      "estimate v of G (fgdro.md 2.5: 0.1)")
+    beta3: float = Field(0.1, gt=0, le=1, description="b3, weight of the re-weighted gradient "
+                                                      "in the momentum m (fgdro.md 2.5: 0.1)")
+
+
+@register
+class FGDROKL(_FGDRO):
+    name = "fgdro-kl"
+    Params = FGDROKLParams
+    summary = ("seed 003 Alg. 2: KL-regularised worst-case mix; momentum on exp(u_i/lam)/v "
+               "re-weighted gradients; w, m and v up (2 vectors + 1 float64)")
+    vectors = 2
+
+    def initial_scalar(self) -> float:
+        return 1.0  # v_bar = exp(0 / lam) = 1 (fgdro.md Sec. 6 item 4)
+
+    def step(self, w: torch.Tensor, m: torch.Tensor, q: torch.Tensor | None, h: torch.Tensor
+             ) -> None:
+        """m <- (1-b3) m + b3 h; w <- w - eta m (in place)."""
+        p = self.params
+        m.mul_(1 - p.beta3).add_(h, alpha=p.beta3)
+        w.sub_(m, alpha=p.lr)
+
+    def local_round(self, rows, idx):
+        p, ev = self.params, self.ctx.evaluator
+        n = len(rows)
+        w = self.start(self.theta, n)
+        m = self.start(self.moments[0], n)
+        q = self.start(self.moments[1], n) if self.vectors == 3 else None
+        v = torch.full((n,), self.scalar, dtype=torch.float64, device=w.device)
+        u = self.u[rows]
+        for t in range(p.local_steps):
+            loss, grad = ev.stacked_losses_and_gradients(w, idx[t])
+            u = (1 - p.beta1) * u + p.beta1 * loss.double()
+            e = torch.exp(torch.clamp(u / p.lam, max=EXP_CLAMP))  # estimate of G_i
+            v = (1 - p.beta2) * v + p.beta2 * e  # estimate of G, with the fresh e
+            h = (e / v).to(grad.dtype)[:, None] * grad  # weight ~ N p_i*
+            self.step(w, m, q, h)
+        self.u[rows] = u
+        stacked = [w, m] if q is None else [w, m, q]
+        return torch.stack(stacked, dim=1), v, torch.full((n,), float(p.local_steps))
+
+
+class FGDROKLAdamParams(FGDROKLParams):
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False,
+                      description="eta, the Adam-type step size (fgdro.md 2.5: 1e-3 for small "
+                                  "models; 0.003 in its Sec. 5 experiment)")
+    beta4: float = Field(0.01, gt=0, le=1, description="b4, weight of h*h in the second moment "
+                                                       "q (fgdro.md 2.5: 0.01)")
+    tau: float = Field(1e-8, gt=0, allow_inf_nan=False,
+                       description="tau, added to sqrt(q) in the denominator (fgdro.md 2.5)")
+
+
+@register
+class FGDROKLAdam(FGDROKL):
+    name = "fgdro-kl-adam"
+    Params = FGDROKLAdamParams
+    summary = ("seed 003 Alg. 3: FGDRO-KL with Adam-type local steps (no bias correction); "
+               "w, m, q and v up (3 vectors + 1 float64)")
+    vectors = 3
+
+    def step(self, w, m, q, h):
+        """m and q moving averages, then w <- w - eta m / (sqrt(q) + tau) (in place)."""
+        p = self.params
+        m.mul_(1 - p.beta3).add_(h, alpha=p.beta3)
+        q.mul_(1 - p.beta4).addcmul_(h, h, value=p.beta4)
+        w.sub_(p.lr * m / (q.sqrt() + p.tau))
+
+    def apply(self, vectors, scalar):
+        """q_bar stays >= 0: the M-bit quantised average of differences can dip below 0 where q
+        is tiny (exactly 0 difference at M = 32)."""
+        super().apply(vectors, scalar)
+        self.moments[1].clamp_(min=0.0)
