@@ -70,6 +70,16 @@ class Algorithm:
         self.missed = np.zeros(ctx.num_devices, dtype=np.int64)
         self.round_index = 0
 
+    # Upload phases of a round in which every packet arrives (two for methods that exchange a
+    # gradient and then a model); the conformance suite reads it with ``declared_payloads``.
+    uploads_per_round: ClassVar[int] = 1
+
+    @classmethod
+    def initial_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload] | None:
+        """(uplink, downlink) of a one-off exchange before round 0's work (FedRed's all-reduce
+        at x^0), or None."""
+        return None
+
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1
                           ) -> tuple[Payload, Payload]:
@@ -143,8 +153,12 @@ class Algorithm:
         self.ctx.end_round(0, self.theta)
         for k in range(self.params.rounds):
             self.round_index = k
+            # Local iterations of this round; round() overrides it when the count varies.
+            steps = getattr(self.params, "local_steps", 1)
+            self.round_local_steps = steps if steps is not None else 0
             yield from self.resync()
             yield from self.round(k)
+            self.ctx.local_steps += self.round_local_steps
             self.ctx.end_round(k + 1, self.theta)
 
 
@@ -170,4 +184,4 @@ def algorithm_class(name: str, where: str = "algorithms[].name") -> type[Algorit
 
 def _load_builtin_algorithms() -> None:
     # Importing the modules runs their @register decorators.
-    from wirelessfl.algorithms import dzofl, fedavg, fgdro, zo_hfl  # noqa: F401
+    from wirelessfl.algorithms import drift, dzofl, fedavg, fgdro, zo_hfl  # noqa: F401

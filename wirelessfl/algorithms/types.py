@@ -45,12 +45,13 @@ class Cost:
     """Local work of one device step: passes over a minibatch of ``batch_size`` samples.
 
     ``forward_passes`` and ``backward_passes`` are scalars (same for every device) or arrays of
-    length N (per-device counts, e.g. heterogeneous local steps).
+    length N (per-device counts, e.g. heterogeneous local steps); ``batch_size`` is one sample
+    count or N of them (full local gradients: ``Problem.full_batch_sizes()``).
     """
 
     forward_passes: int | np.ndarray = 0
     backward_passes: int | np.ndarray = 0
-    batch_size: int = 1
+    batch_size: int | np.ndarray = 1
 
     def per_device(self, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward pass counts as float arrays of length N."""

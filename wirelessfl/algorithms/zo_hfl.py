@@ -110,6 +110,7 @@ class ZOHFL(Algorithm):
         p, ev, ctx = self.params, self.ctx.evaluator, self.ctx
         d, n = self.theta.numel(), ctx.num_devices
         steps = self.local_steps(r)
+        self.round_local_steps = steps
         chosen = self.participants(r) & (self.missed == 0)
         up, down = self.declared_payloads(d, self.bits, int(chosen.sum()), p.payload)
         yield from self.broadcast(down)

@@ -77,6 +77,21 @@ class PassCosts:
         """Duration of one backward pass over ``batch`` samples [s]."""
         return self._costs(batch)[3]
 
+    def device_prices(self, batch, num_devices: int) -> tuple[np.ndarray, ...]:
+        """(forward J, backward J, forward s, backward s) of one pass for each device, as [N]
+        arrays; ``batch`` is one sample count or [N] counts (a full local gradient passes over
+        each device's own m_i samples)."""
+        sizes = np.asarray(batch)
+        if sizes.ndim == 0:
+            return tuple(np.broadcast_to(np.asarray(c, float), (num_devices,))
+                         for c in self._costs(int(sizes)))
+        out = np.zeros((4, num_devices))
+        for value in np.unique(sizes):
+            mask = sizes == value
+            for k, c in enumerate(self._costs(int(value))):
+                out[k, mask] = np.broadcast_to(np.asarray(c, float), (num_devices,))[mask]
+        return tuple(out)
+
     def energy_j(self, forward_passes, backward_passes, batch: int) -> np.ndarray:
         """Per-device compute energy [J] for arrays of pass counts [N], all of ``batch`` samples."""
         e_fwd, e_bwd, _, _ = self._costs(batch)

@@ -54,6 +54,8 @@ class RunContext:
     eval_every: int
     on_round: Callable[[int], None] | None = None
     rows: list[dict] = field(default_factory=list)
+    # Local iterations so far (the algorithm's count: E per FedAvg round, N_k per FedRed round).
+    local_steps: float = 0.0
     # Share of devices averaged in worst_k_device_accuracy (the scenario's worst_fraction).
     worst_fraction: float = 0.1
 
@@ -102,6 +104,8 @@ class RunContext:
             "broadcasts_missed": int(self.ledger.broadcasts_missed.sum()),
             "alive_devices": int(self.ledger.alive.sum()),
             "gradient_evaluations": self.ledger.gradient_evaluations(),
+            "local_steps": float(self.local_steps),
+            "exchanges": int(self.ledger.exchanges),
             "test_accuracy": float(metrics["test_accuracy"]),
             "test_loss": float(metrics["test_loss"]),
             "suboptimality": float(metrics["suboptimality"]),

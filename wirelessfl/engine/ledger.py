@@ -37,6 +37,9 @@ class Ledger:
     backward_passes: np.ndarray = field(init=False)
     # Simulated time at which the device's battery ran out [s]; NaN while it has energy.
     depleted_at_s: np.ndarray = field(init=False)
+    # Upload phases (collects) so far: a round with a gradient all-reduce before its model
+    # exchange counts two (fedred.md Sec. 3.1, `exchanges`).
+    exchanges: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         n = self.num_devices

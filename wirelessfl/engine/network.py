@@ -176,11 +176,9 @@ class Network:
         on = active.astype(float)
         fwd, bwd = cost.per_device(self.num_devices)
         fwd, bwd = fwd * on, bwd * on
-        b = cost.batch_size
-        forward_time = fwd * self.compute.forward_time_s(b)
-        backward_time = bwd * self.compute.backward_time_s(b)
-        forward_energy = fwd * self.compute.forward_energy_j(b)
-        backward_energy = bwd * self.compute.backward_energy_j(b)
+        e_fwd, e_bwd, t_fwd, t_bwd = self.compute.device_prices(cost.batch_size, self.num_devices)
+        forward_time, backward_time = fwd * t_fwd, bwd * t_bwd
+        forward_energy, backward_energy = fwd * e_fwd, bwd * e_bwd
         compute_time = forward_time + backward_time
         ready = start + compute_time
         outcome = self.uplink.transmit(payload.bits, active, self.rng, now_s=ready)
@@ -191,6 +189,7 @@ class Network:
             priority = self._priorities(outcome.rate_bps, active)
             upload_start = schedule_uploads(ready, hold, priority, self.channels, active)
         self.phase += 1
+        self.ledger.exchanges += 1
         cutoff = start + self.deadline_s if self.deadline_s is not None else math.inf
         cut = active & (ready > cutoff)
         if cut.any():  # still computing at the deadline: stops there, pays for what it did

@@ -358,8 +358,12 @@ class BatchedEvaluator(Problem):
         _, grad = self._train_pass(theta, with_gradient=True)
         return grad + self.l2 * theta if self.l2 else grad
 
+    def full_batch_sizes(self) -> np.ndarray:
+        return self.data.sizes.numpy().copy()
+
     def full_gradients(self, theta: torch.Tensor) -> torch.Tensor:
-        """grad f_i(theta) over all of device i's samples, every device: [N, d].
+        """grad f_i over all of device i's samples, every device, at theta [d] or at the devices'
+        own models [N, d]: -> [N, d].
 
         Devices are stacked as in ``stacked_gradients``; a device's samples are taken in column
         blocks that fit the memory bound (shorter devices pad with weight 0)."""
@@ -369,7 +373,7 @@ class BatchedEvaluator(Problem):
         out = torch.empty(self.num_devices, self.flat.d, device=self.device)
         for rows in self.chunks(block, own_model=True):
             m = sizes[rows]
-            models = theta.expand(len(m), -1)
+            models = theta.expand(len(m), -1) if theta.dim() == 1 else theta[rows]
             total = torch.zeros(len(m), self.flat.d, device=self.device)
             for lo in range(0, int(m.max()), block):
                 cols = torch.arange(lo, min(lo + block, int(m.max())))

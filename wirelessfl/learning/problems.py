@@ -59,6 +59,8 @@ class Problem(ABC):
     compute_s: float
     optimum_value: float | None = None
     optimum: torch.Tensor | None = None
+    # Precision of local computation algorithms may use (models on the air stay float32).
+    compute_dtype: torch.dtype = torch.float32
 
     # ---- what every problem defines ---------------------------------------------------------
     @abstractmethod
@@ -87,7 +89,8 @@ class Problem(ABC):
 
     @abstractmethod
     def full_gradients(self, theta: torch.Tensor) -> torch.Tensor:
-        """Exact local gradients grad f_i(theta) over all of each device's data: [d] -> [N, d]."""
+        """Exact local gradients grad f_i over all of each device's data, at a shared point
+        theta [d] or at each device's own model theta [N, d]: -> [N, d]."""
 
     @abstractmethod
     def objective(self, theta: torch.Tensor) -> float:
@@ -100,6 +103,19 @@ class Problem(ABC):
     @abstractmethod
     def evaluate(self, theta: torch.Tensor) -> tuple[float, float]:
         """(accuracy, loss) of theta as the rounds table records them (test_accuracy, test_loss)."""
+
+    # ---- facts a problem may know --------------------------------------------------------------
+    @property
+    def constants(self) -> dict[str, float] | None:
+        """L, mu, delta_A, delta_A_exact, delta_B (fedred.md Sec. 1.2-1.3) when the problem knows
+        or can bound them (the parameter rules of the drift-corrected methods read them); None
+        for a neural network."""
+        return None
+
+    def full_batch_sizes(self) -> np.ndarray:
+        """[N] samples one exact local gradient passes over (the batch a full-gradient step is
+        costed at)."""
+        return np.ones(self.num_devices, dtype=np.int64)
 
     # ---- built on the above -----------------------------------------------------------------
     def device_gradients(self, theta: torch.Tensor, idx: torch.Tensor
@@ -288,6 +304,8 @@ class QuadraticProblem(Problem):
     per sample: d^2 MACs, d activations, d inputs.
     """
 
+    compute_dtype = torch.float64
+
     def __init__(self, a, c, noise_std: float = 0.0, device: torch.device | str = "cpu",
                  max_chunk_mb: float = 1024.0, server_loss: bool = False):
         a = np.asarray(a, dtype=np.float64)
@@ -316,7 +334,7 @@ class QuadraticProblem(Problem):
                                           activations_per_sample=self.d, input_size=self.d)
 
     @cached_property
-    def constants(self) -> dict[str, float]:
+    def constants(self) -> dict[str, float]:  # type: ignore[override]
         """L, mu, delta_A (paper), delta_A_exact, delta_B of the A_i (``similarity_constants``)."""
         return similarity_constants(self.a_np)
 
@@ -391,7 +409,11 @@ class QuadraticProblem(Problem):
 
     def full_gradients(self, theta: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
-        g = torch.matmul(self.A, theta.to(torch.float64)) - self.c
+        x = theta.to(torch.float64)
+        if x.dim() == 1:
+            g = torch.matmul(self.A, x) - self.c
+        else:
+            g = torch.bmm(self.A, x.unsqueeze(2)).squeeze(2) - self.c
         self.compute_s += time.perf_counter() - start
         return g.to(theta.dtype)
 

@@ -1,0 +1,240 @@
+"""Drift-corrected FL (fedred.md): GD, DANE, DANE+, FedRed(-GD / exact), Scaffold-cv, Scaffnew.
+
+Truths used: the optimum of the quadratic by a linear solve in the test, numpy re-implementations
+of the spec's pseudocode (Alg. 1, Alg. 3, ProxSkip) run on the same coin sequence, the geometric
+law of the shared coin, and the engine's own price of one gradient for the simulated time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.conftest import run_recording_thetas, small_doc
+from wirelessfl.algorithms.drift import coin_steps
+from wirelessfl.engine.build import build_world
+from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.errors import UserError
+from wirelessfl.scenario.loader import scenario_from_document
+
+# A small instance of fedred.md's synthetic quadratic: L / delta = 10, as in the paper's regime.
+PROBLEM = {"name": "quadratic", "clients": 5, "dimension": 20, "L": 50.0, "mu": 1.0,
+           "delta": 5.0}
+LOSSLESS = {"profile": "seed002-pinned", "uplink": {"delivery_probability": 1.0}}
+
+
+def _scenario(algorithm: dict, channel=None, **problem):
+    doc = small_doc(problem={**PROBLEM, **problem}, channel=channel or LOSSLESS,
+                    quantization_bits=32, algorithms=[{"eval_every": 1, **algorithm}])
+    for key in ("data", "model"):
+        doc.pop(key)
+    doc["population"] = {"num_devices": PROBLEM["clients"]}
+    return scenario_from_document(doc, "drift.yaml")
+
+
+def _run(algorithm: dict, channel=None, **problem):
+    sc = _scenario(algorithm, channel, **problem)
+    world = build_world(sc)
+    return world, pd.DataFrame(run_algorithm(world, sc.algorithms[0]).rows)
+
+
+METHODS = [
+    {"name": "gd", "rounds": 700},
+    {"name": "dane", "rounds": 25},
+    {"name": "dane-plus", "rounds": 30},
+    {"name": "dane-plus", "rounds": 40, "full_batch": False, "local_steps": 10, "lr": 0.01,
+     "lam": 5.0, "label": "sgd-noiseless"},
+    {"name": "fedred", "rounds": 80, "p": 0.1},
+    # Alg. 2 with Thm 7's regime eta >= lambda >= delta_A (eta = L, the -GD default, is slow here)
+    {"name": "fedred", "rounds": 40, "p": 0.2, "solver": "exact", "eta": 10.0, "lam": 5.0},
+    {"name": "scaffold-cv", "rounds": 120, "local_steps": 10},
+    {"name": "scaffnew", "rounds": 150},
+]
+
+
+@pytest.mark.parametrize("algorithm", METHODS, ids=lambda a: a.get("label", a["name"]) + (
+    "-" + a["solver"] if "solver" in a else ""))
+def test_every_method_converges_to_the_linear_solve_optimum(monkeypatch, algorithm):
+    """x* = A^{-1} c solved here in float64; every method ends within float32 resolution of it
+    (||x - x*|| <= 1e-4 ||x*||, f - f* <= 1e-7 |f*|)."""
+    world, thetas, run = run_recording_thetas(monkeypatch, _scenario(algorithm))
+    prob = world.evaluator
+    a, c = prob.a_np.mean(0), prob.c_np.mean(0)
+    x_star = np.linalg.solve(a, c)
+    x = thetas[-1].double().numpy()
+    assert run.status == "complete"
+    assert np.linalg.norm(x - x_star) <= 1e-4 * np.linalg.norm(x_star)
+    f = lambda z: 0.5 * z @ a @ z - c @ z  # noqa: E731
+    assert f(x) - f(x_star) <= 1e-7 * abs(f(x_star))
+    rows = pd.DataFrame(run.rows)
+    assert rows.suboptimality.iloc[-1] == pytest.approx(f(x) - f(x_star), rel=1e-3, abs=1e-9)
+
+
+def _dane_plus_reference(a, c, lam, mu, rounds, cap=5000):
+    """fedred.md Alg. 1 with control variate (1), Avg, and Thm 4's stopping rule, in numpy;
+    the models that cross the air rounded to float32. Returns (x^r list, K_r per round [n])."""
+    n, d = c.shape
+    lr = 1 / (np.abs(np.linalg.eigvalsh(a)).max() + lam)
+    x = np.zeros(d, dtype=np.float32)
+    xs, ks = [x.copy()], []
+    for r in range(rounds):
+        xr = x.astype(np.float64)
+        g = np.einsum("nij,j->ni", a, xr) - c
+        mean = g.astype(np.float32).mean(0, dtype=np.float32).astype(np.float64)
+        h = g - mean
+        e_sq = lam * (mu + lam) / (8 * (r + 1) * (r + 2))
+        ys, k = [], np.zeros(n, dtype=int)
+        for i in range(n):
+            y, grad = xr.copy(), mean.copy()
+            floor = 1e-12 * max(1.0, np.linalg.norm(mean))
+            for _ in range(cap):
+                y = y - lr * grad
+                grad = a[i] @ y - c[i] - h[i] + lam * (y - xr)
+                k[i] += 1
+                if grad @ grad <= e_sq * ((y - xr) @ (y - xr)) or np.linalg.norm(grad) <= floor:
+                    break
+            ys.append(y)
+        x = np.stack(ys).astype(np.float32).mean(0, dtype=np.float32)
+        xs.append(x.copy())
+        ks.append(k)
+    return xs, ks
+
+
+def test_dane_plus_matches_the_pseudocode(monkeypatch):
+    rounds = 8
+    world, thetas, run = run_recording_thetas(
+        monkeypatch, _scenario({"name": "dane-plus", "rounds": rounds}))
+    prob = world.evaluator
+    lam = prob.constants["delta_A_exact"]
+    xs, ks = _dane_plus_reference(prob.a_np, prob.c_np, lam, prob.constants["mu"], rounds)
+    for ours, ref in zip(thetas, xs):
+        np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-5, atol=1e-5)
+    rows = pd.DataFrame(run.rows)
+    # gradient evaluations per device: 1 (all-reduce) + K_r per round, averaged over devices
+    expected = np.cumsum([1 + k.mean() for k in ks])
+    np.testing.assert_allclose(rows.gradient_evaluations.iloc[1:], expected)
+    assert (rows.exchanges.iloc[1:] == 2 * np.arange(1, rounds + 1)).all()
+    # K_r grows with r (the rule tightens like 1/r^2; Table 1: O(L/delta log(r)))
+    assert ks[-1].mean() > ks[0].mean()
+
+
+def _fedred_reference(a, c, eta, lam, p, rounds, seed):
+    """fedred.md Alg. 3 (FedRed-GD) in numpy on the same coin sequence as the simulator."""
+    n, d = c.shape
+    gamma = 1 / (eta + lam)
+    grad = lambda z: np.einsum("nij,nj->ni", a, z) - c  # noqa: E731
+    x_ref = np.zeros(d, dtype=np.float32)
+    xs = np.zeros((n, d))
+    g0 = grad(np.broadcast_to(x_ref.astype(np.float64), (n, d)))
+    h = g0 - g0.astype(np.float32).mean(0, dtype=np.float32)
+    out, steps = [x_ref.copy()], []
+    for k in range(rounds):
+        m = coin_steps(seed, p, k)
+        steps.append(m)
+        for _ in range(m):
+            xs = xs - gamma * (grad(xs) - h + lam * (xs - x_ref.astype(np.float64)))
+        x_ref = xs.astype(np.float32).mean(0, dtype=np.float32)
+        g = grad(np.broadcast_to(x_ref.astype(np.float64), (n, d)))
+        h = g - g.astype(np.float32).mean(0, dtype=np.float32)
+        out.append(x_ref.copy())
+    return out, steps
+
+
+def test_fedred_gd_matches_the_pseudocode_and_keeps_local_iterates(monkeypatch):
+    rounds, p, eta = 12, 0.2, 40.0
+    sc = _scenario({"name": "fedred", "rounds": rounds, "p": p, "eta": eta})
+    world, thetas, run = run_recording_thetas(monkeypatch, sc)
+    prob = world.evaluator
+    xs, steps = _fedred_reference(prob.a_np, prob.c_np, eta, p * eta, p, rounds, sc.seed)
+    for ours, ref in zip(thetas, xs):
+        np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-5, atol=1e-5)
+    rows = pd.DataFrame(run.rows)
+    np.testing.assert_array_equal(np.diff(rows.local_steps), steps)
+    # N + 1 gradients per communication event, plus the all-reduce at x^0 (fedred.md 3.2)
+    np.testing.assert_allclose(rows.gradient_evaluations.iloc[-1], sum(steps) + rounds + 1)
+
+
+def _scaffnew_reference(a, c, gamma, p, rounds, seed):
+    """ProxSkip / Scaffnew (Mishchenko et al. 2022, fedred.md 2.6) in numpy, h_0 = 0."""
+    n, d = c.shape
+    x = np.zeros((n, d))
+    h = np.zeros((n, d))
+    out = [np.zeros(d)]
+    for k in range(rounds):
+        for t in range(coin_steps(seed, p, k)):
+            hat = x - gamma * (np.einsum("nij,nj->ni", a, x) - c - h)
+            x = hat
+        sent = (hat - gamma / p * h).astype(np.float32)
+        x_bar = sent.mean(0, dtype=np.float32).astype(np.float64)
+        h = h + p / gamma * (x_bar - hat)
+        x = np.broadcast_to(x_bar, (n, d)).copy()
+        out.append(x_bar)
+    return out
+
+
+def test_scaffnew_matches_proxskip(monkeypatch):
+    rounds, p, lr = 15, 0.25, 0.02
+    sc = _scenario({"name": "scaffnew", "rounds": rounds, "p": p, "lr": lr})
+    world, thetas, _ = run_recording_thetas(monkeypatch, sc)
+    prob = world.evaluator
+    ref = _scaffnew_reference(prob.a_np, prob.c_np, lr, p, rounds, sc.seed)
+    for ours, x in zip(thetas, ref):
+        np.testing.assert_allclose(ours.numpy(), x, rtol=1e-4, atol=1e-4)
+
+
+def test_shared_coin_communicates_with_probability_p_and_time_counts_every_step():
+    """Over R rounds, communications per local step -> p (the mean of Geom(p) is 1/p; bound of
+    4 standard errors), and each round's simulated time is N_k gradient times plus a constant
+    communication time on a pinned channel."""
+    p, rounds = 0.2, 300
+    world, rows = _run({"name": "fedred", "rounds": rounds, "p": p, "eta": 40.0})
+    steps = np.diff(rows.local_steps.to_numpy())
+    assert steps.min() >= 1
+    rate = rounds / steps.sum()
+    stderr = np.sqrt(1 - p) / np.sqrt(rounds) * p  # delta method on 1 / mean(N)
+    assert abs(rate - p) <= 4 * stderr
+    compute = world.compute_model(32)
+    t_grad = compute.forward_time_s(1) + compute.backward_time_s(1)
+    per_round = np.diff(rows.sim_time_s.to_numpy())[1:]  # round 0 also holds the x^0 all-reduce
+    communication = per_round - steps[1:] * t_grad
+    np.testing.assert_allclose(communication, communication[0], rtol=1e-9)
+    assert t_grad > 0 and communication[0] > t_grad  # two exchanges + the gradient at x~
+
+
+def test_waiting_for_lost_uploads_keeps_the_exact_trajectory(monkeypatch):
+    """on_loss: wait retransmits until everything arrived: the models are those of a lossless
+    channel, and the retransmissions cost time and energy."""
+    algo = {"name": "dane-plus", "rounds": 6}
+    lossy = {"profile": "seed002-pinned", "uplink": {"delivery_probability": 0.6}}
+    _, clean, run_clean = run_recording_thetas(monkeypatch, _scenario(algo))
+    monkeypatch.undo()
+    _, noisy, run_noisy = run_recording_thetas(monkeypatch, _scenario(algo, lossy))
+    for a, b in zip(clean, noisy):
+        assert bool((a == b).all())
+    clean_rows, noisy_rows = pd.DataFrame(run_clean.rows), pd.DataFrame(run_noisy.rows)
+    assert noisy_rows.energy_uplink_j.iloc[-1] > clean_rows.energy_uplink_j.iloc[-1]
+    assert noisy_rows.exchanges.iloc[-1] > clean_rows.exchanges.iloc[-1]
+
+
+def test_dropping_lost_uploads_reaches_a_neighbourhood_that_waiting_does_not_leave():
+    """on_loss: drop (A12 b) averages over what arrived, and only devices whose gradient is in the
+    mean solve. The round then descends on the participants' objective, whose optimum is not x*:
+    the gap falls by orders of magnitude but stays noisy, while on_loss: wait converges."""
+    lossy = {"profile": "seed002-pinned", "uplink": {"delivery_probability": 0.9}}
+    _, drop = _run({"name": "dane-plus", "rounds": 30, "on_loss": "drop"}, lossy)
+    _, wait = _run({"name": "dane-plus", "rounds": 30, "on_loss": "wait"}, lossy)
+    start = drop.suboptimality.iloc[0]
+    assert np.median(drop.suboptimality.iloc[-10:]) < 1e-2 * start
+    assert wait.suboptimality.iloc[-1] < 1e-8 * start
+    assert drop.suboptimality.iloc[-10:].max() > 1e3 * wait.suboptimality.iloc[-1]
+
+
+def test_parameters_that_need_the_problem_constants_say_so():
+    doc = small_doc(algorithms=[{"name": "fedred", "rounds": 2}])
+    sc = scenario_from_document(doc, "nn.yaml")
+    with pytest.raises(UserError, match=r"fedred.*eta defaults to L.*set eta explicitly"):
+        run_algorithm(build_world(sc), sc.algorithms[0])
+    with pytest.raises(UserError, match="set either eta or lr"):
+        _scenario({"name": "fedred", "eta": 1.0, "lr": 0.1})
+    with pytest.raises(UserError, match="adaptive stopping rule needs exact gradients"):
+        _scenario({"name": "dane-plus", "full_batch": False})

@@ -1,0 +1,572 @@
+"""Drift-corrected FL (fedred.md, seed 004: Jiang, Rodomanov and Stich, ICML): DANE, DANE+, FedRed,
+FedRed-(S)GD, and the baselines the paper's experiments use: GD, Scaffold as the paper ran it
+(exact control variate, "scaffold-cv") and Scaffnew / ProxSkip. FedAvg, FedProx and SCAFFOLD
+(option II) are in fedavg.py.
+
+Every method optimises f = (1/N) sum_i f_i through the problem's exact local gradients
+(``Problem.full_gradients``, the -GD variants) or minibatch gradients (``full_batch: false``, the
+-SGD variants). The exact control variate (fedred.md eqs. 1 and 4) is
+
+    h_i = grad f_i(anchor) - grad f(anchor),
+
+which needs a gradient all-reduce at the anchor: devices upload grad f_i(anchor), the base
+station broadcasts the mean. That exchange and the model exchange are two sequential phases of
+one round, both timed and costed on the simulated network (Sec. 3.1-3.2: 2 vectors up and 2 down
+per round, column ``exchanges``).
+
+Round structures (Sec. 3.2 "phase sequence"):
+
+* DANE / DANE+ / Scaffold-cv, round r: C(1) -> UL grad f_i(x^r) -> DL grad f(x^r) -> C(K_r) ->
+  UL x_{i,r+1} -> DL x^{r+1}. The local solver starts at x^r, where grad F_{i,r}(x^r) =
+  grad f(x^r) is already known, so the first local step is free (Sec. 3.1 reuse rule).
+* FedRed, one round = one communication event: the base station draws N ~ Geom(p) (the shared
+  coin of Alg. 2, A5) and announces it with the previous broadcast; C(N) -> UL x_{i,k+1} ->
+  DL x~ -> C(1) -> UL grad f_i(x~) -> DL grad f(x~). Local iterates are NOT reset (A4). Round 0
+  starts with the all-reduce at x^0 (A19), declared by ``initial_payloads``.
+* Scaffnew, one round: N ~ Geom(p) local steps, then UL x^_i - (gamma/p) h_i -> DL x-bar.
+
+Lost packets (A12). Default ``on_loss: wait``, the exact algorithm: the base station asks the
+devices whose upload was lost to send it again (a retransmission phase: airtime and energy
+charged, no recomputation), up to ``max_retries`` times. The methods need it: near x* the local
+gradients grad f_i(x*) of heterogeneous clients are large and only their mean is 0, so a gradient
+mean over a subset throws the model far off (measured: f - f* jumps from 1e-6 back to 1e3 on the
+seed004 quadratic). What is still missing after the retries is handled as A12 (b): only delivered
+uploads are averaged, the gradient mean is taken over the devices whose gradient arrived, and only
+those devices run the round's local solve (so sum_i h_i = 0 among them). ``on_loss: drop`` skips
+the retransmissions. A round in which nothing arrives leaves the global point unchanged (the base
+station broadcasts a one-value "no update" flag instead).
+
+Local computation runs in ``Problem.compute_dtype`` (float64 for the quadratic and logistic
+problems: the DANE+ stopping rule compares gradients near machine precision); what crosses the
+air is M-bit quantised when ``bits`` (default: the scenario's quantization_bits) is below 32,
+else float32 (the paper's setting, A22: the seed004 scenarios set quantization_bits: 32).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+
+from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
+from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.errors import UserError
+from wirelessfl.learning.seeds import keyed_generator, keyed_rng
+
+# Safety cap of the DANE+ local solver (fedred.md Sec. 2.2 [D]: K_max = 5000 evaluations).
+DEFAULT_MAX_LOCAL_STEPS = 5000
+# Numerical floor of the local solvers: stop once ||grad F|| <= floor max(1, ||grad F(y_0)||)
+# (Sec. 2.2 [D]: 1e-12 in float64; float32 models cannot go below ~1e-6 relative).
+GRADIENT_FLOOR = {torch.float64: 1e-12, torch.float32: 1e-6}
+
+
+class DriftParams(AlgorithmParams):
+    """What the drift-corrected family shares."""
+
+    full_batch: bool = Field(True, description="true: exact local gradients over all of each "
+                                               "device's data (-GD variants); false: minibatches "
+                                               "of batch_size (-SGD variants)")
+    on_loss: str = Field("wait", pattern="^(wait|drop)$",
+                         description="a lost upload: wait (ask for it again, up to max_retries "
+                                     "phases; the exact algorithm, A12 a) or drop (average what "
+                                     "arrived, A12 b)")
+    max_retries: int = Field(32, ge=0, description="retransmission phases per upload phase")
+
+
+def theory_value(algorithm: Algorithm, param: str, rule: str, *keys: str) -> dict[str, float]:
+    """The problem's constants needed by a parameter's default rule, or a UserError telling the
+    user to set the parameter (neural networks know no L or delta)."""
+    constants = algorithm.ctx.evaluator.constants or {}
+    missing = [k for k in keys if k not in constants]
+    if missing:
+        raise UserError(
+            f"algorithms '{algorithm.params.display_name}': {param} defaults to {rule}, but this "
+            f"problem does not know {', '.join(missing)} (only the quadratic and logistic "
+            f"problems do); set {param} explicitly")
+    return constants
+
+
+def coin_steps(seed: int, p: float, k: int) -> int:
+    """N_k ~ Geom(p) on {1, 2, ...}: the local steps before communication event k (the shared
+    coin of FedRed / Scaffnew, drawn by the base station from (seed, round), so methods with the
+    same p see the same sequence)."""
+    return 1 if p >= 1 else int(keyed_rng(seed, "communication-coin", k).geometric(p))
+
+
+class DriftCorrected(Algorithm):
+    """Shared mechanics: exact local gradients, the gradient all-reduce, the model average."""
+
+    Params = DriftParams
+    # Upload phases of a round in which packets arrive (the conformance suite reads it).
+    uploads_per_round = 2
+
+    @classmethod
+    def declared_payloads(cls, d: int, bits: int, participants: int = 1
+                          ) -> tuple[Payload, Payload]:
+        """Gradient and model, one d-vector each, up and down (fedred.md Sec. 3.2)."""
+        return Payload.vectors(d, bits, count=2), Payload.vectors(d, bits, count=2)
+
+    def resync_payload(self, missed: int) -> Payload:
+        """A stale device needs the current model and the current mean gradient."""
+        return Payload.vectors(self.theta.numel(), 32, count=2, label="resync model + gradient")
+
+    # ---- compute ---------------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return getattr(self.ctx.evaluator, "compute_dtype", torch.float32)
+
+    def local_gradients(self, models: torch.Tensor, k: int, step: int) -> torch.Tensor:
+        """grad f_i at each device's own model [N, d]: exact, or a minibatch of batch_size
+        drawn from (seed, "batch", round, step)."""
+        ev = self.ctx.evaluator
+        if self.params.full_batch:
+            return ev.full_gradients(models)
+        idx = ev.sample(keyed_generator(self.ctx.seed, "batch", k, step),
+                        self.params.batch_size)[0]
+        return torch.cat([ev.stacked_gradients(models[rows], idx[rows])
+                          for rows in ev.chunks(self.params.batch_size, own_model=True)])
+
+    def gradient_cost(self, passes) -> Cost:
+        """``passes`` gradient evaluations (scalar or [N]) over the local gradient's batch."""
+        batch = (self.ctx.evaluator.full_batch_sizes() if self.params.full_batch
+                 else self.params.batch_size)
+        return Cost(forward_passes=passes, backward_passes=passes, batch_size=batch)
+
+    def exact_cost(self) -> Cost:
+        """One exact local gradient (the control variate's, always full: A17)."""
+        return Cost(1, 1, self.ctx.evaluator.full_batch_sizes())
+
+    # ---- communication ---------------------------------------------------------------------------
+    def average(self, vectors: torch.Tensor, delivered: np.ndarray, stream: str, k: int
+                ) -> torch.Tensor | None:
+        """Mean [d] of the delivered rows of ``vectors`` [N, d] as the base station receives them
+        (quantised up, float32), quantised for the broadcast; None when nothing arrived."""
+        mask = torch.as_tensor(delivered, device=vectors.device)
+        if not bool(mask.any()):
+            return None
+        sent = self.quantize(vectors.float(), f"{self.name}-{stream}-up", k,
+                             slice(0, vectors.shape[0]))
+        mean = sent[mask].mean(0, keepdim=True)
+        return self.quantize(mean, f"{self.name}-{stream}-down", k, slice(0, 1))[0]
+
+    def upload(self, cost: Cost, payload: Payload, active: np.ndarray | None = None):
+        """``collect``, then (``on_loss: wait``) retransmission phases for the lost uploads;
+        returns the [N] bool mask of uploads that arrived."""
+        result = yield from self.collect(cost, payload, active)
+        delivered = np.array(result.delivered, dtype=bool)
+        missing = np.asarray(result.active, dtype=bool) & ~delivered
+        tries = 0
+        while self.params.on_loss == "wait" and missing.any() and tries < self.params.max_retries:
+            again = yield from self.ctx.net.collect(Cost(), payload, missing)
+            arrived = np.asarray(again.delivered, dtype=bool)
+            delivered |= arrived
+            missing &= ~arrived & self.ctx.net.alive
+            tries += 1
+        return delivered
+
+    def all_reduce(self, anchor: torch.Tensor, k: int, stream: str = "grad"):
+        """Phase pair: devices upload grad f_i(anchor), the base station broadcasts the mean.
+        Returns (local gradients [N, d] in compute dtype, broadcast mean [d] or None, [N] bool
+        devices whose gradient is in the mean)."""
+        d = anchor.numel()
+        grads = self.ctx.evaluator.full_gradients(anchor.to(self.dtype))
+        delivered = yield from self.upload(self.exact_cost(), Payload.vectors(d, self.bits))
+        mean = self.average(grads, delivered, stream, k)
+        if mean is None:
+            yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
+        else:
+            yield from self.broadcast(Payload.vectors(d, self.bits))
+        return grads, mean, delivered
+
+    def exchange_models(self, models: torch.Tensor, cost: Cost, k: int, active: np.ndarray):
+        """Devices in ``active`` pay ``cost`` and upload their model; the base station broadcasts
+        the average of what arrived. Returns the new global point [d] (float32) or None."""
+        d = models.shape[1]
+        delivered = yield from self.upload(cost, Payload.vectors(d, self.bits), active)
+        mean = self.average(models, delivered, "model", k)
+        if mean is None:
+            yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
+        else:
+            yield from self.broadcast(Payload.vectors(d, self.bits))
+        return mean
+
+    def holders(self) -> np.ndarray:
+        """[N] bool: devices asked this round that hold the current global state."""
+        return self.participants(self.round_index) & (self.missed == 0) & self.ctx.net.alive
+
+
+# ---- GD ------------------------------------------------------------------------------------------
+class GDParams(DriftParams):
+    lr: float | None = Field(None, gt=0, description="step on the averaged exact gradient "
+                                                     "(default 1/L, fedred.md Sec. 2.6)")
+
+
+@register
+class GD(DriftCorrected):
+    """x^{r+1} = x^r - lr grad f(x^r): devices upload their local gradients, the base station
+    broadcasts the new model (fedred.md Sec. 2.6; DL x -> C(1) -> UL grad f_i). With
+    ``full_batch: false`` this is FedSGD with the drift family's loss handling."""
+
+    name = "gd"
+    Params = GDParams
+    summary = "distributed gradient descent: one local gradient per device per round"
+    uploads_per_round = 1
+
+    @classmethod
+    def declared_payloads(cls, d: int, bits: int, participants: int = 1
+                          ) -> tuple[Payload, Payload]:
+        return Payload.vectors(d, bits), Payload.vectors(d, bits)
+
+    def resync_payload(self, missed: int) -> Payload:
+        return Payload.vectors(self.theta.numel(), 32, label="resync model")
+
+    def setup(self) -> None:
+        self.lr = self.params.lr
+        if self.lr is None:
+            self.lr = 1.0 / theory_value(self, "lr", "1/L", "L")["L"]
+
+    def round(self, k: int):
+        d = self.theta.numel()
+        active = self.holders()
+        grads = self.local_gradients(self.theta.to(self.dtype).expand(self.ctx.num_devices, -1),
+                                     k, 0)
+        delivered = yield from self.upload(self.gradient_cost(1), Payload.vectors(d, self.bits),
+                                           active)
+        mean = self.average(grads, delivered, "grad", k)
+        if mean is None:
+            yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
+            return
+        yield from self.broadcast(Payload.vectors(d, self.bits))
+        self.theta = self.theta - self.lr * mean
+
+
+# ---- DANE, DANE+, Scaffold-cv ---------------------------------------------------------------------
+class DanePlusParams(DriftParams):
+    lam: float | None = Field(None, ge=0, description="lambda, the pull toward x^r (default "
+                                                      "delta_A exact, fedred.md A2 / Sec. 5.1)")
+    lr: float | None = Field(None, gt=0, description="local step gamma (default 1/(L + lambda), "
+                                                     "Sec. 2.2)")
+    local_steps: int | None = Field(
+        None, gt=0, description="K local steps per round; default: the adaptive stopping rule "
+                                "||grad F||^2 <= e_r^2 ||y - x^r||^2 (Thm 4, Sec. 2.2)")
+    max_local_steps: int = Field(DEFAULT_MAX_LOCAL_STEPS, gt=0,
+                                 description="cap of the adaptive rule (Sec. 2.2: 5000)")
+    mu: float | None = Field(None, ge=0, description="mu of the rule's e_r^2 = lambda (mu + "
+                                                     "lambda) / (8 (r+1)(r+2)) (default: the "
+                                                     "problem's, else 0)")
+    server_lr: float = Field(1.0, gt=0, description="x^{r+1} = x^r + server_lr (mean y_i - x^r)")
+
+    @model_validator(mode="after")
+    def _adaptive_needs_exact_gradients(self):
+        if self.local_steps is None and not self.full_batch:
+            raise ValueError("the adaptive stopping rule needs exact gradients; with "
+                             "full_batch: false set local_steps (App. C: 10 or 20)")
+        return self
+
+
+@register
+class DanePlus(DriftCorrected):
+    """DANE+ (fedred.md Alg. 1) with the exact control variate and standard averaging."""
+
+    name = "dane-plus"
+    Params = DanePlusParams
+    summary = ("gradient all-reduce, then an inexact solve of f_i - <h_i, x> + lambda/2 "
+               "||x - x^r||^2; two d-vectors up and two down")
+
+    def setup(self) -> None:
+        p = self.params
+        self.lam = p.lam
+        if self.lam is None:
+            c = theory_value(self, "lam", "delta_A", "delta_A")
+            self.lam = c.get("delta_A_exact", c["delta_A"])
+        self.lr = p.lr
+        if self.lr is None:
+            self.lr = 1.0 / (theory_value(self, "lr", "1/(L + lambda)", "L")["L"] + self.lam)
+        self.mu = p.mu if p.mu is not None else (self.ctx.evaluator.constants or {}).get("mu", 0)
+
+    def stop(self, grad_sq: torch.Tensor, step_sq: torch.Tensor, r: int) -> torch.Tensor:
+        """[N] bool: Thm 4's relative rule ||grad F(y_t)||^2 <= e_r^2 ||y_t - x^r||^2 with
+        e_r^2 = lambda (mu + lambda) / (8 (r+1)(r+2)) (fedred.md Sec. 2.2)."""
+        e_sq = self.lam * (self.mu + self.lam) / (8 * (r + 1) * (r + 2))
+        return grad_sq <= e_sq * step_sq
+
+    def local_solve(self, x: torch.Tensor, h: torch.Tensor, mean_grad: torch.Tensor,
+                    active: np.ndarray, r: int) -> tuple[torch.Tensor, np.ndarray]:
+        """y_i ~ argmin F_{i,r}(y) = f_i(y) - <h_i, y> + lambda/2 ||y - x^r||^2 for the active
+        devices, by (S)GD with step ``lr`` from x^r; returns (y [N, d], gradient evaluations per
+        device [N]). Fixed K steps, or (adaptive) steps until ``stop`` holds at the new point, the
+        cap, or the numerical floor; K_r counts every evaluation, the final check included."""
+        p, n = self.params, self.ctx.num_devices
+        adaptive = p.local_steps is None
+        limit = p.max_local_steps if adaptive else p.local_steps
+        reuse = p.full_batch  # grad F_{i,r}(x^r) = grad f(x^r), known from the all-reduce
+        y = x.expand(n, -1).clone()
+        running = torch.as_tensor(active, device=x.device).clone()
+        evaluations = torch.zeros(n, dtype=torch.int64)
+        grad = mean_grad.expand(n, -1)
+        floor = GRADIENT_FLOOR[self.dtype] * max(1.0, float(mean_grad.norm()))
+        for t in range(limit + 1):
+            if t > 0 or not reuse:
+                if t == limit and not adaptive:
+                    break  # fixed K: no gradient at the returned point
+                grad = self.local_gradients(y, r, t) - h + self.lam * (y - x)
+                evaluations += running.cpu()
+                if adaptive and t > 0:
+                    grad_sq = grad.square().sum(1)
+                    done = self.stop(grad_sq, (y - x).square().sum(1), r)
+                    running &= ~(done | (grad_sq.sqrt() <= floor))
+                    if not bool(running.any()):
+                        break
+            if t == limit:
+                break
+            y = torch.where(running[:, None], y - self.lr * grad, y)
+        return y, evaluations.numpy()
+
+    def round(self, r: int):
+        p = self.params
+        x = self.theta.to(self.dtype)
+        grads, mean, in_mean = yield from self.all_reduce(self.theta, r)
+        if mean is None:
+            return
+        mean = mean.to(self.dtype)
+        h = grads - mean
+        active = self.holders() & in_mean
+        y, evaluations = self.local_solve(x, h, mean, active, r)
+        self.round_local_steps = float(evaluations[active].mean()) if active.any() else 0.0
+        new = yield from self.exchange_models(y, self.gradient_cost(evaluations), r, active)
+        if new is not None:
+            self.theta = self.theta + p.server_lr * (new - self.theta)
+
+
+class DaneParams(DanePlusParams):
+    tolerance: float = Field(1e-8, gt=0, lt=1, description="'exact' local solve: stop at "
+                                                           "||grad F(y)|| <= tolerance "
+                                                           "||grad F(x^r)|| (fedred.md 2.1 [D])")
+
+
+@register
+class Dane(DanePlus):
+    """DANE (fedred.md Sec. 2.1): DANE+ whose local problems are solved to a tight tolerance,
+    the simulator's stand-in for an exact solve."""
+
+    name = "dane"
+    Params = DaneParams
+    summary = "DANE+ with (nearly) exact local solves"
+
+    def stop(self, grad_sq, step_sq, r):
+        return grad_sq <= (self.params.tolerance ** 2) * self._start_sq
+
+    def local_solve(self, x, h, mean_grad, active, r):
+        self._start_sq = float(mean_grad.square().sum())
+        return super().local_solve(x, h, mean_grad, active, r)
+
+
+class ScaffoldCvParams(DriftParams):
+    lr: float | None = Field(None, gt=0, description="local step gamma (default 1/L)")
+    local_steps: int = Field(10, gt=0, description="K local steps per round (fedred.md 5.1: "
+                                                   "10, 20, 50; App. C: 10 or 20)")
+    server_lr: float = Field(1.0, gt=0, description="global step eta_g (App. C: 1)")
+
+
+@register
+class ScaffoldCv(DanePlus):
+    """Scaffold as the seed-004 paper ran it (fedred.md Sec. 2.6): the round of DANE+ with
+    lambda = 0 and K fixed local steps y <- y - gamma (g_i(y) - h_i), h_i the exact control
+    variate at x^r, then x^{r+1} = x^r + eta_g (mean y_i - x^r)."""
+
+    name = "scaffold-cv"
+    Params = ScaffoldCvParams
+    summary = "Scaffold with the exact control variate (gradient all-reduce each round)"
+
+    def setup(self) -> None:
+        self.lam, self.mu = 0.0, 0.0
+        self.lr = self.params.lr
+        if self.lr is None:
+            self.lr = 1.0 / theory_value(self, "lr", "1/L", "L")["L"]
+
+
+# ---- FedRed, FedRed-(S)GD ------------------------------------------------------------------------
+class FedRedParams(DriftParams):
+    p: float = Field(0.05, gt=0, le=1, description="probability of communicating after a local "
+                                                   "step (fedred.md 4.4: about 0.05)")
+    eta: float | None = Field(None, ge=0, description="eta, pull toward the device's own previous "
+                                                      "iterate (default L, A8)")
+    lam: float | None = Field(None, ge=0, description="lambda, pull toward x~ (default p eta, "
+                                                      "the practical rule of Sec. 2.4)")
+    lr: float | None = Field(None, gt=0, description="alternative to eta for the -(S)GD variant: "
+                                                     "gamma = 1/(eta + lambda), so eta = 1/lr - "
+                                                     "lambda (A16)")
+    solver: str = Field("gd", pattern="^(gd|exact)$",
+                        description="gd: FedRed-(S)GD, one linearised step per iteration (Alg. 3);"
+                                    " exact: Alg. 2, each iteration solves F_{i,k} by GD to "
+                                    "||grad F|| <= exact_tolerance or exact_steps steps (A21)")
+    exact_steps: int = Field(50, gt=0, description="Alg. 2 inner GD cap (A21: 50)")
+    exact_tolerance: float = Field(1e-8, gt=0, description="Alg. 2 inner stop (A21: 1e-8)")
+
+    @model_validator(mode="after")
+    def _one_step_rule(self):
+        if self.lr is not None and self.eta is not None:
+            raise ValueError("set either eta or lr (lr = 1/(eta + lambda)), not both")
+        if self.solver == "exact" and not self.full_batch:
+            raise ValueError("solver: exact needs exact gradients (full_batch: true)")
+        return self
+
+
+@register
+class FedRed(DriftCorrected):
+    """FedRed (fedred.md Alg. 2) and FedRed-(S)GD (Alg. 3): doubly regularised local steps,
+    communication with probability p, local iterates kept across communications (A4)."""
+
+    name = "fedred"
+    Params = FedRedParams
+    summary = ("local steps on f_i - <h_i, x> + eta/2 ||x - x_i||^2 + lambda/2 ||x - x~||^2, "
+               "communicating after Geom(p) steps; two d-vectors up and two down")
+
+    @classmethod
+    def initial_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
+        """The gradient all-reduce at x^0 that sets h_{i,0} (A19), before the first step."""
+        return Payload.vectors(d, bits), Payload.vectors(d, bits)
+
+    def setup(self) -> None:
+        p = self.params
+        if p.lr is not None:
+            if p.lam is None:
+                raise UserError(f"algorithms '{p.display_name}': with lr set, also set lam "
+                                "(eta = 1/lr - lam)")
+            self.lam, self.eta = p.lam, 1.0 / p.lr - p.lam
+            if self.eta < 0:
+                raise UserError(f"algorithms '{p.display_name}': lr * lam must be below 1 "
+                                f"(got {p.lr * p.lam:g}); lower lr or lam")
+        else:
+            self.eta = p.eta
+            if self.eta is None:
+                self.eta = theory_value(self, "eta", "L", "L")["L"]
+            self.lam = p.lam if p.lam is not None else p.p * self.eta
+        if self.eta + self.lam <= 0:
+            raise UserError(f"algorithms '{p.display_name}': eta + lam must be positive")
+        self.lr = 1.0 / (self.eta + self.lam)
+        self.models = None  # x_{i,k} [N, d], set by the first round's all-reduce
+        self.h = None
+
+    def local_steps(self, x_ref: torch.Tensor, steps: int, active: np.ndarray, k: int
+                    ) -> np.ndarray:
+        """``steps`` iterations on the active devices' own iterates; returns gradient
+        evaluations per device [N]."""
+        p, n = self.params, self.ctx.num_devices
+        on = torch.as_tensor(active, device=self.models.device)[:, None]
+        evaluations = np.zeros(n, dtype=np.int64)
+        for t in range(steps):
+            if p.solver == "gd":  # Alg. 3's closed-form step
+                g = self.local_gradients(self.models, k, t)
+                step = g - self.h + self.lam * (self.models - x_ref)
+                self.models = torch.where(on, self.models - self.lr * step, self.models)
+                evaluations += active
+                continue
+            # Alg. 2: GD on F_{i,k} from x_{i,k} with step 1/(L + eta + lambda) (A21)
+            anchor = self.models
+            inner_lr = 1.0 / (theory_value(self, "solver: exact", "1/(L + eta + lambda)",
+                                           "L")["L"] + self.eta + self.lam)
+            y = anchor.clone()
+            running = on[:, 0].clone()
+            for _ in range(p.exact_steps):
+                g = self.local_gradients(y, k, t) - self.h + self.eta * (y - anchor) \
+                    + self.lam * (y - x_ref)
+                evaluations += running.cpu().numpy()
+                running &= g.norm(dim=1) > p.exact_tolerance
+                if not bool(running.any()):
+                    break
+                y = torch.where(running[:, None], y - inner_lr * g, y)
+            self.models = torch.where(on, y, self.models)
+        return evaluations
+
+    def round(self, k: int):
+        p = self.params
+        if self.models is None:  # h_{i,0} from an all-reduce at x^0 (A19)
+            grads, mean, _ = yield from self.all_reduce(self.theta, k, "grad-init")
+            self.models = self.theta.to(self.dtype).expand(self.ctx.num_devices, -1).clone()
+            self.h = (grads - mean.to(self.dtype) if mean is not None
+                      else torch.zeros_like(grads))  # nothing arrived: no correction yet
+        steps = coin_steps(self.ctx.seed, p.p, k)
+        self.round_local_steps = steps
+        active = self.holders()
+        x_ref = self.theta.to(self.dtype)
+        evaluations = self.local_steps(x_ref, steps, active, k)
+        new = yield from self.exchange_models(self.models, self.gradient_cost(evaluations), k,
+                                              active)
+        if new is None:
+            return
+        self.theta = new
+        grads, mean, _ = yield from self.all_reduce(self.theta, k)
+        if mean is not None:
+            self.h = grads - mean.to(self.dtype)
+
+
+# ---- Scaffnew / ProxSkip --------------------------------------------------------------------------
+class ScaffnewParams(DriftParams):
+    lr: float | None = Field(None, gt=0, description="gamma (default 1/L, ProxSkip theory [E])")
+    p: float | None = Field(None, gt=0, le=1, description="communication probability (default "
+                                                          "sqrt(mu / L), ProxSkip theory [E])")
+
+
+@register
+class Scaffnew(DriftCorrected):
+    """Scaffnew / ProxSkip (Mishchenko et al. 2022; fedred.md Sec. 2.6 [E]): x^_i = x_i -
+    gamma (g_i(x_i) - h_i); after Geom(p) steps devices upload x^_i - (gamma/p) h_i, the base
+    station broadcasts the mean x-bar, and h_i += (p/gamma)(x-bar - x^_i), x_i = x-bar (reset).
+    h_{i,0} = 0. A device whose upload was lost keeps its h_i (A12 b)."""
+
+    name = "scaffnew"
+    Params = ScaffnewParams
+    summary = "local steps with control variates, communication with probability p; one d-vector each way"
+    uploads_per_round = 1
+
+    @classmethod
+    def declared_payloads(cls, d: int, bits: int, participants: int = 1
+                          ) -> tuple[Payload, Payload]:
+        return Payload.vectors(d, bits), Payload.vectors(d, bits)
+
+    def resync_payload(self, missed: int) -> Payload:
+        return Payload.vectors(self.theta.numel(), 32, label="resync model")
+
+    def setup(self) -> None:
+        p = self.params
+        self.lr = p.lr
+        if self.lr is None:
+            self.lr = 1.0 / theory_value(self, "lr", "1/L", "L")["L"]
+        self.p = p.p
+        if self.p is None:
+            c = theory_value(self, "p", "sqrt(mu / L)", "L", "mu")
+            self.p = min(1.0, math.sqrt(max(c["mu"], 0.0) / c["L"])) or 1.0
+        n = self.ctx.num_devices
+        self.models = self.theta.to(self.dtype).expand(n, -1).clone()
+        self.h = torch.zeros_like(self.models)
+
+    def round(self, k: int):
+        steps = coin_steps(self.ctx.seed, self.p, k)
+        self.round_local_steps = steps
+        active = self.holders()
+        on = torch.as_tensor(active, device=self.models.device)[:, None]
+        hat = self.models
+        for t in range(steps):
+            if t > 0:
+                self.models = torch.where(on, hat, self.models)
+            g = self.local_gradients(self.models, k, t)
+            hat = torch.where(on, self.models - self.lr * (g - self.h), self.models)
+        evaluations = active.astype(np.int64) * steps
+        d = self.theta.numel()
+        sent = hat - (self.lr / self.p) * self.h
+        delivered = yield from self.upload(self.gradient_cost(evaluations),
+                                           Payload.vectors(d, self.bits), active)
+        mean = self.average(sent, delivered, "model", k)
+        if mean is None:
+            yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
+            self.models = torch.where(on, hat, self.models)
+            return
+        yield from self.broadcast(Payload.vectors(d, self.bits))
+        self.theta = mean
+        x_bar = mean.to(self.dtype)
+        arrived = torch.as_tensor(delivered, device=self.models.device)[:, None]
+        self.h = torch.where(arrived, self.h + (self.p / self.lr) * (x_bar - hat), self.h)
+        self.models = torch.where(on, x_bar.expand_as(self.models), self.models)
