@@ -26,6 +26,20 @@ SMALL = {
 }
 
 
+# Parameters an algorithm needs on the small classification scenario: the drift-corrected family's
+# default rules read the problem's L or delta (fedred.md), which a neural network does not know;
+# ZO-HFL's tau of 1 keeps its client solves short.
+NEURAL_PARAMS = {"gd": {"lr": 0.1}, "scaffold-cv": {"lr": 0.1}, "scaffnew": {"lr": 0.1, "p": 0.5},
+                 "dane-plus": {"lam": 1.0, "lr": 0.1, "max_local_steps": 5},
+                 "dane": {"lam": 1.0, "lr": 0.1, "max_local_steps": 5},
+                 "fedred": {"p": 0.5, "eta": 10.0}}
+
+
+def algorithm_entry(name: str, **entry) -> dict:
+    """An ``algorithms`` entry for ``name`` on the small scenario, with what it needs there."""
+    return {"name": name, **NEURAL_PARAMS.get(name, {}), **entry}
+
+
 def small_doc(**changes) -> dict:
     """A copy of the small scenario document with top-level keys replaced."""
     doc = copy.deepcopy(SMALL)

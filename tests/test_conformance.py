@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import small_scenario
+from tests.conftest import algorithm_entry, small_scenario
 from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.simulation import run_algorithm
@@ -19,16 +19,8 @@ NAMES = sorted(REGISTRY)
 ROUNDS = 4
 
 
-# Parameters whose default rule reads the problem's L or delta, which a neural network does not
-# know (the drift-corrected family, fedred.md): given here for the classification scenario.
-NEEDS = {"gd": {"lr": 0.1}, "scaffold-cv": {"lr": 0.1}, "scaffnew": {"lr": 0.1, "p": 0.5},
-         "dane-plus": {"lam": 1.0, "lr": 0.1, "max_local_steps": 5},
-         "dane": {"lam": 1.0, "lr": 0.1, "max_local_steps": 5},
-         "fedred": {"p": 0.5, "eta": 10.0}}
-
-
 def _scenario(name, *overrides):
-    algos = [{"name": name, "rounds": ROUNDS, "eval_every": 1, **NEEDS.get(name, {})}]
+    algos = [algorithm_entry(name, rounds=ROUNDS, eval_every=1)]
     # a base station with data of its own (seed 000), which only ZO-HFL reads
     return small_scenario(["data.server_fraction=0.3", *overrides], algorithms=algos)
 

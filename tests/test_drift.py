@@ -238,3 +238,78 @@ def test_parameters_that_need_the_problem_constants_say_so():
         _scenario({"name": "fedred", "eta": 1.0, "lr": 0.1})
     with pytest.raises(UserError, match="adaptive stopping rule needs exact gradients"):
         _scenario({"name": "dane-plus", "full_batch": False})
+
+
+def _logistic_scenario(algorithm: dict):
+    doc = small_doc(channel=LOSSLESS, quantization_bits=32, population={"num_devices": 5},
+                    data={"name": "breast_cancer"},
+                    partition={"scheme": "dirichlet", "alpha": 0.5},  # fedred.md A7
+                    problem={"name": "logistic", "l2": 0.01},
+                    algorithms=[{"eval_every": 10, **algorithm}])
+    doc.pop("model")
+    return scenario_from_document(doc, "logistic.yaml")
+
+
+LOGISTIC_METHODS = [
+    {"name": "gd", "rounds": 400},
+    {"name": "dane", "rounds": 150},
+    {"name": "dane-plus", "rounds": 150},
+    {"name": "fedred", "rounds": 80, "p": 0.1},
+    {"name": "scaffold-cv", "rounds": 40},
+    {"name": "scaffnew", "rounds": 60, "p": 0.2},
+]
+
+
+@pytest.mark.parametrize("algorithm", LOGISTIC_METHODS, ids=lambda a: a["name"])
+def test_every_method_converges_to_the_lbfgs_optimum_on_logistic_regression(monkeypatch,
+                                                                             algorithm):
+    """Breast cancer split over 5 devices by Dir(0.5): x* of f = (1/M) sum log(1 + exp(-y a^T x))
+    + (l2/2) ||x||^2 by scipy's L-BFGS-B here, independently of the problem's Newton solve; every
+    method ends within ||x - x*|| <= 1e-4 ||x*||."""
+    from scipy.optimize import minimize
+
+    world, thetas, run = run_recording_thetas(monkeypatch, _logistic_scenario(algorithm))
+    prob = world.evaluator
+    a, y, l2 = prob.a_np, prob.y_np, prob.l2
+
+    def f_and_grad(x):
+        margin = -y * (a @ x)
+        value = np.logaddexp(0.0, margin).mean() + 0.5 * l2 * x @ x
+        sig = 0.5 * (1 + np.tanh(0.5 * margin))  # sigmoid(margin), overflow-free
+        return value, -(a.T @ (y * sig)) / len(y) + l2 * x
+
+    ref = minimize(f_and_grad, np.zeros(a.shape[1]), jac=True, method="L-BFGS-B",
+                   options={"gtol": 1e-12, "ftol": 1e-15, "maxiter": 10000})
+    x_star = ref.x
+    assert np.linalg.norm(f_and_grad(x_star)[1]) < 1e-8
+    x = thetas[-1].double().numpy()
+    assert run.status == "complete"
+    assert np.linalg.norm(x - x_star) <= 1e-4 * np.linalg.norm(x_star)
+
+
+def test_summary_counts_rounds_and_gradients_to_a_suboptimality_target(tmp_path):
+    """The summary's target on f - f* picks the first row at or below it (hand-made table), both
+    targets must hold when both are set, and the progress figure is drawn only where f* is known."""
+    from wirelessfl.report.plots import optimization_progress
+    from wirelessfl.results.records import RunRecord
+    from wirelessfl.results.summary import format_summary, summarize
+
+    rows = pd.DataFrame({
+        "algorithm": ["a"] * 4, "round": [0, 1, 2, 3], "sim_time_s": [0.0, 1.0, 2.0, 3.0],
+        "energy_j": [0.0, 2.0, 4.0, 6.0], "energy_compute_j": [0.0, 1.0, 2.0, 3.0],
+        "energy_uplink_j": [0.0, 0.5, 1.0, 1.5], "energy_downlink_j": [0.0, 0.5, 1.0, 1.5],
+        "energy_idle_j": 0.0, "bits_up": [0, 10, 20, 30], "delivered_fraction": 1.0,
+        "test_accuracy": [0.5, 0.6, 0.7, 0.9], "suboptimality": [1.0, 1e-3, 1e-7, 1e-9],
+        "grad_norm_sq": [1.0, 1e-2, 1e-6, 1e-8], "gradient_evaluations": [0.0, 3.0, 7.0, 9.0]})
+    table = summarize(rows, None, 2, target_suboptimality=1e-6)
+    assert table.rounds_to_target[0] == 2 and table.energy_to_target_j[0] == 4.0
+    assert table.gradient_evaluations_to_target[0] == 7.0
+    assert table.final_suboptimality[0] == 1e-9
+    both = summarize(rows, 0.8, 2, target_suboptimality=1e-6)
+    assert both.rounds_to_target[0] == 3
+    assert "target accuracy 0.800 and target f - f* <= 1e-06" in format_summary(both, 0.8, 1e-6)
+    record = RunRecord(tmp_path, rows, pd.DataFrame(), {"scenario": {"name": "t"}})
+    assert optimization_progress(record, tmp_path / "p.png").stat().st_size > 1000
+    nan = RunRecord(tmp_path, rows.assign(suboptimality=np.nan), pd.DataFrame(), {})
+    assert optimization_progress(nan, tmp_path / "q.png") is None
+    assert "final f - f*" not in format_summary(summarize(nan.rounds, 0.8, 2), 0.8)

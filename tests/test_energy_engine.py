@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import small_scenario
+from tests.conftest import algorithm_entry, small_scenario
 from tests.test_radio_engine import SETTINGS
 from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
 from wirelessfl.engine.build import build_world
@@ -368,8 +368,8 @@ def _scenarios(draw):
     elif battery is not None:
         overrides.append(f"energy.battery_j={battery}")
     name = draw(st.sampled_from(ALGORITHMS))
-    algorithm = {"name": name, "rounds": 3, "eval_every": 1,
-                 "participation": draw(st.sampled_from([0.4, 1.0]))}
+    algorithm = algorithm_entry(name, rounds=3, eval_every=1,
+                                participation=draw(st.sampled_from([0.4, 1.0])))
     if name == "zo-hfl":
         algorithm["tau"] = 1.0
     return overrides, algorithm

@@ -67,9 +67,10 @@ def _cmd_run(args) -> int:
     bar.close()
     writer.finish(status)
     record = read_run(out)
-    table = summarize(record.rounds, scenario.target_accuracy, world.num_devices)
+    table = summarize(record.rounds, scenario.target_accuracy, world.num_devices,
+                      scenario.target_suboptimality)
     table.to_csv(out / "summary.csv", index=False)
-    print(format_summary(table, scenario.target_accuracy))
+    print(format_summary(table, scenario.target_accuracy, scenario.target_suboptimality))
     if not args.no_report:
         for path in draw_report(record):
             print(f"wrote {path}", file=sys.stderr)
@@ -126,8 +127,8 @@ def _cmd_report(args) -> int:
 
     record = read_run(args.run_dir)
     n = record.manifest.get("scenario", {}).get("population", {}).get("num_devices", 1)
-    print(format_summary(summarize(record.rounds, record.target_accuracy, n),
-                         record.target_accuracy))
+    targets = record.target_accuracy, record.target_suboptimality
+    print(format_summary(summarize(record.rounds, targets[0], n, targets[1]), *targets))
     for path in draw_report(record, args.out):
         print(f"wrote {path}")
     return 0

@@ -197,21 +197,10 @@ class DriftCorrected(Algorithm):
         return self.participants(self.round_index) & (self.missed == 0) & self.ctx.net.alive
 
 
-# ---- GD ------------------------------------------------------------------------------------------
-class GDParams(DriftParams):
-    lr: float | None = Field(None, gt=0, description="step on the averaged exact gradient "
-                                                     "(default 1/L, fedred.md Sec. 2.6)")
+class SingleExchange(DriftCorrected):
+    """Methods with one model-sized exchange per round and no gradient all-reduce (GD,
+    Scaffnew): one d-vector up and one down."""
 
-
-@register
-class GD(DriftCorrected):
-    """x^{r+1} = x^r - lr grad f(x^r): devices upload their local gradients, the base station
-    broadcasts the new model (fedred.md Sec. 2.6; DL x -> C(1) -> UL grad f_i). With
-    ``full_batch: false`` this is FedSGD with the drift family's loss handling."""
-
-    name = "gd"
-    Params = GDParams
-    summary = "distributed gradient descent: one local gradient per device per round"
     uploads_per_round = 1
 
     @classmethod
@@ -222,10 +211,30 @@ class GD(DriftCorrected):
     def resync_payload(self, missed: int) -> Payload:
         return Payload.vectors(self.theta.numel(), 32, label="resync model")
 
+    def inverse_l_step(self) -> float:
+        """``lr`` as given, else 1/L (fedred.md Sec. 2.6 [D], ProxSkip theory)."""
+        if self.params.lr is not None:
+            return self.params.lr
+        return 1.0 / theory_value(self, "lr", "1/L", "L")["L"]
+
+
+# ---- GD ------------------------------------------------------------------------------------------
+class GDParams(DriftParams):
+    lr: float | None = Field(None, gt=0, description="step on the averaged exact gradient "
+                                                     "(default 1/L, fedred.md Sec. 2.6)")
+
+
+@register
+class GD(SingleExchange):
+    """x^{r+1} = x^r - lr grad f(x^r): devices upload their local gradients, the base station
+    broadcasts the new model (fedred.md Sec. 2.6; DL x -> C(1) -> UL grad f_i). With
+    ``full_batch: false`` this is FedSGD with the drift family's loss handling."""
+
+    name = "gd"
+    Params = GDParams
+    summary = "distributed gradient descent: one local gradient per device per round"
     def setup(self) -> None:
-        self.lr = self.params.lr
-        if self.lr is None:
-            self.lr = 1.0 / theory_value(self, "lr", "1/L", "L")["L"]
+        self.lr = self.inverse_l_step()
 
     def round(self, k: int):
         d = self.theta.numel()
@@ -511,7 +520,7 @@ class ScaffnewParams(DriftParams):
 
 
 @register
-class Scaffnew(DriftCorrected):
+class Scaffnew(SingleExchange):
     """Scaffnew / ProxSkip (Mishchenko et al. 2022; fedred.md Sec. 2.6 [E]): x^_i = x_i -
     gamma (g_i(x_i) - h_i); after Geom(p) steps devices upload x^_i - (gamma/p) h_i, the base
     station broadcasts the mean x-bar, and h_i += (p/gamma)(x-bar - x^_i), x_i = x-bar (reset).
@@ -520,21 +529,9 @@ class Scaffnew(DriftCorrected):
     name = "scaffnew"
     Params = ScaffnewParams
     summary = "local steps with control variates, communication with probability p; one d-vector each way"
-    uploads_per_round = 1
-
-    @classmethod
-    def declared_payloads(cls, d: int, bits: int, participants: int = 1
-                          ) -> tuple[Payload, Payload]:
-        return Payload.vectors(d, bits), Payload.vectors(d, bits)
-
-    def resync_payload(self, missed: int) -> Payload:
-        return Payload.vectors(self.theta.numel(), 32, label="resync model")
-
     def setup(self) -> None:
         p = self.params
-        self.lr = p.lr
-        if self.lr is None:
-            self.lr = 1.0 / theory_value(self, "lr", "1/L", "L")["L"]
+        self.lr = self.inverse_l_step()
         self.p = p.p
         if self.p is None:
             c = theory_value(self, "p", "sqrt(mu / L)", "L", "mu")

@@ -1,6 +1,7 @@
 """Figures drawn from a saved run alone (never re-simulating): accuracy vs energy and vs simulated
 time, where the energy went, which labels each device holds, how many devices still have energy,
-how energy and time split per device and device class, and how accuracy spreads over devices."""
+how energy and time split per device and device class, how accuracy spreads over devices, and, for
+problems with a known optimum, f - f* and ||grad f||^2 against rounds, gradients, seconds, joules.""" 
 
 from __future__ import annotations
 
@@ -41,6 +42,50 @@ def _accuracy_against(record: RunRecord, column: str, xlabel: str, path: Path) -
     ax.set_title(record.manifest.get("scenario", {}).get("name", ""))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# x-axes of the optimisation-progress figure (fedred.md A14 / Sec. 5.1 metrics (a)-(c)).
+PROGRESS_AXES = [("round", "rounds (model averages)"),
+                 ("gradient_evaluations", "gradient evaluations per device"),
+                 ("sim_time_s", "simulated time [s]"), ("energy_j", "energy, all devices [J]")]
+
+
+def optimization_progress(record: RunRecord, path: Path) -> Path | None:
+    """f - f* (top) and ||grad f||^2 (bottom, where recorded) of the global model against rounds,
+    gradient evaluations, simulated seconds and joules; None when no run knows f*."""
+    rounds = record.rounds
+    if "suboptimality" not in rounds or not np.isfinite(rounds.suboptimality).any():
+        return None
+    rows = [("suboptimality", "f(x) - f*")]
+    if "grad_norm_sq" in rounds and np.isfinite(rounds.grad_norm_sq).any():
+        rows.append(("grad_norm_sq", "||grad f(x)||^2"))
+    axes_cols = [a for a in PROGRESS_AXES if a[0] in rounds]
+    fig, axes = plt.subplots(len(rows), len(axes_cols), figsize=(3.6 * len(axes_cols),
+                                                                  3.0 * len(rows)),
+                             squeeze=False, sharey="row")
+    for algorithm, group in rounds.groupby("algorithm", sort=False):
+        group = group.sort_values("round")
+        for i, (metric, _) in enumerate(rows):
+            y = group[metric].where(group[metric] > 0)
+            for j, (column, _) in enumerate(axes_cols):
+                axes[i, j].plot(group[column], y, linewidth=1.2,
+                                label=algorithm if (i, j) == (0, 0) else None)
+    for i, (_, ylabel) in enumerate(rows):
+        axes[i, 0].set_ylabel(ylabel)
+        for j, (_, xlabel) in enumerate(axes_cols):
+            axes[i, j].set_yscale("log")
+            axes[i, j].grid(True, which="both", alpha=0.3)
+            axes[-1, j].set_xlabel(xlabel)
+    if record.target_suboptimality is not None:
+        for ax in axes[0]:
+            ax.axhline(record.target_suboptimality, color="grey", linestyle="--", linewidth=1)
+    fig.suptitle(record.manifest.get("scenario", {}).get("name", ""), y=0.99, fontsize=10)
+    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.955),
+               ncol=min(6, rounds.algorithm.nunique()), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
@@ -255,7 +300,8 @@ def device_accuracy(record: RunRecord, path: Path) -> Path | None:
 def draw_report(record: RunRecord, out_dir: Path | None = None) -> list[Path]:
     """Write the run's PNG figures next to its results; returns their paths (the label histogram
     only when the manifest has label counts, the lifetime and per-device figures only for runs
-    that recorded device energy budgets and classes)."""
+    that recorded device energy budgets and classes, the progress figure only where f* is
+    known)."""
     out = Path(out_dir or record.path)
     paths = [
         _accuracy_against(record, "energy_j", "cumulative energy, all devices [J]",
@@ -266,5 +312,6 @@ def draw_report(record: RunRecord, out_dir: Path | None = None) -> list[Path]:
         network_lifetime(record, out / "network_lifetime.png"),
         device_energy(record, out / "device_energy.png"),
         device_accuracy(record, out / "device_accuracy.png"),
+        optimization_progress(record, out / "optimization_progress.png"),
     ]
     return [p for p in paths if p is not None]

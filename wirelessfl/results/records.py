@@ -132,6 +132,10 @@ class RunRecord:
     def target_accuracy(self) -> float | None:
         return self.manifest.get("scenario", {}).get("target_accuracy")
 
+    @property
+    def target_suboptimality(self) -> float | None:
+        return self.manifest.get("scenario", {}).get("target_suboptimality")
+
 
 def read_run(path: str | Path) -> RunRecord:
     """Load a run folder, with a clean error naming what is missing."""

@@ -1,4 +1,5 @@
-"""The comparison table: rounds, seconds and joules to the target accuracy, and the energy split."""
+"""The comparison table: rounds, seconds and joules to the target (a test accuracy, or a gap
+f - f* for problems with a known optimum), and the energy split."""
 
 from __future__ import annotations
 
@@ -9,19 +10,35 @@ import pandas as pd
 SUMMARY_COLUMNS = [
     "algorithm", "rounds_to_target", "time_to_target_s", "energy_to_target_j",
     "compute_share", "radio_share", "idle_share", "final_accuracy",
-    "final_worst_device_accuracy", "rounds", "sim_time_s",
+    "final_worst_device_accuracy", "final_suboptimality", "gradient_evaluations_to_target",
+    "rounds", "sim_time_s",
     "energy_j", "uplink_bits_per_device_round", "in_time_fraction", "late_uploads",
 ]
 
 
-def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int) -> pd.DataFrame:
+def reached_mask(group: pd.DataFrame, target: float | None,
+                 target_suboptimality: float | None = None) -> pd.Series:
+    """Rows at which every given target holds: test accuracy >= ``target`` and f - f* <=
+    ``target_suboptimality``; all False when neither is given."""
+    if target is None and target_suboptimality is None:
+        return pd.Series(False, index=group.index)
+    ok = pd.Series(True, index=group.index)
+    if target is not None:
+        ok &= group.test_accuracy >= target
+    if target_suboptimality is not None:
+        ok &= group.suboptimality <= target_suboptimality
+    return ok
+
+
+def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
+              target_suboptimality: float | None = None) -> pd.DataFrame:
     """One row per algorithm. The energy split is of the energy to target (of the total if the
     target was not reached); 'radio' is uplink + downlink, 'idle' the waiting devices' draw."""
     out = []
     for algorithm, group in rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round")
         last = group.iloc[-1]
-        reached = group[group.test_accuracy >= target] if target is not None else group.iloc[:0]
+        reached = group[reached_mask(group, target, target_suboptimality)]
         at = reached.iloc[0] if len(reached) else None
         basis = at if at is not None else last
         radio = basis.energy_uplink_j + basis.energy_downlink_j
@@ -39,6 +56,10 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int) -> p
             "final_accuracy": float(last.test_accuracy),
             # NaN for problems without accuracy and runs recorded before the column existed
             "final_worst_device_accuracy": float(last.get("worst_device_accuracy", math.nan)),
+            "final_suboptimality": float(last.get("suboptimality", math.nan)),
+            # per device on average, cumulative (runs recorded before the column: NaN)
+            "gradient_evaluations_to_target": (float(at.get("gradient_evaluations", math.nan))
+                                               if at is not None else math.nan),
             "rounds": int(last["round"]),
             "sim_time_s": float(last.sim_time_s),
             "energy_j": float(last.energy_j),
@@ -59,13 +80,24 @@ def _fmt(value, kind: str) -> str:
         return f"{100 * value:.1f}%"
     if kind == "acc":
         return f"{value:.4f}"
+    if kind == "gap":
+        return f"{value:.3g}"
     if kind == "bits":
         return f"{value:,.0f}"
     return f"{value:.4g}"
 
 
-def format_summary(table: pd.DataFrame, target: float | None) -> str:
-    """A plain-text table for the terminal."""
+def describe_target(target: float | None, target_suboptimality: float | None) -> str:
+    """The summary's title line for the targets in force."""
+    parts = ([f"target accuracy {target:.3f}"] if target is not None else []) + \
+        ([f"target f - f* <= {target_suboptimality:g}"] if target_suboptimality is not None
+         else [])
+    return " and ".join(parts) if parts else "no target set"
+
+
+def format_summary(table: pd.DataFrame, target: float | None,
+                   target_suboptimality: float | None = None) -> str:
+    """A plain-text table for the terminal; the f - f* columns only where some run knows f*."""
     head = [("algorithm", "algorithm", "str"),
             ("rounds_to_target", "rounds to target", "int"),
             ("time_to_target_s", "time to target [s]", "time"),
@@ -73,10 +105,16 @@ def format_summary(table: pd.DataFrame, target: float | None) -> str:
             ("compute_share", "compute", "pct"), ("radio_share", "radio", "pct"),
             ("idle_share", "idle", "pct"),
             ("final_accuracy", "final acc.", "acc"),
-            ("final_worst_device_accuracy", "worst device", "acc"), ("rounds", "rounds", "int"),
+            ("final_worst_device_accuracy", "worst device", "acc"),
+            ("final_suboptimality", "final f - f*", "gap"),
+            ("gradient_evaluations_to_target", "grads to target", "int"),
+            ("rounds", "rounds", "int"),
             ("sim_time_s", "sim time [s]", "time"), ("energy_j", "energy [J]", "energy"),
             ("uplink_bits_per_device_round", "uplink bits/dev/round", "bits"),
             ("in_time_fraction", "delivered", "pct"), ("late_uploads", "late uploads", "int")]
+    if table.final_suboptimality.isna().all():
+        head = [h for h in head if h[0] not in ("final_suboptimality",
+                                                "gradient_evaluations_to_target")]
     cells = [[title for _, title, _ in head]]
     for _, row in table.iterrows():
         cells.append([str(row[c]) if k == "str" else _fmt(row[c], k) for c, _, k in head])
@@ -84,6 +122,6 @@ def format_summary(table: pd.DataFrame, target: float | None) -> str:
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in cells]
     lines.insert(1, "-" * len(lines[0]))
-    title = f"target accuracy {target:.3f}" if target is not None else "no target accuracy set"
+    title = describe_target(target, target_suboptimality)
     return f"{title}; energy split is of the energy to target (or total if not reached)\n" + \
         "\n".join(lines)

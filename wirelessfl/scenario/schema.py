@@ -325,6 +325,10 @@ class Scenario(_Strict):
                                      "(seed 002, Sec. V: 16)")
     target_accuracy: float | None = Field(
         None, gt=0, le=1, description="test accuracy that counts as converged in the summary")
+    target_suboptimality: float | None = Field(
+        None, gt=0, description="gap f - f* that counts as converged in the summary (problems "
+                                "with a known optimum: quadratic, logistic; with "
+                                "target_accuracy too, both must hold)")
     worst_fraction: float = Field(
         0.1, gt=0, le=1, description="worst_k_device_accuracy averages the k = max(1, ceil("
                                      "worst_fraction N)) devices with the lowest accuracy")
