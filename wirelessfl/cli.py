@@ -6,7 +6,9 @@ Bad input ends in one ``error: ...`` line on stderr and exit code 2, never a tra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -30,40 +32,60 @@ def _cmd_run(args) -> int:
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import RunWriter, read_run
     from wirelessfl.results.summary import format_summary, summarize
-    from wirelessfl.scenario.loader import load_scenario, resolved_document
+    from wirelessfl.scenario.loader import load_scenario, resolved_document, scenario_from_document
 
-    scenario = load_scenario(args.scenario, args.set or [])
+    if args.resume:
+        if args.scenario or args.set or args.out:
+            raise UserError("--resume RUN_DIR takes the scenario, overrides and folder from the "
+                            "run's manifest; give no SCENARIO, --set or --out with it")
+        record = read_run(args.resume)
+        out = Path(args.resume)
+        scenario = scenario_from_document(record.manifest.get("scenario"),
+                                          str(out / "manifest.json"))
+    elif not args.scenario:
+        raise UserError("give a SCENARIO to run (e.g. quickstart), or --resume RUN_DIR")
+    else:
+        scenario = load_scenario(args.scenario, args.set or [])
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
     world = build_world(scenario)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
-    writer = RunWriter(out, resolved_document(scenario), scenario.seed,
-                       extra={"model": _model_facts(world), "problem": world.problem_record()},
-                       partition=world.partition_record())
+    if args.resume:
+        writer = RunWriter.reopen(out)
+    else:
+        writer = RunWriter(out, resolved_document(scenario), scenario.seed,
+                           extra={"model": _model_facts(world), "problem": world.problem_record()},
+                           partition=world.partition_record())
+    todo = [p for p in scenario.algorithms if p.display_name not in writer.finished_algorithms]
     d = world.evaluator.d
     what = (f"model {scenario.model.name} (d = {d:,}), dataset {scenario.data.name}"
             if world.flat is not None else f"problem {scenario.problem.name} (d = {d:,})")
-    print(f"{scenario.name}: {world.num_devices} devices, {what}; results -> {out}",
+    resumed = (f"; resuming: {len(scenario.algorithms) - len(todo)} of "
+               f"{len(scenario.algorithms)} algorithms already recorded" if args.resume else "")
+    print(f"{scenario.name}: {world.num_devices} devices, {what}; results -> {out}{resumed}",
           file=sys.stderr)
-    total = sum(p.rounds for p in scenario.algorithms)
     # disable=None: tqdm draws only on a terminal, so logs and CI output stay clean.
-    bar = tqdm(total=total, unit="round", disable=True if args.quiet else None, file=sys.stderr,
-               dynamic_ncols=True, mininterval=0.5)
-    status = "complete"
-    try:
-        for params in scenario.algorithms:
+    bar = tqdm(total=sum(p.rounds for p in todo), unit="round",
+               disable=True if args.quiet else None, file=sys.stderr, dynamic_ncols=True,
+               mininterval=0.5)
+    status = "complete" if all(v.get("status") == "complete"
+                               for v in writer.manifest["algorithms"].values()) else "partial"
+    with _sigterm_as_interrupt():
+        for params in todo:
             bar.set_description(params.display_name)
             run = run_algorithm(world, params, on_round=bar.update)
             info = {"status": run.status, "message": run.message,
                     "params": params.model_dump(mode="json"), **run.extra}
             writer.add(run.label, run.rows, run.device_rows(world), info)
+            if run.status == "interrupted":
+                bar.close()
+                writer.finish("interrupted")
+                print(f"interrupted: {run.message}; the rounds recorded so far are in {out} "
+                      f"(manifest status 'interrupted'); finish the run with: wirelessfl run "
+                      f"--resume {out}", file=sys.stderr)
+                return EXIT_INTERRUPTED
             if run.status != "complete":
                 status = "partial"
                 tqdm.write(f"warning: {run.message}; the other algorithms continue", sys.stderr)
-    except KeyboardInterrupt:
-        bar.close()
-        writer.finish("interrupted")
-        print(f"interrupted: results recorded so far are in {out}", file=sys.stderr)
-        return EXIT_INTERRUPTED
     bar.close()
     writer.finish(status)
     record = read_run(out)
@@ -75,6 +97,23 @@ def _cmd_run(args) -> int:
         for path in draw_report(record):
             print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (a scheduler, `kill`) stops a run like Ctrl-C: at a clean point, results kept."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _model_facts(world) -> dict:
@@ -288,12 +327,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a scenario and write its results folder")
-    run.add_argument("scenario", help="scenario file, or a name from the catalog (e.g. quickstart)")
+    run.add_argument("scenario", nargs="?",
+                     help="scenario file, or a name from the catalog (e.g. quickstart)")
     run.add_argument("--out", help="results folder (default: runs/<scenario>-<time>)")
     run.add_argument("--set", action="append", metavar="KEY.PATH=VALUE",
                      help="override a scenario key, e.g. --set channel.uplink.tx_power_dbm=10")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="do not draw the PNG figures")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="finish an interrupted or killed run: keeps the algorithms it recorded "
+                          "and runs the others (results identical to an uninterrupted run)")
     run.set_defaults(func=_cmd_run)
 
     val = sub.add_parser("validate", help="check a scenario file without running it")

@@ -20,7 +20,11 @@ class Diverged(Exception):
     def __init__(self, round_index: int, last_row: dict | None):
         self.round_index = round_index
         self.last_row = last_row
-        super().__init__(f"diverged at round {round_index}")
+        # SimPy re-raises a process's exception as type(e)(*e.args): args must rebuild it.
+        super().__init__(round_index, last_row)
+
+    def __str__(self) -> str:
+        return f"diverged at round {self.round_index}"
 
 
 def device_accuracy_columns(accuracy, worst_fraction: float) -> dict:

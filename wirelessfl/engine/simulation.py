@@ -24,7 +24,7 @@ class AlgorithmRun:
     params: AlgorithmParams
     rows: list[dict]
     ledger: Ledger
-    status: str = "complete"  # or "diverged"
+    status: str = "complete"  # or "diverged", "interrupted"
     message: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -85,6 +85,9 @@ def run_algorithm(world: World, params: AlgorithmParams,
     env.process(algorithm.process())
     try:
         env.run()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the rounds evaluated so far
+        run.status = "interrupted"
+        run.message = f"{params.display_name}: interrupted at round {algorithm.round_index}"
     except Diverged as stop:
         last = stop.last_row
         metrics = (f"last finite metrics at round {last['round']}: accuracy "

@@ -1,7 +1,9 @@
 """A run folder on disk: rounds.parquet, devices.parquet and manifest.json (schema in docs/results.md).
 
 Files are rewritten atomically (temporary file + rename) after every algorithm finishes, so an
-interrupted or failing run never loses what was already recorded.
+interrupted or failing run never loses what was already recorded. A lock file (``.lock``, the
+writer's process id) refuses a second run writing to the same folder; a lock left by a process
+that no longer exists (killed with SIGKILL) is taken over.
 """
 
 from __future__ import annotations
@@ -77,6 +79,45 @@ def partition_manifest(scheme: str, params: dict, counts) -> dict:
             "mean_label_tv": mean_tv_distance(counts), "label_counts": counts.tolist()}
 
 
+LOCK_NAME = ".lock"
+# Statuses of an algorithm's entry in the manifest that a resumed run keeps (the others rerun).
+FINISHED = ("complete", "diverged")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def acquire_lock(folder: Path) -> Path:
+    """Create ``folder/.lock`` holding this process id, or a UserError if a live process holds
+    it; a stale lock (its process is gone) is replaced."""
+    lock = folder / LOCK_NAME
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and pid != os.getpid() and _pid_alive(pid):
+                raise UserError(f"{folder}: another run (process {pid}) is writing to this "
+                                "folder; wait for it or choose another --out") from None
+            lock.unlink(missing_ok=True)  # stale: its writer was killed
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        return lock
+    raise UserError(f"{folder}: cannot take the folder's lock file {lock}; remove it if no run "
+                    "is writing there")
+
+
 class RunWriter:
     """Keeps a run folder up to date as algorithms finish."""
 
@@ -87,6 +128,11 @@ class RunWriter:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise UserError(f"--out {out_dir}: cannot create the results folder ({err.strerror})")
+        if (self.dir / "manifest.json").exists():
+            acquire_lock(self.dir).unlink()  # a live writer there is refused first
+            raise UserError(f"--out {out_dir}: already holds a run; choose another folder, or "
+                            f"finish it with 'wirelessfl run --resume {out_dir}'")
+        self.lock = acquire_lock(self.dir)
         self.round_rows: list[dict] = []
         self.device_rows: list[dict] = []
         self.manifest = {
@@ -108,10 +154,36 @@ class RunWriter:
         self.manifest["algorithms"][label] = info
         self.flush()
 
+    @classmethod
+    def reopen(cls, out_dir: Path) -> RunWriter:
+        """A writer on an existing run folder (``--resume``): keeps the rows of the algorithms
+        that finished (complete or diverged) and drops those of an interrupted one."""
+        record = read_run(out_dir)
+        writer = cls.__new__(cls)
+        writer.dir = Path(out_dir)
+        writer.lock = acquire_lock(writer.dir)
+        writer.manifest = record.manifest
+        done = {k: v for k, v in record.manifest.get("algorithms", {}).items()
+                if v.get("status") in FINISHED}
+        writer.manifest["algorithms"] = done
+        writer.manifest["status"] = "running"
+        writer.manifest.setdefault("resumed_at", []).append(
+            datetime.now(UTC).isoformat(timespec="seconds"))
+        keep = lambda frame: frame[frame.algorithm.isin(list(done))]  # noqa: E731
+        writer.round_rows = keep(record.rounds).to_dict("records")
+        writer.device_rows = keep(record.devices).to_dict("records")
+        writer.flush()
+        return writer
+
+    @property
+    def finished_algorithms(self) -> set[str]:
+        return set(self.manifest["algorithms"])
+
     def finish(self, status: str = "complete") -> None:
         self.manifest["status"] = status
         self.manifest["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         self.flush()
+        self.lock.unlink(missing_ok=True)
 
     def flush(self) -> None:
         write_table(self.dir / "rounds.parquet", self.round_rows, ROUND_COLUMNS)

@@ -43,6 +43,9 @@ def read_yaml(path: Path, what: str) -> object:
         raise UserError(f"{path}: cannot read the {what} ({err.strerror})")
     try:
         return yaml.safe_load(text)
+    except RecursionError:
+        raise UserError(f"{path}: nested too deeply to parse; a {what} is a few levels deep"
+                        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -72,8 +75,13 @@ def find(kind: str, name: str, where: str, base_dir: Path | None = None) -> Path
 def load_mapping(kind: str, name: str, where: str, base_dir: Path | None = None) -> dict:
     """A catalog entry as a dict (its ``name`` set to the entry's name if absent)."""
     path = find(kind, name, where, base_dir)
-    doc = read_yaml(path, f"{kind.rstrip('s')} profile")
+    what = f"{kind.rstrip('s')} profile"
+    try:
+        doc = read_yaml(path, what)
+    except UserError as err:
+        raise UserError(f"{where}: {err}") from None
     if not isinstance(doc, dict):
-        raise UserError(f"{path}: a {kind.rstrip('s')} profile must be a mapping of fields")
+        raise UserError(f"{where}: {path}: {'an' if what[0] in 'aeiou' else 'a'} {what} must "
+                        "be a mapping of fields")
     doc.setdefault("name", path.stem)
     return doc

@@ -20,6 +20,30 @@ from wirelessfl.scenario import catalog
 from wirelessfl.scenario.schema import Scenario
 
 PROFILE_SECTIONS = {"channel": "channels", "energy": "energy"}
+# Bounds on a document's shape, checked before anything walks it recursively: a real scenario is
+# under 10 levels deep and a few thousand values (a positions list of 10,000 devices fits).
+MAX_DEPTH = 32
+MAX_NODES = 1_000_000
+
+
+def check_shape(doc: object, source: str) -> None:
+    """Refuse documents nested deeper than MAX_DEPTH (also self-referencing YAML aliases, which
+    are infinitely deep) or with more than MAX_NODES values, iteratively, so no walk recurses
+    past Python's limit."""
+    stack, seen = [(doc, ())], 0
+    while stack:
+        node, path = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            raise UserError(f"{source}: the document holds more than {MAX_NODES:,} values "
+                            "(YAML aliases repeated?); a scenario is far smaller")
+        if len(path) > MAX_DEPTH:
+            raise UserError(f"{source}: {format_path(path[:4])}...: nested more than {MAX_DEPTH} "
+                            "levels deep (or an alias that contains itself); flatten it")
+        if isinstance(node, dict):
+            stack.extend((v, path + (str(k),)) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, path + (i,)) for i, v in enumerate(node))
 
 
 def format_path(loc) -> str:
@@ -210,9 +234,12 @@ def scenario_from_document(doc: object, source: str, overrides: list[str] = (),
     if not isinstance(doc, dict):
         raise UserError(f"{source}: a scenario must be a mapping of keys (channel, energy, "
                         f"algorithms, ...), got {type(doc).__name__}")
+    check_shape(doc, source)
     doc = copy.deepcopy(doc)
     for assignment in overrides:
         apply_override(doc, assignment)
+    if overrides:
+        check_shape(doc, source)
     for section in PROFILE_SECTIONS:
         _resolve_profile(doc, section, source, base_dir)
     _resolve_classes(doc, source, base_dir)

@@ -1,0 +1,147 @@
+"""Runs that are interrupted (SIGINT, SIGTERM), killed (SIGKILL) or diverge keep what they
+recorded, say how to go on, and `wirelessfl run --resume` finishes them with result tables
+identical to an uninterrupted run's. The runs are real `python -m wirelessfl` processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import small_doc
+from wirelessfl.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+# A quick first algorithm, then a long enough second one to be stopped in the middle of.
+ALGORITHMS = [{"name": "fedavg", "rounds": 4, "eval_every": 2, "local_steps": 2, "label": "A"},
+              {"name": "dzofl", "rounds": 3000, "eval_every": 100, "label": "B"}]
+
+
+def _start(args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "wirelessfl", "run", *args, "--quiet",
+                             "--no-report"], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_first_algorithm(out: Path, proc, timeout=120.0):
+    """Poll the manifest until algorithm A is recorded (B is then running)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if "A" in json.loads((out / "manifest.json").read_text())["algorithms"]:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    raise AssertionError("the first algorithm was never recorded")
+
+
+def _tables(out: Path):
+    return (pd.read_parquet(out / "rounds.parquet"), pd.read_parquet(out / "devices.parquet"),
+            pd.read_csv(out / "summary.csv"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run's folder and scenario file."""
+    import yaml
+
+    folder = tmp_path_factory.mktemp("reference")
+    path = folder / "scenario.yaml"
+    path.write_text(yaml.safe_dump(small_doc(algorithms=ALGORITHMS)))
+    proc = _start([str(path), "--out", str(folder / "run")], folder)
+    assert proc.wait(timeout=300) == 0, proc.communicate()
+    return path, folder / "run"
+
+
+def _assert_identical(out: Path, ref: Path):
+    for ours, theirs in zip(_tables(out), _tables(ref)):
+        pd.testing.assert_frame_equal(ours, theirs)
+    a, b = (json.loads((p / "manifest.json").read_text()) for p in (out, ref))
+    assert a["status"] == b["status"] == "complete"
+    assert a["scenario"] == b["scenario"] and a["algorithms"] == b["algorithms"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_cleanly_keeps_the_rounds_and_resume_finishes(tmp_path, reference, sig):
+    scenario, ref = reference
+    out = tmp_path / "run"
+    proc = _start([str(scenario), "--out", str(out)], tmp_path)
+    _wait_for_first_algorithm(out, proc)
+    time.sleep(0.3)  # into B's rounds
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert f"wirelessfl run --resume {out}" in err and "Traceback" not in err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert manifest["algorithms"]["A"]["status"] == "complete"
+    assert manifest["algorithms"]["B"]["status"] == "interrupted"
+    rounds = pd.read_parquet(out / "rounds.parquet")
+    ref_rounds = pd.read_parquet(ref / "rounds.parquet")
+    pd.testing.assert_frame_equal(rounds[rounds.algorithm == "A"].reset_index(drop=True),
+                                  ref_rounds[ref_rounds.algorithm == "A"].reset_index(drop=True))
+    partial = rounds[rounds.algorithm == "B"]
+    assert 1 <= len(partial) < (ref_rounds.algorithm == "B").sum()  # B's rounds so far, kept
+    assert not (out / ".lock").exists()
+    assert main(["run", "--resume", str(out), "--quiet", "--no-report"]) == 0
+    _assert_identical(out, ref)
+
+
+def test_sigkill_then_resume_gives_the_uninterrupted_results(tmp_path, reference):
+    scenario, ref = reference
+    out = tmp_path / "run"
+    proc = _start([str(scenario), "--out", str(out)], tmp_path)
+    _wait_for_first_algorithm(out, proc)
+    proc.kill()
+    proc.wait(timeout=60)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "running" and list(manifest["algorithms"]) == ["A"]
+    assert (out / ".lock").exists()  # left by the killed writer, stale
+    assert main(["run", "--resume", str(out), "--quiet", "--no-report"]) == 0
+    _assert_identical(out, ref)
+
+
+def test_a_second_writer_is_refused(tmp_path, reference, capsys):
+    scenario, _ = reference
+    out = tmp_path / "run"
+    proc = _start([str(scenario), "--out", str(out)], tmp_path)
+    try:
+        _wait_for_first_algorithm(out, proc)
+        assert main(["run", "--resume", str(out), "--quiet", "--no-report"]) == 2
+        assert f"another run (process {proc.pid}) is writing to this folder" in \
+            capsys.readouterr().err
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    # a finished folder is not overwritten by a new run either
+    assert main(["run", str(scenario), "--out", str(reference[1]), "--quiet"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_a_diverging_algorithm_stops_with_a_message_and_the_others_finish(tmp_path,
+                                                                          scenario_file, capsys):
+    algos = [{"name": "fedsgd", "rounds": 6, "eval_every": 1, "lr": 1e38, "label": "blows up"},
+             {"name": "fedavg", "rounds": 4, "eval_every": 2, "local_steps": 2, "label": "fine"}]
+    out = tmp_path / "run"
+    assert main(["run", str(scenario_file(small_doc(algorithms=algos))), "--out", str(out),
+                 "--quiet", "--no-report"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: blows up: loss or parameters became NaN/inf by round" in err
+    assert "last finite metrics at round" in err and "lower its learning rate" in err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "partial"
+    assert manifest["algorithms"]["blows up"]["status"] == "diverged"
+    rounds = pd.read_parquet(out / "rounds.parquet")
+    fine = rounds[rounds.algorithm == "fine"]
+    assert list(fine["round"]) == [0, 2, 4] and fine.test_accuracy.notna().all()
+    assert (rounds[rounds.algorithm == "blows up"].test_loss.dropna().abs() < float("inf")).all()
