@@ -145,3 +145,48 @@ def test_a_diverging_algorithm_stops_with_a_message_and_the_others_finish(tmp_pa
     fine = rounds[rounds.algorithm == "fine"]
     assert list(fine["round"]) == [0, 2, 4] and fine.test_accuracy.notna().all()
     assert (rounds[rounds.algorithm == "blows up"].test_loss.dropna().abs() < float("inf")).all()
+
+
+def test_sigkill_at_a_random_round_with_checkpoints_resumes_identically(tmp_path, reference,
+                                                                         capsys):
+    """--checkpoint-every saves B's full state; SIGKILL at a random moment of B's rounds, then
+    --resume continues B from its last checkpoint: every result table equals the uninterrupted
+    run's."""
+    import random
+
+    scenario, ref = reference
+    out = tmp_path / "run"
+    proc = _start([str(scenario), "--out", str(out), "--checkpoint-every", "100"], tmp_path)
+    _wait_for_first_algorithm(out, proc)
+    end = time.monotonic() + 120
+    while not (out / "checkpoint.pkl").exists():  # B has passed its first checkpoint
+        assert proc.poll() is None and time.monotonic() < end
+        time.sleep(0.01)
+    time.sleep(random.Random().uniform(0.0, 0.5))
+    proc.kill()
+    proc.wait(timeout=60)
+    assert main(["run", "--resume", str(out), "--quiet", "--no-report"]) == 0
+    assert "B: continuing from the checkpoint after round" in capsys.readouterr().err
+    _assert_identical(out, ref)
+    assert not (out / "checkpoint.pkl").exists()
+
+
+@pytest.mark.parametrize("name", ["fedred", "scaffold", "fgdro-kl-adam", "zo-hfl", "dzofl"])
+def test_a_checkpointed_state_resumes_to_the_same_rounds(tmp_path, name):
+    """In process, for algorithms with state of their own: the run resumed from the checkpoint
+    after round 3 records exactly the rows and ledger of the run that wrote it."""
+    from tests.conftest import algorithm_entry, small_scenario
+    from wirelessfl.engine.build import build_world
+    from wirelessfl.engine.checkpoint import read_checkpoint
+    from wirelessfl.engine.simulation import run_algorithm
+
+    sc = small_scenario(["data.server_fraction=0.3"],
+                        algorithms=[algorithm_entry(name, rounds=5, eval_every=1)])
+    full = run_algorithm(build_world(sc), sc.algorithms[0], checkpoint_every=3,
+                         checkpoint_path=tmp_path / "c.pkl")
+    state = read_checkpoint(tmp_path / "c.pkl")
+    assert state["completed"] == 3 and state["label"] == sc.algorithms[0].display_name
+    resumed = run_algorithm(build_world(sc), sc.algorithms[0], resume=state)
+    pd.testing.assert_frame_equal(pd.DataFrame(full.rows), pd.DataFrame(resumed.rows))
+    assert (full.ledger.energy_j == resumed.ledger.energy_j).all()
+    assert (full.ledger.busy_s == resumed.ledger.busy_s).all()

@@ -28,12 +28,16 @@ def _cmd_run(args) -> int:
     from tqdm import tqdm
 
     from wirelessfl.engine.build import build_world
+    from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint
     from wirelessfl.engine.simulation import run_algorithm
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import RunWriter, read_run
     from wirelessfl.results.summary import format_summary, summarize
     from wirelessfl.scenario.loader import load_scenario, resolved_document, scenario_from_document
 
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise UserError(f"--checkpoint-every must be a positive number of rounds, got "
+                        f"{args.checkpoint_every}")
     if args.resume:
         if args.scenario or args.set or args.out:
             raise UserError("--resume RUN_DIR takes the scenario, overrides and folder from the "
@@ -51,10 +55,14 @@ def _cmd_run(args) -> int:
     world = build_world(scenario)
     if args.resume:
         writer = RunWriter.reopen(out)
+        every = args.checkpoint_every or writer.manifest.get("checkpoint_every") or 0
     else:
         writer = RunWriter(out, resolved_document(scenario), scenario.seed,
-                           extra={"model": _model_facts(world), "problem": world.problem_record()},
+                           extra={"model": _model_facts(world), "problem": world.problem_record(),
+                                  "checkpoint_every": args.checkpoint_every},
                            partition=world.partition_record())
+        every = args.checkpoint_every or 0
+    checkpoint_path = out / CHECKPOINT_NAME
     todo = [p for p in scenario.algorithms if p.display_name not in writer.finished_algorithms]
     d = world.evaluator.d
     what = (f"model {scenario.model.name} (d = {d:,}), dataset {scenario.data.name}"
@@ -72,7 +80,14 @@ def _cmd_run(args) -> int:
     with _sigterm_as_interrupt():
         for params in todo:
             bar.set_description(params.display_name)
-            run = run_algorithm(world, params, on_round=bar.update)
+            saved = read_checkpoint(checkpoint_path) if args.resume else None
+            if saved is not None and saved["label"] != params.display_name:
+                saved = None  # from an algorithm that has since finished
+            if saved is not None:
+                tqdm.write(f"{params.display_name}: continuing from the checkpoint after round "
+                           f"{saved['completed']}", sys.stderr)
+            run = run_algorithm(world, params, on_round=bar.update, checkpoint_every=every,
+                                checkpoint_path=checkpoint_path, resume=saved)
             info = {"status": run.status, "message": run.message,
                     "params": params.model_dump(mode="json"), **run.extra}
             writer.add(run.label, run.rows, run.device_rows(world), info)
@@ -83,6 +98,7 @@ def _cmd_run(args) -> int:
                       f"(manifest status 'interrupted'); finish the run with: wirelessfl run "
                       f"--resume {out}", file=sys.stderr)
                 return EXIT_INTERRUPTED
+            checkpoint_path.unlink(missing_ok=True)
             if run.status != "complete":
                 status = "partial"
                 tqdm.write(f"warning: {run.message}; the other algorithms continue", sys.stderr)
@@ -334,9 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a scenario key, e.g. --set channel.uplink.tx_power_dbm=10")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="do not draw the PNG figures")
+    run.add_argument("--checkpoint-every", type=int, metavar="N",
+                     help="save the running algorithm's full state every N rounds (atomically, "
+                          "RUN_DIR/checkpoint.pkl), so --resume continues from there")
     run.add_argument("--resume", metavar="RUN_DIR",
-                     help="finish an interrupted or killed run: keeps the algorithms it recorded "
-                          "and runs the others (results identical to an uninterrupted run)")
+                     help="finish an interrupted or killed run: keeps the algorithms it recorded, "
+                          "continues the one that was running from its last checkpoint (or its "
+                          "start) and runs the others; results identical to an uninterrupted run")
     run.set_defaults(func=_cmd_run)
 
     val = sub.add_parser("validate", help="check a scenario file without running it")

@@ -147,11 +147,13 @@ class Algorithm:
         """One round as a generator of SimPy events; updates ``self.theta``."""
         raise NotImplementedError
 
-    def process(self):
-        """The base station's process: the round loop, with evaluation between rounds."""
-        self.setup()
-        self.ctx.end_round(0, self.theta)
-        for k in range(self.params.rounds):
+    def process(self, start: int = 0):
+        """The base station's process: the round loop, with evaluation between rounds (from
+        round ``start`` when resumed from a checkpoint, whose state already holds setup's)."""
+        if start == 0:
+            self.setup()
+            self.ctx.end_round(0, self.theta)
+        for k in range(start, self.params.rounds):
             self.round_index = k
             # Local iterations of this round; round() overrides it when the count varies.
             steps = getattr(self.params, "local_steps", 1)
@@ -160,6 +162,8 @@ class Algorithm:
             yield from self.round(k)
             self.ctx.local_steps += self.round_local_steps
             self.ctx.end_round(k + 1, self.theta)
+            if self.ctx.on_checkpoint is not None:
+                self.ctx.on_checkpoint(k + 1)
 
 
 REGISTRY: dict[str, type[Algorithm]] = {}

@@ -62,6 +62,8 @@ class RunContext:
     local_steps: float = 0.0
     # Share of devices averaged in worst_k_device_accuracy (the scenario's worst_fraction).
     worst_fraction: float = 0.1
+    # Called with the rounds completed after each round (checkpointing); None: no checkpoints.
+    on_checkpoint: Callable[[int], None] | None = None
 
     @property
     def num_devices(self) -> int:

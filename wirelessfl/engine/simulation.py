@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import simpy
 
 from wirelessfl.algorithms.base import AlgorithmParams, algorithm_class
 from wirelessfl.engine.build import World
+from wirelessfl.engine.checkpoint import restore_algorithm, save_checkpoint
 from wirelessfl.engine.context import Diverged, RunContext
 from wirelessfl.engine.ledger import KIND_INDEX, Ledger
 from wirelessfl.engine.network import ENGINES
+from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
 
 
@@ -66,23 +69,48 @@ class AlgorithmRun:
 
 
 def run_algorithm(world: World, params: AlgorithmParams,
-                  on_round: Callable[[int], None] | None = None) -> AlgorithmRun:
-    """Simulate one algorithm from theta_0 to its last round in a fresh SimPy environment."""
+                  on_round: Callable[[int], None] | None = None, checkpoint_every: int = 0,
+                  checkpoint_path: Path | None = None, resume: dict | None = None
+                  ) -> AlgorithmRun:
+    """Simulate one algorithm from theta_0 (or from a checkpoint's state, ``resume``) to its last
+    round in a fresh SimPy environment; with ``checkpoint_every`` > 0, save the run's state to
+    ``checkpoint_path`` every that many rounds."""
     sc = world.scenario
-    env = simpy.Environment()
-    ledger = Ledger(world.num_devices)
-    # Every algorithm draws fading from the same stream: common random numbers across methods.
-    uplink = world.uplink()
-    network = ENGINES[sc.engine.mode](env, ledger, uplink, world.downlink(),
-                                      world.compute_model(params.bits),
-                                      world.device_power(uplink),
-                                      keyed_rng(sc.seed, "fading"), keyed_rng(sc.seed, "downlink"))
-    ctx = RunContext(params.display_name, env, network, ledger, world.evaluator,
-                     world.initial(), sc.seed, params.rounds,
-                     params.eval_every, on_round, worst_fraction=sc.worst_fraction)
-    algorithm = algorithm_class(params.name)(params, ctx)
-    run = AlgorithmRun(params.display_name, params, ctx.rows, ledger)
-    env.process(algorithm.process())
+    save = None
+    if checkpoint_every:
+        if sc.engine.mode != "vectorized":
+            raise UserError("checkpoints need engine.mode: vectorized (the processes engine keeps "
+                            "per-device SimPy processes, which cannot be saved); drop "
+                            "--checkpoint-every or set --set engine.mode=vectorized")
+
+        def save(completed: int) -> None:
+            if completed % checkpoint_every == 0 and completed < params.rounds:
+                save_checkpoint(checkpoint_path, algorithm, completed)
+
+    if resume is not None:
+        algorithm, env = restore_algorithm(resume, world.evaluator, on_round, save)
+        ctx = algorithm.ctx
+        if on_round is not None:
+            on_round(resume["completed"])
+        start = resume["completed"]
+    else:
+        env = simpy.Environment()
+        ledger = Ledger(world.num_devices)
+        # Every algorithm draws fading from the same stream: common random numbers across methods.
+        uplink = world.uplink()
+        network = ENGINES[sc.engine.mode](env, ledger, uplink, world.downlink(),
+                                          world.compute_model(params.bits),
+                                          world.device_power(uplink),
+                                          keyed_rng(sc.seed, "fading"),
+                                          keyed_rng(sc.seed, "downlink"))
+        ctx = RunContext(params.display_name, env, network, ledger, world.evaluator,
+                         world.initial(), sc.seed, params.rounds,
+                         params.eval_every, on_round, worst_fraction=sc.worst_fraction,
+                         on_checkpoint=save)
+        algorithm = algorithm_class(params.name)(params, ctx)
+        start = 0
+    run = AlgorithmRun(params.display_name, params, ctx.rows, ctx.ledger)
+    env.process(algorithm.process(start))
     try:
         env.run()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the rounds evaluated so far

@@ -41,7 +41,8 @@ DEVICE_COLUMNS = [
 PACKAGES = ("wirelessfl", "torch", "numpy", "scipy", "simpy", "pydantic", "pandas", "pyarrow")
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -53,12 +54,12 @@ def _atomic_write(path: Path, write) -> None:
 
 
 def write_json(path: Path, data: dict) -> None:
-    _atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
 
 
 def write_table(path: Path, rows: list[dict], columns: list[str]) -> None:
     frame = pd.DataFrame(rows, columns=columns)
-    _atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
+    atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 def package_versions() -> dict[str, str]:
