@@ -17,26 +17,16 @@ from pathlib import Path
 import yaml
 from hypothesis import strategies as st
 
+from tests.conftest import small_doc
 from wirelessfl.errors import UserError
 from wirelessfl.scenario.loader import load_scenario, scenario_from_document
 
-BASE = {
-    "name": "fuzz",
-    "seed": 1,
-    "channel": "seed002-cell",
-    "energy": "seed002-accelerator",
-    "population": {"num_devices": 4},
-    "data": {"name": "digits", "test_fraction": 0.2},
-    "partition": {"scheme": "dirichlet", "alpha": 0.5},
-    "model": {"name": "mlp", "hidden": [16]},
-    "quantization_bits": 16,
-    "target_accuracy": 0.8,
-    "engine": {"mode": "vectorized"},
-    "algorithms": [
-        {"name": "dzofl", "rounds": 10, "eval_every": 5, "alpha0": 2.0},
-        {"name": "fedavg", "rounds": 3, "local_steps": 2, "lr": 0.1, "label": "FA"},
-    ],
-}
+# The small test scenario with more sections to mutate (a Dirichlet split, an MLP, an engine).
+BASE = small_doc(name="fuzz", partition={"scheme": "dirichlet", "alpha": 0.5},
+                 model={"name": "mlp", "hidden": [16]}, engine={"mode": "vectorized"},
+                 algorithms=[{"name": "dzofl", "rounds": 10, "eval_every": 5, "alpha0": 2.0},
+                             {"name": "fedavg", "rounds": 3, "local_steps": 2, "lr": 0.1,
+                              "label": "FA"}])
 
 # A file that would run a command if the loader executed Python tags (it must not).
 UNSAFE_MARKER = "wirelessfl-fuzz-unsafe-tag-executed"

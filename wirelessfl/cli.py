@@ -29,6 +29,7 @@ def _cmd_run(args) -> int:
 
     from wirelessfl.engine.build import build_world
     from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint
+    from wirelessfl.engine.resources import check_memory
     from wirelessfl.engine.simulation import run_algorithm
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import RunWriter, read_run
@@ -53,6 +54,7 @@ def _cmd_run(args) -> int:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
     world = build_world(scenario)
+    check_memory(world)
     if args.resume:
         writer = RunWriter.reopen(out)
         every = args.checkpoint_every or writer.manifest.get("checkpoint_every") or 0

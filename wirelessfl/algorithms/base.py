@@ -70,6 +70,10 @@ class Algorithm:
         self.missed = np.zeros(ctx.num_devices, dtype=np.int64)
         self.round_index = 0
 
+    # [N, d] arrays (in the problem's compute precision) the algorithm holds at its peak, beyond
+    # the evaluator's chunked work: what the pre-run memory check (engine/resources.py) counts.
+    peak_device_arrays: ClassVar[int] = 0
+
     # Upload phases of a round in which every packet arrives (two for methods that exchange a
     # gradient and then a model); the conformance suite reads it with ``declared_payloads``.
     uploads_per_round: ClassVar[int] = 1

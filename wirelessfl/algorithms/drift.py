@@ -101,6 +101,9 @@ class DriftCorrected(Algorithm):
     Params = DriftParams
     # Upload phases of a round in which packets arrive (the conformance suite reads it).
     uploads_per_round = 2
+    # Peak [N, d] arrays: gradients at the anchor, h_i, local iterates, the local gradient and
+    # the step's temporaries (FedRed and Scaffnew also keep x_i and h_i between rounds).
+    peak_device_arrays = 7
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1

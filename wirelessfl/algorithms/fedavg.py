@@ -196,6 +196,7 @@ class ScaffoldParams(FedAvgParams):
 @register
 class Scaffold(VectorUploadAlgorithm):
     name = "scaffold"
+    peak_device_arrays = 1  # c_i between rounds (models and uploads go chunk by chunk)
     Params = ScaffoldParams
     summary = "drift-corrected local SGD with control variates; two d-vectors up and two down"
 

@@ -76,6 +76,8 @@ class FGDROParams(AlgorithmParams):
 class _FGDRO(Algorithm):
     """Shared round of the three methods: local steps, one upload, averages over what arrived."""
 
+    peak_device_arrays = 4  # w, m, q of every device and their quantised uploads
+
     vectors: ClassVar[int]  # d-vectors each way: w (+ m, + q)
 
     @classmethod

@@ -63,6 +63,7 @@ class ZOHFL(Algorithm):
     name = "zo-hfl"
     Params = ZOHFLParams
     server_learns = True
+    peak_device_arrays = 3  # the directions v_i and the two proximal solves y+-
     summary = ("seed 000: server gradient on its own data + two-point ZO probes of the clients' "
                "proximal solves; y+- (or one scalar) up")
 

@@ -303,6 +303,9 @@ class EngineConfig(_Strict):
         "vectorized", description="vectorized: one numpy step per synchronous phase (fast); "
                                   "processes: one SimPy process per device (reference)")
     max_chunk_mb: float = Field(1024.0, gt=0, description="memory bound per chunk of devices [MiB]")
+    memory_limit_mb: float | None = Field(
+        None, gt=0, description="refuse a run whose estimated memory exceeds this [MiB] "
+                                "(default: 80 % of the memory available when it starts)")
 
 
 class Scenario(_Strict):
