@@ -3,7 +3,8 @@
 The problem is a classifier (data on devices, a zoo model, ``BatchedEvaluator``), with
 ``problem: {name: quadratic}`` fedred.md's synthetic quadratic (``QuadraticProblem``), or with
 ``problem: {name: logistic}`` fedred.md's regularised logistic regression on the same data split
-as a classifier's (``LogisticProblem``). Everything
+as a classifier's (``LogisticProblem``), with ``problem: {name: bilevel-quadratic}`` fedmsa.md's
+federated bilevel quadratic (``BilevelQuadratic``). Everything
 here is shared by all algorithms of a scenario (same positions, same shards, same theta_0, same
 device classes and clocks), so algorithms are compared on the same world.
 """
@@ -29,6 +30,7 @@ from wirelessfl.energy import (
 )
 from wirelessfl.engine.allocator import keep_freed_memory
 from wirelessfl.errors import UserError
+from wirelessfl.learning.bilevel import BilevelQuadratic, bilevel_quadratic
 from wirelessfl.learning.datasets import Dataset, load_dataset
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.logistic import LogisticProblem
@@ -170,8 +172,9 @@ def build_world(scenario: Scenario) -> World:
                                    scenario.channel, keyed_rng(seed, "placement"))
     else:
         cell = Cell.build(n, scenario.channel, keyed_rng(seed, "placement"))
-    if scenario.problem.name == "quadratic":
-        problem = build_quadratic(scenario, device)
+    if scenario.problem.name in ("quadratic", "bilevel-quadratic"):
+        build = build_quadratic if scenario.problem.name == "quadratic" else build_bilevel
+        problem = build(scenario, device)
         return World(scenario, cell, None, None, None, problem.model_profile, problem, device)
     split = split_data(scenario)
     if scenario.problem.name == "logistic":
@@ -251,3 +254,12 @@ def build_quadratic(scenario: Scenario, device: torch.device) -> QuadraticProble
                             keyed_rng(scenario.seed, "quadratic"), p.minimizer_std)
     return QuadraticProblem(a, c, p.noise_std, device, scenario.engine.max_chunk_mb,
                             server_loss=p.server_loss)
+
+
+def build_bilevel(scenario: Scenario, device: torch.device) -> BilevelQuadratic:
+    """fedmsa.md Sec. 5.1's federated bilevel quadratic from the ``problem`` section, drawn from
+    the stream (seed, "bilevel-quadratic")."""
+    p = scenario.problem
+    a, b, c = bilevel_quadratic(p.clients, p.dimension_x, p.dimension_w, p.heterogeneity,
+                                keyed_rng(scenario.seed, "bilevel-quadratic"))
+    return BilevelQuadratic(a, b, c, mu=p.mu, noise_std=p.noise_std, device=device)

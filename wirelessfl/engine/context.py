@@ -104,6 +104,7 @@ class RunContext:
             "broadcasts_missed": int(self.ledger.broadcasts_missed.sum()),
             "alive_devices": int(self.ledger.alive.sum()),
             "gradient_evaluations": self.ledger.gradient_evaluations(),
+            "hessian_vector_products": self.ledger.hessian_vector_products(),
             "local_steps": float(self.local_steps),
             "exchanges": int(self.ledger.exchanges),
             "test_accuracy": float(metrics["test_accuracy"]),
