@@ -31,7 +31,7 @@ NEEDS = {"gd": {"lr": 0.1}, "scaffold-cv": {"lr": 0.1}, "scaffnew": {"lr": 0.1, 
 # Algorithms that run on a multi-sequence (bilevel) problem, not on a classifier: the conformance
 # scenario for them is a small bilevel quadratic with every client running the local steps, so
 # that each device's traffic is the declared per-device payload.
-MSA = {"fedmsa": {"local_clients": 8, "local_steps": 3}}
+MSA = {"fedmsa": {"local_clients": 8, "local_steps": 3}, "fednest": {}}
 BILEVEL = {"name": "bilevel-quadratic", "clients": 8, "dimension_x": 3, "dimension_w": 4}
 
 
@@ -69,7 +69,8 @@ def test_ledger_bits_equal_declared_payloads(name, bits):
     n = world.num_devices
     cls = REGISTRY[name]
     d = world.evaluator.d
-    up, down = cls.declared_payloads(d, bits, participants=n)
+    blocks = {"blocks": world.evaluator.blocks} if name == "fednest" else {}
+    up, down = cls.declared_payloads(d, bits, participants=n, **blocks)
     first = cls.initial_payloads(d, bits)
     up0, down0, packets0 = (first[0].bits, first[1].bits, 1) if first else (0, 0, 0)
     assert run.ledger.bits_up.tolist() == [up.bits * ROUNDS + up0] * n

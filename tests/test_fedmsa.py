@@ -289,3 +289,83 @@ def test_clean_errors():
                                "x.yaml")
     with pytest.raises(UserError, match="rho"):
         _scenario({"rounds": 1, "rho": 1.5})
+
+
+# ---- FedNest, the baseline (fedmsa.md Sec. 3.6) ---------------------------------------------------
+def _fednest_reference(a, b, c, mu, alpha, beta, eta, inner_rounds, inner_steps, terms,
+                       outer_steps, rounds):
+    """FedNest's outer iteration (FedInn by federated SVRG, FedIHGP by the global Neumann series,
+    the hypergradient, FedOut with the frozen indirect term) in numpy with the closed-form
+    derivatives g_w = A w - B x, H u = A u, J u = -B^T u, f_x = mu x, f_w = w - c; every mean
+    that crosses the air rounded to float32."""
+    m, dw, dx = b.shape
+    f32 = lambda z: z.astype(np.float32).astype(np.float64)  # noqa: E731
+    x, w, v = np.zeros(dx), np.zeros(dw), np.zeros(dw)
+    out = [np.concatenate([x, w, v])]
+    for _ in range(rounds):
+        for _ in range(inner_rounds):
+            grads = np.einsum("mij,j->mi", a, w) - np.einsum("mij,j->mi", b, x)
+            q = f32(grads.mean(0))
+            local = np.tile(w, (m, 1))
+            for _ in range(inner_steps):
+                g = np.einsum("mij,mj->mi", a, local) - np.einsum("mij,j->mi", b, x)
+                local = local - beta * (g - grads + q)
+            w = f32(local.mean(0))
+        term = f32((w - c).mean(0))
+        v = eta * term
+        for _ in range(terms):
+            term = term - eta * f32(np.einsum("mij,j->mi", a, term).mean(0))
+            v = v + eta * term
+        h = f32((mu * x + np.einsum("mij,i->mj", b, v)).mean(0))
+        local = np.tile(x, (m, 1))
+        for _ in range(outer_steps):
+            local = local - alpha * (mu * local - mu * x + h)
+        x = f32(local.mean(0))
+        out.append(np.concatenate([x, w, v]))
+    return out
+
+
+FEDNEST = {"name": "fednest", "alpha": 0.05, "beta": 0.2, "eta": 0.2, "inner_rounds": 2,
+           "inner_steps": 3, "neumann_terms": 4, "outer_steps": 3}
+
+
+def test_fednest_matches_numpy_reference(monkeypatch):
+    rounds = 6
+    sc = _scenario({**FEDNEST, "rounds": rounds})
+    world, thetas, run = run_recording_thetas(monkeypatch, sc)
+    prob = world.evaluator
+    ref = _fednest_reference(prob.a_np, prob.b_np, prob.c_np, prob.mu, 0.05, 0.2, 0.2, 2, 3, 4,
+                             3, rounds)
+    for r, (got, want) in enumerate(zip(thetas, ref, strict=True)):
+        np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-5, atol=1e-6,
+                                   err_msg=f"round {r}")
+    assert not np.allclose(ref[-1], ref[1])
+    # every client: 2T + N + 1 vectors of d_w and 2 of d_x up, the same down, per round
+    vec_w, vec_x = Payload.vectors(4, 32).bits, Payload.vectors(3, 32).bits
+    per_round = (2 * 2 + 4 + 1) * vec_w + 2 * vec_x
+    np.testing.assert_array_equal(run.ledger.bits_up, per_round * rounds)
+    np.testing.assert_array_equal(run.ledger.bits_down, per_round * rounds)
+    assert run.ledger.exchanges == (2 * 2 + 4 + 3) * rounds
+    # HVPs per client per round: N Neumann terms + 1 for the hypergradient
+    np.testing.assert_array_equal(run.ledger.hvp_passes, (4 + 1) * rounds)
+
+
+def test_fednest_with_a_long_neumann_series_reaches_the_known_solution(monkeypatch):
+    """With enough Neumann terms the inverse-Hessian product is exact and FedNest's fixed point
+    is x*; with the 3 terms of the authors' code it is biased (a truncated series)."""
+    ends = {}
+    for terms in (3, 60):
+        sc = _scenario({**FEDNEST, "rounds": 100, "eval_every": 100, "alpha": 0.1, "eta": 0.4,
+                        "neumann_terms": terms, "inner_rounds": 3})
+        _, thetas, run = run_recording_thetas(monkeypatch, sc)
+        ends[terms] = pd.DataFrame(run.rows).suboptimality.iloc[-1]
+    assert ends[60] < 1e-4
+    assert ends[3] > 1e-2
+
+
+def test_a_diverging_run_stops_with_a_message():
+    """fedmsa.md Sec. 2.6 [S]: alpha = beta too large diverges; the run stops cleanly."""
+    sc = _scenario({"rounds": 200, "alpha": 1.5, "beta": 1.5, "local_steps": 5})
+    run = run_algorithm(build_world(sc), sc.algorithms[0])
+    assert run.status == "diverged"
+    assert "lower its learning rate" in run.message

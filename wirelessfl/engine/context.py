@@ -20,7 +20,12 @@ class Diverged(Exception):
     def __init__(self, round_index: int, last_row: dict | None):
         self.round_index = round_index
         self.last_row = last_row
-        super().__init__(f"diverged at round {round_index}")
+        # args are the constructor's: SimPy re-raises a failed process's exception as
+        # type(e)(*e.args).
+        super().__init__(round_index, last_row)
+
+    def __str__(self) -> str:
+        return f"diverged at round {self.round_index}"
 
 
 def device_accuracy_columns(accuracy, worst_fraction: float) -> dict:

@@ -180,6 +180,36 @@ class BilevelProblem(MSAProblem):
         self.compute_s += time.perf_counter() - start
         return out
 
+    # ---- the separate oracles of methods that do not evaluate the maps whole (FedNest) -------
+    def _leaves(self, x: torch.Tensor, w: torch.Tensor):
+        return (x.to(torch.float64).detach().requires_grad_(True),
+                w.to(torch.float64).detach().requires_grad_(True))
+
+    def inner_gradients(self, x, w, devices, keys=None) -> torch.Tensor:
+        """grad_w g^m(x_i, w_i) [n, d_w] (one forward + one backward)."""
+        x, w = self._leaves(x, w)
+        with torch.enable_grad(), single_thread_if_small(len(w) * self.model_profile.macs_per_sample):
+            return torch.autograd.grad(self.inner_loss(x, w, devices, keys), w)[0]
+
+    def outer_gradients(self, x, w, devices, keys=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(grad_x f^m [n, d_x], grad_w f^m [n, d_w]) (one forward + one backward)."""
+        x, w = self._leaves(x, w)
+        with torch.enable_grad(), single_thread_if_small(len(w) * self.model_profile.macs_per_sample):
+            f_x, f_w = torch.autograd.grad(self.outer_loss(x, w, devices, keys), (x, w),
+                                           allow_unused=True)
+        return (torch.zeros_like(x) if f_x is None else f_x), f_w
+
+    def second_order(self, x, w, u, devices, keys=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(grad^2_ww g^m u [n, d_w], grad^2_xw g^m u [n, d_x]) at (x_i, w_i): one forward,
+        one backward with the graph kept, one double backward."""
+        x, w = self._leaves(x, w)
+        u = u.to(torch.float64)
+        with torch.enable_grad(), single_thread_if_small(len(w) * self.model_profile.macs_per_sample):
+            (g_w,) = torch.autograd.grad(self.inner_loss(x, w, devices, keys), w,
+                                         create_graph=True)
+            hvp, jvp = torch.autograd.grad((g_w * u).sum(), (w, x), allow_unused=True)
+        return hvp, (torch.zeros_like(x) if jvp is None else jvp)
+
     def evaluation_cost(self, evaluations, full_batch, batch_size):
         """One map evaluation = 2 forward + 2 backward passes (inner and outer batch) + 1
         Hessian-vector product (fedmsa.md Sec. 3.1)."""
