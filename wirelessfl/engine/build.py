@@ -34,6 +34,7 @@ from wirelessfl.learning.bilevel import BilevelQuadratic, bilevel_quadratic
 from wirelessfl.learning.datasets import Dataset, load_dataset
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.logistic import LogisticProblem
+from wirelessfl.learning.mco import RiskAverseMCO, risk_averse_data
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.partition import label_counts, partition
 from wirelessfl.learning.problems import Problem, QuadraticProblem, fedred_quadratic
@@ -172,8 +173,9 @@ def build_world(scenario: Scenario) -> World:
                                    scenario.channel, keyed_rng(seed, "placement"))
     else:
         cell = Cell.build(n, scenario.channel, keyed_rng(seed, "placement"))
-    if scenario.problem.name in ("quadratic", "bilevel-quadratic"):
-        build = build_quadratic if scenario.problem.name == "quadratic" else build_bilevel
+    if scenario.problem.name in ("quadratic", "bilevel-quadratic", "risk-averse-mco"):
+        build = {"quadratic": build_quadratic, "bilevel-quadratic": build_bilevel,
+                 "risk-averse-mco": build_mco}[scenario.problem.name]
         problem = build(scenario, device)
         return World(scenario, cell, None, None, None, problem.model_profile, problem, device)
     split = split_data(scenario)
@@ -263,3 +265,13 @@ def build_bilevel(scenario: Scenario, device: torch.device) -> BilevelQuadratic:
     a, b, c = bilevel_quadratic(p.clients, p.dimension_x, p.dimension_w, p.heterogeneity,
                                 keyed_rng(scenario.seed, "bilevel-quadratic"))
     return BilevelQuadratic(a, b, c, mu=p.mu, noise_std=p.noise_std, device=device)
+
+
+def build_mco(scenario: Scenario, device: torch.device) -> RiskAverseMCO:
+    """fedmsa.md Sec. 4.1's risk-averse composition from the ``problem`` section, data drawn from
+    the stream (seed, "risk-averse-mco")."""
+    p = scenario.problem
+    a, b, x_true = risk_averse_data(p.samples, p.dimension, p.label_noise_std,
+                                    keyed_rng(scenario.seed, "risk-averse-mco"))
+    return RiskAverseMCO(a, b, x_true, p.clients, p.risk_weight, p.risk_delta, p.initial_value,
+                         p.sample_batch, device)

@@ -23,6 +23,7 @@ from wirelessfl.energy.profile import EnergyProfile
 from wirelessfl.learning.bilevel import BILEVEL_QUADRATIC_DEFAULTS
 from wirelessfl.learning.datasets import BUILTIN_CLASSES, DataConfig
 from wirelessfl.learning.logistic import LOGISTIC_DEFAULTS
+from wirelessfl.learning.mco import MCO_DEFAULTS
 from wirelessfl.learning.models import MODEL_NAMES
 from wirelessfl.learning.partition import PARAM_DEFAULTS, SCHEME_PARAMS
 from wirelessfl.learning.problems import QUADRATIC_DEFAULTS
@@ -230,14 +231,16 @@ PROBLEM_PARAMS = {
     "logistic": ("l2", "normalize_rows"),
     "bilevel-quadratic": ("clients", "dimension_x", "dimension_w", "heterogeneity", "mu",
                           "noise_std"),
+    "risk-averse-mco": ("clients", "dimension", "samples", "risk_weight", "risk_delta",
+                        "label_noise_std", "initial_value", "sample_batch"),
 }
 # Problems without data: one device per client, no data/model/partition sections.
-CLIENT_PROBLEMS = {"quadratic": QUADRATIC_DEFAULTS, "bilevel-quadratic": BILEVEL_QUADRATIC_DEFAULTS}
-PROBLEM_DEFAULTS = {"train_metrics": False, **BILEVEL_QUADRATIC_DEFAULTS, **QUADRATIC_DEFAULTS,
-                    **LOGISTIC_DEFAULTS}
-# Keys two problems share with different defaults (filled in from the problem's own table).
-assert all(PROBLEM_DEFAULTS[k] == v for k, v in BILEVEL_QUADRATIC_DEFAULTS.items()
-           if k != "clients")
+CLIENT_PROBLEMS = {"quadratic": QUADRATIC_DEFAULTS, "bilevel-quadratic": BILEVEL_QUADRATIC_DEFAULTS,
+                   "risk-averse-mco": MCO_DEFAULTS}
+# Each problem's own defaults (a key two problems share, such as dimension, may differ).
+DEFAULTS_BY_PROBLEM = {"classification": {"train_metrics": False}, "logistic": LOGISTIC_DEFAULTS,
+                       **CLIENT_PROBLEMS}
+PROBLEM_DEFAULTS = {k: v for table in DEFAULTS_BY_PROBLEM.values() for k, v in table.items()}
 
 
 class ProblemConfig(_Strict):
@@ -247,11 +250,14 @@ class ProblemConfig(_Strict):
     ``logistic``: fedred.md Sec. 4.2's regularised binary logistic regression (no bias) on a
     binary dataset split over devices (the ``data`` and ``partition`` sections), f* known.
     ``bilevel-quadratic``: fedmsa.md Sec. 5.1's federated bilevel quadratic with known solution,
-    one device per client (for ``fedmsa``)."""
+    one device per client (for ``fedmsa``). ``risk-averse-mco``: fedmsa.md Sec. 4.1's three-level
+    compositional problem (for ``fedmsa``)."""
 
-    name: Literal["classification", "quadratic", "logistic", "bilevel-quadratic"] = Field(
+    name: Literal["classification", "quadratic", "logistic", "bilevel-quadratic",
+                  "risk-averse-mco"] = Field(
         "classification", description="classification (data/model/partition), quadratic, "
-                                      "logistic (data/partition), or bilevel-quadratic")
+                                      "logistic (data/partition), bilevel-quadratic or "
+                                      "risk-averse-mco")
     train_metrics: bool | None = Field(
         None, description="classification: compute grad_norm_sq over the training set at "
                           "evaluation points (one extra pass over it each time; default false, "
@@ -272,7 +278,30 @@ class ProblemConfig(_Strict):
         description=f"bilevel-quadratic: h, the spread of the clients' A_m, B_m, c_m around "
                     f"their common draw (default {BILEVEL_QUADRATIC_DEFAULTS['heterogeneity']:g})")
     dimension: int | None = Field(
-        None, gt=0, description=f"quadratic: d (default {QUADRATIC_DEFAULTS['dimension']})")
+        None, gt=0, description=f"quadratic, risk-averse-mco: d (default "
+                                f"{QUADRATIC_DEFAULTS['dimension']} / "
+                                f"{MCO_DEFAULTS['dimension']})")
+    samples: int | None = Field(
+        None, gt=0, description=f"risk-averse-mco: examples in total, split equally over the "
+                                f"clients (default {MCO_DEFAULTS['samples']})")
+    risk_weight: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description=f"risk-averse-mco: lambda (default {MCO_DEFAULTS['risk_weight']:g})")
+    risk_delta: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description=f"risk-averse-mco: delta in sqrt(s + delta) (default "
+                    f"{MCO_DEFAULTS['risk_delta']:g})")
+    label_noise_std: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description=f"risk-averse-mco: std of the noise on b (default "
+                    f"{MCO_DEFAULTS['label_noise_std']:g})")
+    initial_value: float | None = Field(
+        None, allow_inf_nan=False,
+        description=f"risk-averse-mco: x_0 = initial_value * 1 (default "
+                    f"{MCO_DEFAULTS['initial_value']:g}; 0 is a stationary point)")
+    sample_batch: int | None = Field(
+        None, gt=0, description=f"risk-averse-mco: samples per stochastic map evaluation "
+                                f"(full_batch: false; default {MCO_DEFAULTS['sample_batch']})")
     L: float | None = Field(
         None, gt=0, allow_inf_nan=False,
         description=f"quadratic: smoothness max_i ||A_i|| (default {QUADRATIC_DEFAULTS['L']:g})")
@@ -307,7 +336,9 @@ class ProblemConfig(_Strict):
     @model_validator(mode="after")
     def _params_match_name(self):
         reads = PROBLEM_PARAMS[self.name]
-        for key, default in PROBLEM_DEFAULTS.items():
+        own = DEFAULTS_BY_PROBLEM[self.name]
+        for key in PROBLEM_DEFAULTS:
+            default = own.get(key)
             if key not in reads and getattr(self, key) is not None:
                 readers = [n for n, keys in PROBLEM_PARAMS.items() if key in keys]
                 raise ValueError(f"'{key}' is only read by problem {' or '.join(map(repr, readers))}"
