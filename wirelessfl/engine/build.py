@@ -34,6 +34,7 @@ from wirelessfl.learning.bilevel import BilevelQuadratic, bilevel_quadratic
 from wirelessfl.learning.datasets import Dataset, load_dataset
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.logistic import LogisticProblem
+from wirelessfl.learning.loss_tuning import LossTuning
 from wirelessfl.learning.mco import RiskAverseMCO, risk_averse_data
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.partition import label_counts, partition
@@ -178,6 +179,9 @@ def build_world(scenario: Scenario) -> World:
                  "risk-averse-mco": build_mco}[scenario.problem.name]
         problem = build(scenario, device)
         return World(scenario, cell, None, None, None, problem.model_profile, problem, device)
+    if scenario.problem.name == "loss-tuning":
+        problem = build_loss_tuning(scenario, device)
+        return World(scenario, cell, None, None, None, problem.model_profile, problem, device)
     split = split_data(scenario)
     if scenario.problem.name == "logistic":
         problem = build_logistic(scenario, device, split)
@@ -275,3 +279,14 @@ def build_mco(scenario: Scenario, device: torch.device) -> RiskAverseMCO:
                                     keyed_rng(scenario.seed, "risk-averse-mco"))
     return RiskAverseMCO(a, b, x_true, p.clients, p.risk_weight, p.risk_delta, p.initial_value,
                          p.sample_batch, device)
+
+
+def build_loss_tuning(scenario: Scenario, device: torch.device) -> LossTuning:
+    """fedmsa.md Sec. 4.2 / 5.2's loss-function tuning on ``scenario.data``: long tail,
+    q-partition and train/validation split drawn from the stream (seed, "loss-tuning")."""
+    p = scenario.problem
+    data = load_dataset(scenario.data, scenario.seed)
+    return LossTuning(data.x_train, data.y_train, data.x_test, data.y_test, data.num_classes,
+                      scenario.population.num_devices, keyed_rng(scenario.seed, "loss-tuning"),
+                      p.imbalance_ratio, p.heterogeneity_q, p.validation_fraction,
+                      p.weight_decay, device)

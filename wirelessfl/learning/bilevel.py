@@ -156,6 +156,10 @@ class BilevelProblem(MSAProblem):
                    keys: np.ndarray | None) -> torch.Tensor:
         """sum over rows of f^{m}(x_i, w_i; sample_i), m = devices[i]: a scalar."""
 
+    def work(self, rows: int) -> int:
+        """Multiply-adds of one map evaluation for ``rows`` clients (picks the thread count)."""
+        return rows * self.model_profile.macs_per_sample
+
     def maps(self, states, devices, keys=None):
         """(p, s_w, s_v) by one backward with the graph kept and one double backward
         (module docstring); rows are independent, so the sums give per-device derivatives."""
@@ -165,8 +169,7 @@ class BilevelProblem(MSAProblem):
         x = s[:, :dx].detach().requires_grad_(True)
         w = s[:, dx:dx + dw].detach().requires_grad_(True)
         v = s[:, dx + dw:].detach()
-        work = len(states) * self.model_profile.macs_per_sample
-        with torch.enable_grad(), single_thread_if_small(work):
+        with torch.enable_grad(), single_thread_if_small(self.work(len(states))):
             (g_w,) = torch.autograd.grad(self.inner_loss(x, w, devices, keys), w,
                                          create_graph=True)
             # One reverse sweep over <grad_w g, v> - f gives, with respect to w,
@@ -188,13 +191,13 @@ class BilevelProblem(MSAProblem):
     def inner_gradients(self, x, w, devices, keys=None) -> torch.Tensor:
         """grad_w g^m(x_i, w_i) [n, d_w] (one forward + one backward)."""
         x, w = self._leaves(x, w)
-        with torch.enable_grad(), single_thread_if_small(len(w) * self.model_profile.macs_per_sample):
+        with torch.enable_grad(), single_thread_if_small(self.work(len(w))):
             return torch.autograd.grad(self.inner_loss(x, w, devices, keys), w)[0]
 
     def outer_gradients(self, x, w, devices, keys=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(grad_x f^m [n, d_x], grad_w f^m [n, d_w]) (one forward + one backward)."""
         x, w = self._leaves(x, w)
-        with torch.enable_grad(), single_thread_if_small(len(w) * self.model_profile.macs_per_sample):
+        with torch.enable_grad(), single_thread_if_small(self.work(len(w))):
             f_x, f_w = torch.autograd.grad(self.outer_loss(x, w, devices, keys), (x, w),
                                            allow_unused=True)
         return (torch.zeros_like(x) if f_x is None else f_x), f_w
@@ -204,7 +207,7 @@ class BilevelProblem(MSAProblem):
         one backward with the graph kept, one double backward."""
         x, w = self._leaves(x, w)
         u = u.to(torch.float64)
-        with torch.enable_grad(), single_thread_if_small(len(w) * self.model_profile.macs_per_sample):
+        with torch.enable_grad(), single_thread_if_small(self.work(len(w))):
             (g_w,) = torch.autograd.grad(self.inner_loss(x, w, devices, keys), w,
                                          create_graph=True)
             hvp, jvp = torch.autograd.grad((g_w * u).sum(), (w, x), allow_unused=True)

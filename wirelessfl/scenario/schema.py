@@ -23,6 +23,7 @@ from wirelessfl.energy.profile import EnergyProfile
 from wirelessfl.learning.bilevel import BILEVEL_QUADRATIC_DEFAULTS
 from wirelessfl.learning.datasets import BUILTIN_CLASSES, DataConfig
 from wirelessfl.learning.logistic import LOGISTIC_DEFAULTS
+from wirelessfl.learning.loss_tuning import LOSS_TUNING_DEFAULTS
 from wirelessfl.learning.mco import MCO_DEFAULTS
 from wirelessfl.learning.models import MODEL_NAMES
 from wirelessfl.learning.partition import PARAM_DEFAULTS, SCHEME_PARAMS
@@ -233,13 +234,14 @@ PROBLEM_PARAMS = {
                           "noise_std"),
     "risk-averse-mco": ("clients", "dimension", "samples", "risk_weight", "risk_delta",
                         "label_noise_std", "initial_value", "sample_batch"),
+    "loss-tuning": ("imbalance_ratio", "heterogeneity_q", "validation_fraction", "weight_decay"),
 }
 # Problems without data: one device per client, no data/model/partition sections.
 CLIENT_PROBLEMS = {"quadratic": QUADRATIC_DEFAULTS, "bilevel-quadratic": BILEVEL_QUADRATIC_DEFAULTS,
                    "risk-averse-mco": MCO_DEFAULTS}
 # Each problem's own defaults (a key two problems share, such as dimension, may differ).
 DEFAULTS_BY_PROBLEM = {"classification": {"train_metrics": False}, "logistic": LOGISTIC_DEFAULTS,
-                       **CLIENT_PROBLEMS}
+                       "loss-tuning": LOSS_TUNING_DEFAULTS, **CLIENT_PROBLEMS}
 PROBLEM_DEFAULTS = {k: v for table in DEFAULTS_BY_PROBLEM.values() for k, v in table.items()}
 
 
@@ -251,13 +253,14 @@ class ProblemConfig(_Strict):
     binary dataset split over devices (the ``data`` and ``partition`` sections), f* known.
     ``bilevel-quadratic``: fedmsa.md Sec. 5.1's federated bilevel quadratic with known solution,
     one device per client (for ``fedmsa``). ``risk-averse-mco``: fedmsa.md Sec. 4.1's three-level
-    compositional problem (for ``fedmsa``)."""
+    compositional problem (for ``fedmsa``). ``loss-tuning``: fedmsa.md Sec. 4.2 / 5.2's federated
+    loss-function tuning on a long-tailed version of the ``data`` set (its own q-partition)."""
 
     name: Literal["classification", "quadratic", "logistic", "bilevel-quadratic",
-                  "risk-averse-mco"] = Field(
+                  "risk-averse-mco", "loss-tuning"] = Field(
         "classification", description="classification (data/model/partition), quadratic, "
-                                      "logistic (data/partition), bilevel-quadratic or "
-                                      "risk-averse-mco")
+                                      "logistic (data/partition), bilevel-quadratic, "
+                                      "risk-averse-mco or loss-tuning (data)")
     train_metrics: bool | None = Field(
         None, description="classification: compute grad_norm_sq over the training set at "
                           "evaluation points (one extra pass over it each time; default false, "
@@ -299,6 +302,22 @@ class ProblemConfig(_Strict):
         None, allow_inf_nan=False,
         description=f"risk-averse-mco: x_0 = initial_value * 1 (default "
                     f"{MCO_DEFAULTS['initial_value']:g}; 0 is a stationary point)")
+    imbalance_ratio: float | None = Field(
+        None, gt=0, le=1, allow_inf_nan=False,
+        description=f"loss-tuning: smallest / largest class count of the long tail (default "
+                    f"{LOSS_TUNING_DEFAULTS['imbalance_ratio']:g}, fedmsa.md 4.5 [C])")
+    heterogeneity_q: float | None = Field(
+        None, ge=0, le=1, allow_inf_nan=False,
+        description=f"loss-tuning: q, each client's share of its own class (default "
+                    f"{LOSS_TUNING_DEFAULTS['heterogeneity_q']:g}, fedmsa.md 4.2)")
+    validation_fraction: float | None = Field(
+        None, gt=0, lt=1, allow_inf_nan=False,
+        description=f"loss-tuning: each client's validation share (default "
+                    f"{LOSS_TUNING_DEFAULTS['validation_fraction']:g}, fedmsa.md 4.5 [C])")
+    weight_decay: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description=f"loss-tuning: lambda_w of the inner loss (default "
+                    f"{LOSS_TUNING_DEFAULTS['weight_decay']:g}, fedmsa.md 5.2)")
     sample_batch: int | None = Field(
         None, gt=0, description=f"risk-averse-mco: samples per stochastic map evaluation "
                                 f"(full_batch: false; default {MCO_DEFAULTS['sample_batch']})")
@@ -435,6 +454,18 @@ class Scenario(_Strict):
                              f"{classes} classes; set data.positive_classes (e.g. [0]: class 0 "
                              "against the rest) or data.classes with two labels (e.g. [3, 8]), "
                              "or use data.name: breast_cancer")
+        return self
+
+    @model_validator(mode="after")
+    def _loss_tuning_fits(self):
+        """Loss tuning builds its own linear model and its own split of ``data``."""
+        if self.problem.name != "loss-tuning":
+            return self
+        for key, default in (("model", ModelConfig()), ("partition", PartitionConfig())):
+            if getattr(self, key) != default:
+                raise ValueError(f"{key}: not read by problem 'loss-tuning' (a linear softmax "
+                                 "model on its own q-partition: problem.heterogeneity_q); remove "
+                                 f"the {key} section")
         return self
 
     @model_validator(mode="after")
