@@ -13,7 +13,8 @@ seconds and joules to the first, and the final error after R = 200 rounds.
 
 Writes a JSON file (one record per run) and prints a markdown table (median over seeds).
 
-    python benchmarks/seed001_quadratic.py [--seeds 0 1 2 3 4] [--out benchmarks/seed001_quadratic.json]
+    PYTHONPATH=. python benchmarks/seed001_quadratic.py [--seeds 0 1 2 3 4]
+        [--out benchmarks/seed001_quadratic.json]
 """
 
 from __future__ import annotations

@@ -291,7 +291,7 @@ def test_clean_errors():
         _scenario({"rounds": 1, "rho": 1.5})
 
 
-# ---- FedNest, the baseline (fedmsa.md Sec. 3.6) ---------------------------------------------------
+# ---- FedNest, the baseline (fedmsa.md Sec. 3.6) -----------------------------------------------
 def _fednest_reference(a, b, c, mu, alpha, beta, eta, inner_rounds, inner_steps, terms,
                        outer_steps, rounds):
     """FedNest's outer iteration (FedInn by federated SVRG, FedIHGP by the global Neumann series,

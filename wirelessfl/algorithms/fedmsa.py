@@ -90,8 +90,9 @@ class FedMSA(DriftCorrected):
         ev, p = self.ctx.evaluator, self.params
         if not isinstance(ev, MSAProblem):
             raise UserError(f"algorithms '{p.display_name}': fedmsa needs a multi-sequence "
-                            f"problem (problem.name: bilevel-quadratic); this scenario's problem "
-                            f"is single-level ('{ev.describe().get('name', type(ev).__name__)}')")
+                            "problem (problem.name: bilevel-quadratic, loss-tuning or "
+                            "risk-averse-mco); this scenario's problem is single-level "
+                            f"('{ev.describe().get('name', type(ev).__name__)}')")
         if p.local_clients > ev.num_devices:
             raise UserError(f"algorithms '{p.display_name}': local_clients ({p.local_clients}) "
                             f"exceeds the {ev.num_devices} clients; set local_clients <= "

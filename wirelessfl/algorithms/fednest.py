@@ -98,8 +98,8 @@ class FedNest(DriftCorrected):
         ev, p = self.ctx.evaluator, self.params
         if not isinstance(ev, BilevelProblem):
             raise UserError(f"algorithms '{p.display_name}': fednest needs a bilevel problem "
-                            f"(problem.name: bilevel-quadratic); this scenario's problem is "
-                            f"'{ev.describe().get('name', type(ev).__name__)}'")
+                            "(problem.name: bilevel-quadratic or loss-tuning); this scenario's "
+                            f"problem is '{ev.describe().get('name', type(ev).__name__)}'")
 
     def _cost(self, forward_backward, hvp=0) -> Cost:
         batch = self.ctx.evaluator.full_batch_sizes()

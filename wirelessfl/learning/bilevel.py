@@ -44,7 +44,8 @@ BILEVEL_QUADRATIC_DEFAULTS = {
     "clients": 10,  # M = 10 (fedmsa.md Sec. 5.1)
     "dimension_x": 10,  # d_x = 10 (Sec. 5.1)
     "dimension_w": 20,  # d_w = 20 (Sec. 5.1)
-    "heterogeneity": 0.3,  # h, the spread of client data (Sec. 5.1: {0, 0.3, 1.0}; 0.3 is its sanity-number setting)
+    # h, the spread of client data (Sec. 5.1: {0, 0.3, 1.0}; 0.3 in its sanity numbers)
+    "heterogeneity": 0.3,
     "mu": 1.0,  # mu of the outer regulariser (Sec. 5.1)
     "noise_std": 0.0,  # sigma of each oracle call (Sec. 5.1: {0, 0.1})
 }

@@ -5,7 +5,8 @@ Data (Sec. 4.2, 4.5 [C], A18): the training set is cut to a long tail, class c k
 ceil(n_0 imbalance_ratio^(c / (C - 1))) samples (n_0 the largest class's count); C clients of
 equal size take a share q of their quota from "their" class c (capped by what it has) and the rest
 uniformly from the pool left; each is then cut into ``clients_per_class`` clients (the paper: 10
-x 10 = 100; here population.num_devices / C) and each client's samples into train (g) and validation (f) parts (80 / 20 [C]).
+x 10 = 100; here population.num_devices / C) and each client's samples into train (g) and
+validation (f) parts (80 / 20 [C]).
 The test set is the dataset's own, which is about class-balanced.
 
 Bilevel problem (Sec. 2.4): w = W [(D + 1) x C] (bias appended), x = (kappa, l) in R^{2C},

@@ -360,7 +360,8 @@ class ProblemConfig(_Strict):
             default = own.get(key)
             if key not in reads and getattr(self, key) is not None:
                 readers = [n for n, keys in PROBLEM_PARAMS.items() if key in keys]
-                raise ValueError(f"'{key}' is only read by problem {' or '.join(map(repr, readers))}"
+                names = " or ".join(map(repr, readers))
+                raise ValueError(f"'{key}' is only read by problem {names}"
                                  f" but name is {self.name!r}; remove it or set name: "
                                  f"{readers[0]}")
             if key in reads and key != "clients" and getattr(self, key) is None:
