@@ -8,44 +8,26 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import small_doc, small_scenario
+from tests.conftest import algorithm_scenario, small_scenario
 from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.errors import UserError
-from wirelessfl.scenario.loader import scenario_from_document
 
 _load_builtin_algorithms()
 NAMES = sorted(REGISTRY)
 ROUNDS = 4
 
 
-# Parameters whose default rule reads the problem's L or delta, which a neural network does not
-# know (the drift-corrected family, fedred.md): given here for the classification scenario.
-NEEDS = {"gd": {"lr": 0.1}, "scaffold-cv": {"lr": 0.1}, "scaffnew": {"lr": 0.1, "p": 0.5},
-         "dane-plus": {"lam": 1.0, "lr": 0.1, "max_local_steps": 5},
-         "dane": {"lam": 1.0, "lr": 0.1, "max_local_steps": 5},
-         "fedred": {"p": 0.5, "eta": 10.0}}
-
-
-# Algorithms that run on a multi-sequence (bilevel) problem, not on a classifier: the conformance
-# scenario for them is a small bilevel quadratic with every client running the local steps, so
-# that each device's traffic is the declared per-device payload.
-MSA = {"fedmsa": {"local_clients": 8, "local_steps": 3}, "fednest": {}}
-BILEVEL = {"name": "bilevel-quadratic", "clients": 8, "dimension_x": 3, "dimension_w": 4}
+# fedmsa with every client running the local steps, so that each device's traffic is the
+# declared per-device payload.
+EXTRA = {"fedmsa": {"local_clients": 8}}
 
 
 def _scenario(name, *overrides):
-    algos = [{"name": name, "rounds": ROUNDS, "eval_every": 1, **NEEDS.get(name, {}),
-              **MSA.get(name, {})}]
-    if name in MSA:  # no data: the split-related overrides do not apply
-        doc = small_doc(problem=BILEVEL, algorithms=algos)
-        for key in ("data", "model", "population"):
-            doc.pop(key)
-        kept = [o for o in overrides if not o.startswith(("partition", "data"))]
-        return scenario_from_document(doc, "conformance.yaml", kept)
+    algorithm = {"name": name, "rounds": ROUNDS, "eval_every": 1, **EXTRA.get(name, {})}
     # a base station with data of its own (seed 000), which only ZO-HFL reads
-    return small_scenario(["data.server_fraction=0.3", *overrides], algorithms=algos)
+    return algorithm_scenario(algorithm, ["data.server_fraction=0.3", *overrides])
 
 
 def _run(sc):
