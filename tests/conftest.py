@@ -26,20 +26,6 @@ SMALL = {
 }
 
 
-# Parameters an algorithm needs on the small classification scenario: the drift-corrected family's
-# default rules read the problem's L or delta (fedred.md), which a neural network does not know;
-# ZO-HFL's tau of 1 keeps its client solves short.
-NEURAL_PARAMS = {"gd": {"lr": 0.1}, "scaffold-cv": {"lr": 0.1}, "scaffnew": {"lr": 0.1, "p": 0.5},
-                 "dane-plus": {"lam": 1.0, "lr": 0.1, "max_local_steps": 5},
-                 "dane": {"lam": 1.0, "lr": 0.1, "max_local_steps": 5},
-                 "fedred": {"p": 0.5, "eta": 10.0}}
-
-
-def algorithm_entry(name: str, **entry) -> dict:
-    """An ``algorithms`` entry for ``name`` on the small scenario, with what it needs there."""
-    return {"name": name, **NEURAL_PARAMS.get(name, {}), **entry}
-
-
 def small_doc(**changes) -> dict:
     """A copy of the small scenario document with top-level keys replaced."""
     doc = copy.deepcopy(SMALL)
@@ -49,6 +35,33 @@ def small_doc(**changes) -> dict:
 
 def small_scenario(overrides=(), **changes):
     return scenario_from_document(small_doc(**changes), "small.yaml", list(overrides))
+
+
+# Parameters an algorithm needs on the small scenarios: the drift-corrected family's default rules
+# read the problem's L or delta, which a neural network does not know (fedred.md).
+ALGORITHM_NEEDS = {"gd": {"lr": 0.1}, "scaffold-cv": {"lr": 0.1},
+                   "scaffnew": {"lr": 0.1, "p": 0.5},
+                   "dane-plus": {"lam": 1.0, "lr": 0.1, "max_local_steps": 5},
+                   "dane": {"lam": 1.0, "lr": 0.1, "max_local_steps": 5},
+                   "fedred": {"p": 0.5, "eta": 10.0}, "fedmsa": {"local_steps": 3}}
+# Algorithms that run on a multi-sequence (bilevel) problem, not on a classifier, and the small
+# problem they get (fedmsa.md Sec. 5.1's quadratic, one client per device).
+MSA_ALGORITHMS = {"fedmsa", "fednest"}
+SMALL_BILEVEL = {"name": "bilevel-quadratic", "dimension_x": 3, "dimension_w": 4}
+
+
+def algorithm_scenario(algorithm: dict, overrides=()):
+    """The small scenario running ``algorithm`` (with what it needs) on a problem it runs on;
+    overrides of the data split are dropped for a problem without data."""
+    name = algorithm["name"]
+    algorithm = {**ALGORITHM_NEEDS.get(name, {}), **algorithm}
+    if name not in MSA_ALGORITHMS:
+        return small_scenario(overrides, algorithms=[algorithm])
+    doc = small_doc(problem=SMALL_BILEVEL, algorithms=[algorithm])
+    for key in ("data", "model"):
+        doc.pop(key)
+    kept = [o for o in overrides if not o.startswith(("partition", "data"))]
+    return scenario_from_document(doc, "small.yaml", kept)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import algorithm_entry, small_scenario
+from tests.conftest import algorithm_scenario, small_scenario
 from tests.test_radio_engine import SETTINGS
 from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
 from wirelessfl.engine.build import build_world
@@ -368,10 +368,12 @@ def _scenarios(draw):
     elif battery is not None:
         overrides.append(f"energy.battery_j={battery}")
     name = draw(st.sampled_from(ALGORITHMS))
-    algorithm = algorithm_entry(name, rounds=3, eval_every=1,
-                                participation=draw(st.sampled_from([0.4, 1.0])))
+    algorithm = {"name": name, "rounds": 3, "eval_every": 1,
+                 "participation": draw(st.sampled_from([0.4, 1.0]))}
     if name == "zo-hfl":
         algorithm["tau"] = 1.0
+    if name == "fedmsa":
+        algorithm["local_clients"] = draw(st.integers(1, 5))
     return overrides, algorithm
 
 
@@ -379,7 +381,7 @@ def _scenarios(draw):
 @given(_scenarios())
 def test_energy_is_conserved_over_random_scenarios(case):
     overrides, algorithm = case
-    sc = small_scenario(overrides, algorithms=[algorithm])
+    sc = algorithm_scenario(algorithm, overrides)
     world = build_world(sc)
     run = run_algorithm(world, sc.algorithms[0])
     led, rows = run.ledger, pd.DataFrame(run.rows)

@@ -175,13 +175,13 @@ def test_sigkill_at_a_random_round_with_checkpoints_resumes_identically(tmp_path
 def test_a_checkpointed_state_resumes_to_the_same_rounds(tmp_path, name):
     """In process, for algorithms with state of their own: the run resumed from the checkpoint
     after round 3 records exactly the rows and ledger of the run that wrote it."""
-    from tests.conftest import algorithm_entry, small_scenario
+    from tests.conftest import algorithm_scenario
     from wirelessfl.engine.build import build_world
     from wirelessfl.engine.checkpoint import read_checkpoint
     from wirelessfl.engine.simulation import run_algorithm
 
-    sc = small_scenario(["data.server_fraction=0.3"],
-                        algorithms=[algorithm_entry(name, rounds=5, eval_every=1)])
+    sc = algorithm_scenario({"name": name, "rounds": 5, "eval_every": 1},
+                            ["data.server_fraction=0.3"])
     full = run_algorithm(build_world(sc), sc.algorithms[0], checkpoint_every=3,
                          checkpoint_path=tmp_path / "c.pkl")
     state = read_checkpoint(tmp_path / "c.pkl")

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.conftest import algorithm_entry, small_doc, small_scenario
+from tests.conftest import algorithm_scenario, small_doc, small_scenario
 from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
 from wirelessfl.cli import main
 from wirelessfl.engine.build import build_world
@@ -41,8 +41,8 @@ def test_a_run_over_the_limit_is_refused_with_the_numbers_and_a_fix(scenario_fil
 
 
 def test_many_devices_of_a_stateful_method_suggest_fewer_devices():
-    sc = small_scenario(["engine.memory_limit_mb=20", "engine.max_chunk_mb=1"],
-                        algorithms=[algorithm_entry("fedred", rounds=1)])
+    sc = algorithm_scenario({"name": "fedred", "rounds": 1},
+                            ["engine.memory_limit_mb=20", "engine.max_chunk_mb=1"])
     # the estimate reads only N, d and the precision: a world of 100,000 devices, not built
     world = SimpleNamespace(scenario=sc, num_devices=100_000,
                             evaluator=SimpleNamespace(d=650, compute_dtype=torch.float32))
@@ -55,8 +55,8 @@ def test_many_devices_of_a_stateful_method_suggest_fewer_devices():
 def test_declared_peak_covers_the_state_an_algorithm_keeps(tmp_path, name):
     """[N, d] tensors an algorithm keeps between rounds (read from its checkpointed state) are at
     most its declared ``peak_device_arrays``."""
-    sc = small_scenario(["data.server_fraction=0.3"],
-                        algorithms=[algorithm_entry(name, rounds=3, eval_every=1)])
+    sc = algorithm_scenario({"name": name, "rounds": 3, "eval_every": 1},
+                            ["data.server_fraction=0.3"])
     world = build_world(sc)
     run_algorithm(world, sc.algorithms[0], checkpoint_every=2, checkpoint_path=tmp_path / "c")
     algorithm, _ = restore_algorithm(read_checkpoint(tmp_path / "c"), world.evaluator, None,

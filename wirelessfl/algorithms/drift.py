@@ -183,12 +183,14 @@ class DriftCorrected(Algorithm):
             yield from self.broadcast(Payload.vectors(d, self.bits))
         return grads, mean, delivered
 
-    def exchange_models(self, models: torch.Tensor, cost: Cost, k: int, active: np.ndarray):
-        """Devices in ``active`` pay ``cost`` and upload their model; the base station broadcasts
-        the average of what arrived. Returns the new global point [d] (float32) or None."""
+    def exchange_models(self, models: torch.Tensor, cost: Cost, k: int, active: np.ndarray,
+                        stream: str = "model"):
+        """Devices in ``active`` pay ``cost`` and upload their row of ``models`` (a model, or
+        any d-vector: ``stream`` names it); the base station broadcasts the average of what
+        arrived. Returns that average [d] (float32) or None."""
         d = models.shape[1]
         delivered = yield from self.upload(cost, Payload.vectors(d, self.bits), active)
-        mean = self.average(models, delivered, "model", k)
+        mean = self.average(models, delivered, stream, k)
         if mean is None:
             yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
         else:

@@ -12,6 +12,12 @@ import numpy as np
 
 # A vector quantised with a per-vector scale carries that scale as one float32 header.
 VECTOR_SCALE_HEADER_BITS = 32
+# A Hessian-vector product by double backward (Pearlmutter 1994's R-operator, as torch computes
+# d<grad g, v>/d(w, x) on the retained graph) is priced as one more forward pass (the tangent
+# carried through the forward graph) plus one more backward pass (the reverse sweep over it), on
+# the same batch: about the cost of one more gradient. docs/energy.md, "Hessian-vector products".
+HVP_FORWARD_PASSES = 1
+HVP_BACKWARD_PASSES = 1
 
 
 @dataclass(frozen=True)
@@ -44,17 +50,31 @@ class Payload:
 class Cost:
     """Local work of one device step: passes over a minibatch of ``batch_size`` samples.
 
-    ``forward_passes`` and ``backward_passes`` are scalars (same for every device) or arrays of
-    length N (per-device counts, e.g. heterogeneous local steps); ``batch_size`` is one sample
-    count or N of them (full local gradients: ``Problem.full_batch_sizes()``).
+    ``forward_passes``, ``backward_passes`` and ``hvp_passes`` (Hessian-vector products by double
+    backward, each also giving the mixed Jacobian-vector product) are scalars (same for every
+    device) or arrays of length N (per-device counts, e.g. heterogeneous local steps);
+    ``batch_size`` is one sample count or N of them (full local gradients:
+    ``Problem.full_batch_sizes()``).
     """
 
     forward_passes: int | np.ndarray = 0
     backward_passes: int | np.ndarray = 0
     batch_size: int | np.ndarray = 1
+    hvp_passes: int | np.ndarray = 0
 
     def per_device(self, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
-        """Forward and backward pass counts as float arrays of length N."""
+        """Forward and backward pass counts (gradient evaluations) as float arrays of length N."""
         fwd = np.broadcast_to(np.asarray(self.forward_passes, dtype=float), (num_devices,))
         bwd = np.broadcast_to(np.asarray(self.backward_passes, dtype=float), (num_devices,))
         return fwd, bwd
+
+    def hvp_per_device(self, num_devices: int) -> np.ndarray:
+        """Hessian-vector products as a float array of length N."""
+        return np.broadcast_to(np.asarray(self.hvp_passes, dtype=float), (num_devices,))
+
+    def priced_passes(self, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward passes the energy models price, [N] each: the passes plus each
+        Hessian-vector product as HVP_FORWARD_PASSES forward + HVP_BACKWARD_PASSES backward."""
+        fwd, bwd = self.per_device(num_devices)
+        hvp = self.hvp_per_device(num_devices)
+        return fwd + HVP_FORWARD_PASSES * hvp, bwd + HVP_BACKWARD_PASSES * hvp

@@ -3,7 +3,8 @@
 The problem is a classifier (data on devices, a zoo model, ``BatchedEvaluator``), with
 ``problem: {name: quadratic}`` fedred.md's synthetic quadratic (``QuadraticProblem``), or with
 ``problem: {name: logistic}`` fedred.md's regularised logistic regression on the same data split
-as a classifier's (``LogisticProblem``). Everything
+as a classifier's (``LogisticProblem``), with ``problem: {name: bilevel-quadratic}`` fedmsa.md's
+federated bilevel quadratic (``BilevelQuadratic``). Everything
 here is shared by all algorithms of a scenario (same positions, same shards, same theta_0, same
 device classes and clocks), so algorithms are compared on the same world.
 """
@@ -29,9 +30,12 @@ from wirelessfl.energy import (
 )
 from wirelessfl.engine.allocator import keep_freed_memory
 from wirelessfl.errors import UserError
+from wirelessfl.learning.bilevel import BilevelQuadratic, bilevel_quadratic
 from wirelessfl.learning.datasets import Dataset, load_dataset
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.logistic import LogisticProblem
+from wirelessfl.learning.loss_tuning import LossTuning
+from wirelessfl.learning.mco import RiskAverseMCO, risk_averse_data
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.partition import label_counts, partition
 from wirelessfl.learning.problems import Problem, QuadraticProblem, fedred_quadratic
@@ -170,8 +174,13 @@ def build_world(scenario: Scenario) -> World:
                                    scenario.channel, keyed_rng(seed, "placement"))
     else:
         cell = Cell.build(n, scenario.channel, keyed_rng(seed, "placement"))
-    if scenario.problem.name == "quadratic":
-        problem = build_quadratic(scenario, device)
+    if scenario.problem.name in ("quadratic", "bilevel-quadratic", "risk-averse-mco"):
+        build = {"quadratic": build_quadratic, "bilevel-quadratic": build_bilevel,
+                 "risk-averse-mco": build_mco}[scenario.problem.name]
+        problem = build(scenario, device)
+        return World(scenario, cell, None, None, None, problem.model_profile, problem, device)
+    if scenario.problem.name == "loss-tuning":
+        problem = build_loss_tuning(scenario, device)
         return World(scenario, cell, None, None, None, problem.model_profile, problem, device)
     split = split_data(scenario)
     if scenario.problem.name == "logistic":
@@ -251,3 +260,33 @@ def build_quadratic(scenario: Scenario, device: torch.device) -> QuadraticProble
                             keyed_rng(scenario.seed, "quadratic"), p.minimizer_std)
     return QuadraticProblem(a, c, p.noise_std, device, scenario.engine.max_chunk_mb,
                             server_loss=p.server_loss)
+
+
+def build_bilevel(scenario: Scenario, device: torch.device) -> BilevelQuadratic:
+    """fedmsa.md Sec. 5.1's federated bilevel quadratic from the ``problem`` section, drawn from
+    the stream (seed, "bilevel-quadratic")."""
+    p = scenario.problem
+    a, b, c = bilevel_quadratic(p.clients, p.dimension_x, p.dimension_w, p.heterogeneity,
+                                keyed_rng(scenario.seed, "bilevel-quadratic"))
+    return BilevelQuadratic(a, b, c, mu=p.mu, noise_std=p.noise_std, device=device)
+
+
+def build_mco(scenario: Scenario, device: torch.device) -> RiskAverseMCO:
+    """fedmsa.md Sec. 4.1's risk-averse composition from the ``problem`` section, data drawn from
+    the stream (seed, "risk-averse-mco")."""
+    p = scenario.problem
+    a, b, x_true = risk_averse_data(p.samples, p.dimension, p.label_noise_std,
+                                    keyed_rng(scenario.seed, "risk-averse-mco"))
+    return RiskAverseMCO(a, b, x_true, p.clients, p.risk_weight, p.risk_delta, p.initial_value,
+                         p.sample_batch, device)
+
+
+def build_loss_tuning(scenario: Scenario, device: torch.device) -> LossTuning:
+    """fedmsa.md Sec. 4.2 / 5.2's loss-function tuning on ``scenario.data``: long tail,
+    q-partition and train/validation split drawn from the stream (seed, "loss-tuning")."""
+    p = scenario.problem
+    data = load_dataset(scenario.data, scenario.seed)
+    return LossTuning(data.x_train, data.y_train, data.x_test, data.y_test, data.num_classes,
+                      scenario.population.num_devices, keyed_rng(scenario.seed, "loss-tuning"),
+                      p.imbalance_ratio, p.heterogeneity_q, p.validation_fraction,
+                      p.weight_decay, device)

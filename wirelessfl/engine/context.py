@@ -20,7 +20,8 @@ class Diverged(Exception):
     def __init__(self, round_index: int, last_row: dict | None):
         self.round_index = round_index
         self.last_row = last_row
-        # SimPy re-raises a process's exception as type(e)(*e.args): args must rebuild it.
+        # args are the constructor's: SimPy re-raises a failed process's exception as
+        # type(e)(*e.args).
         super().__init__(round_index, last_row)
 
     def __str__(self) -> str:
@@ -110,6 +111,7 @@ class RunContext:
             "broadcasts_missed": int(self.ledger.broadcasts_missed.sum()),
             "alive_devices": int(self.ledger.alive.sum()),
             "gradient_evaluations": self.ledger.gradient_evaluations(),
+            "hessian_vector_products": self.ledger.hessian_vector_products(),
             "local_steps": float(self.local_steps),
             "exchanges": int(self.ledger.exchanges),
             "test_accuracy": float(metrics["test_accuracy"]),

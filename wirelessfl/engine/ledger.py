@@ -35,6 +35,8 @@ class Ledger:
     broadcasts_missed: np.ndarray = field(init=False)  # downlink packets not received
     # Stochastic-gradient evaluations: one per backward pass a device's Cost asked for.
     backward_passes: np.ndarray = field(init=False)
+    # Hessian-vector products (double backward, bilevel methods): one per Cost.hvp_passes.
+    hvp_passes: np.ndarray = field(init=False)
     # Simulated time at which the device's battery ran out [s]; NaN while it has energy.
     depleted_at_s: np.ndarray = field(init=False)
     # Upload phases (collects) so far: a round with a gradient all-reduce before its model
@@ -54,6 +56,7 @@ class Ledger:
         self.queue_wait_s = np.zeros(n)
         self.broadcasts_missed = np.zeros(n, dtype=np.int64)
         self.backward_passes = np.zeros(n)
+        self.hvp_passes = np.zeros(n)
         self.depleted_at_s = np.full(n, np.nan)
 
     def charge(self, kind: str, energy_j, busy_s, devices=slice(None)) -> None:
@@ -70,6 +73,10 @@ class Ledger:
     def gradient_evaluations(self) -> float:
         """Backward passes (gradient evaluations) per device, averaged over all devices."""
         return float(self.backward_passes.mean()) if self.num_devices else 0.0
+
+    def hessian_vector_products(self) -> float:
+        """Hessian-vector products per device, averaged over all devices."""
+        return float(self.hvp_passes.mean()) if self.num_devices else 0.0
 
     def total_energy_j(self) -> float:
         return float(self.energy_j.sum())

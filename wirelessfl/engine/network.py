@@ -64,6 +64,7 @@ class _Plan:
     forward_time_s: np.ndarray  # [N] time computing [s], both parts cut at the deadline
     backward_time_s: np.ndarray
     backward_passes: np.ndarray  # [N] backward passes (gradient evaluations) of active devices
+    hvp_passes: np.ndarray  # [N] Hessian-vector products of active devices
     ready_s: np.ndarray  # absolute time the packet is ready [s]
     hold_s: np.ndarray  # airtime the upload needs, all ARQ attempts [s]
     upload_start_s: np.ndarray  # absolute start of the upload [s] (after any queueing)
@@ -174,8 +175,10 @@ class Network:
         engines): fading is drawn at each device's ready time, the deadline cuts late uploads."""
         start = self.env.now
         on = active.astype(float)
-        fwd, bwd = cost.per_device(self.num_devices)
+        fwd, bwd = cost.priced_passes(self.num_devices)
         fwd, bwd = fwd * on, bwd * on
+        gradients = cost.per_device(self.num_devices)[1] * on
+        hvps = cost.hvp_per_device(self.num_devices) * on
         e_fwd, e_bwd, t_fwd, t_bwd = self.compute.device_prices(cost.batch_size, self.num_devices)
         forward_time, backward_time = fwd * t_fwd, bwd * t_bwd
         forward_energy, backward_energy = fwd * e_fwd, bwd * e_bwd
@@ -208,7 +211,8 @@ class Network:
             backward_energy_j=backward_energy,
             forward_time_s=forward_time,
             backward_time_s=backward_time,
-            backward_passes=bwd,
+            backward_passes=gradients,
+            hvp_passes=hvps,
             ready_s=ready,
             hold_s=hold,
             upload_start_s=upload_start,
@@ -227,6 +231,7 @@ class Network:
         self.ledger.charge("compute_backward", plan.backward_energy_j[devices],
                            plan.backward_time_s[devices], devices)
         self.ledger.backward_passes[devices] += plan.backward_passes[devices]
+        self.ledger.hvp_passes[devices] += plan.hvp_passes[devices]
 
     def _record_uplink(self, plan: _Plan, bits: int, active, devices) -> None:
         led = self.ledger

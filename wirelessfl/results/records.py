@@ -28,7 +28,7 @@ ROUND_COLUMNS = [
     "energy_compute_backward_j", "energy_uplink_j", "energy_downlink_j", "energy_idle_j",
     "bits_up", "bits_down", "delivered_fraction", "transmissions", "late_uploads",
     "queue_wait_s", "broadcasts_missed", "alive_devices", "gradient_evaluations",
-    "local_steps", "exchanges",
+    "hessian_vector_products", "local_steps", "exchanges",
     "test_accuracy", "test_loss", "suboptimality", "grad_norm_sq",
     "mean_device_accuracy", "worst_device_accuracy", "worst_k_device_accuracy", "device_accuracy",
 ]

@@ -20,8 +20,11 @@ from pydantic import (
 from wirelessfl.algorithms.base import AlgorithmParams
 from wirelessfl.channel.config import ChannelConfig
 from wirelessfl.energy.profile import EnergyProfile
+from wirelessfl.learning.bilevel import BILEVEL_QUADRATIC_DEFAULTS
 from wirelessfl.learning.datasets import BUILTIN_CLASSES, DataConfig
 from wirelessfl.learning.logistic import LOGISTIC_DEFAULTS
+from wirelessfl.learning.loss_tuning import LOSS_TUNING_DEFAULTS
+from wirelessfl.learning.mco import MCO_DEFAULTS
 from wirelessfl.learning.models import MODEL_NAMES
 from wirelessfl.learning.partition import PARAM_DEFAULTS, SCHEME_PARAMS
 from wirelessfl.learning.problems import QUADRATIC_DEFAULTS
@@ -227,8 +230,19 @@ PROBLEM_PARAMS = {
     "quadratic": ("clients", "dimension", "L", "mu", "delta", "noise_std", "minimizer_std",
                   "server_loss"),
     "logistic": ("l2", "normalize_rows"),
+    "bilevel-quadratic": ("clients", "dimension_x", "dimension_w", "heterogeneity", "mu",
+                          "noise_std"),
+    "risk-averse-mco": ("clients", "dimension", "samples", "risk_weight", "risk_delta",
+                        "label_noise_std", "initial_value", "sample_batch"),
+    "loss-tuning": ("imbalance_ratio", "heterogeneity_q", "validation_fraction", "weight_decay"),
 }
-PROBLEM_DEFAULTS = {"train_metrics": False, **QUADRATIC_DEFAULTS, **LOGISTIC_DEFAULTS}
+# Problems without data: one device per client, no data/model/partition sections.
+CLIENT_PROBLEMS = {"quadratic": QUADRATIC_DEFAULTS, "bilevel-quadratic": BILEVEL_QUADRATIC_DEFAULTS,
+                   "risk-averse-mco": MCO_DEFAULTS}
+# Each problem's own defaults (a key two problems share, such as dimension, may differ).
+DEFAULTS_BY_PROBLEM = {"classification": {"train_metrics": False}, "logistic": LOGISTIC_DEFAULTS,
+                       "loss-tuning": LOSS_TUNING_DEFAULTS, **CLIENT_PROBLEMS}
+PROBLEM_DEFAULTS = {k: v for table in DEFAULTS_BY_PROBLEM.values() for k, v in table.items()}
 
 
 class ProblemConfig(_Strict):
@@ -236,33 +250,93 @@ class ProblemConfig(_Strict):
     over devices (the ``data``, ``model`` and ``partition`` sections). ``quadratic``: fedred.md's
     synthetic f_i(x) = 1/2 x^T A_i x - c_i^T x with known optimum, one device per client.
     ``logistic``: fedred.md Sec. 4.2's regularised binary logistic regression (no bias) on a
-    binary dataset split over devices (the ``data`` and ``partition`` sections), f* known."""
+    binary dataset split over devices (the ``data`` and ``partition`` sections), f* known.
+    ``bilevel-quadratic``: fedmsa.md Sec. 5.1's federated bilevel quadratic with known solution,
+    one device per client (for ``fedmsa``). ``risk-averse-mco``: fedmsa.md Sec. 4.1's three-level
+    compositional problem (for ``fedmsa``). ``loss-tuning``: fedmsa.md Sec. 4.2 / 5.2's federated
+    loss-function tuning on a long-tailed version of the ``data`` set (its own q-partition)."""
 
-    name: Literal["classification", "quadratic", "logistic"] = Field(
-        "classification", description="classification (data/model/partition), quadratic, or "
-                                      "logistic (data/partition)")
+    name: Literal["classification", "quadratic", "logistic", "bilevel-quadratic",
+                  "risk-averse-mco", "loss-tuning"] = Field(
+        "classification", description="classification (data/model/partition), quadratic, "
+                                      "logistic (data/partition), bilevel-quadratic, "
+                                      "risk-averse-mco or loss-tuning (data)")
     train_metrics: bool | None = Field(
         None, description="classification: compute grad_norm_sq over the training set at "
                           "evaluation points (one extra pass over it each time; default false, "
                           "always on when f* is known: logistic with model.l2 > 0)")
     clients: int | None = Field(
-        None, gt=0, description=f"quadratic: n clients = devices (default "
-                                f"{QUADRATIC_DEFAULTS['clients']}, or population.num_devices)")
+        None, gt=0, description=f"quadratic, bilevel-quadratic: n clients = devices (default "
+                                f"{QUADRATIC_DEFAULTS['clients']} / "
+                                f"{BILEVEL_QUADRATIC_DEFAULTS['clients']}, or "
+                                "population.num_devices)")
+    dimension_x: int | None = Field(
+        None, gt=0, description=f"bilevel-quadratic: d_x, the upper-level variable (default "
+                                f"{BILEVEL_QUADRATIC_DEFAULTS['dimension_x']})")
+    dimension_w: int | None = Field(
+        None, gt=0, description=f"bilevel-quadratic: d_w, the lower-level variable (default "
+                                f"{BILEVEL_QUADRATIC_DEFAULTS['dimension_w']})")
+    heterogeneity: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description=f"bilevel-quadratic: h, the spread of the clients' A_m, B_m, c_m around "
+                    f"their common draw (default {BILEVEL_QUADRATIC_DEFAULTS['heterogeneity']:g})")
     dimension: int | None = Field(
-        None, gt=0, description=f"quadratic: d (default {QUADRATIC_DEFAULTS['dimension']})")
+        None, gt=0, description=f"quadratic, risk-averse-mco: d (default "
+                                f"{QUADRATIC_DEFAULTS['dimension']} / "
+                                f"{MCO_DEFAULTS['dimension']})")
+    samples: int | None = Field(
+        None, gt=0, description=f"risk-averse-mco: examples in total, split equally over the "
+                                f"clients (default {MCO_DEFAULTS['samples']})")
+    risk_weight: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description=f"risk-averse-mco: lambda (default {MCO_DEFAULTS['risk_weight']:g})")
+    risk_delta: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description=f"risk-averse-mco: delta in sqrt(s + delta) (default "
+                    f"{MCO_DEFAULTS['risk_delta']:g})")
+    label_noise_std: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description=f"risk-averse-mco: std of the noise on b (default "
+                    f"{MCO_DEFAULTS['label_noise_std']:g})")
+    initial_value: float | None = Field(
+        None, allow_inf_nan=False,
+        description=f"risk-averse-mco: x_0 = initial_value * 1 (default "
+                    f"{MCO_DEFAULTS['initial_value']:g}; 0 is a stationary point)")
+    imbalance_ratio: float | None = Field(
+        None, gt=0, le=1, allow_inf_nan=False,
+        description=f"loss-tuning: smallest / largest class count of the long tail (default "
+                    f"{LOSS_TUNING_DEFAULTS['imbalance_ratio']:g}, fedmsa.md 4.5 [C])")
+    heterogeneity_q: float | None = Field(
+        None, ge=0, le=1, allow_inf_nan=False,
+        description=f"loss-tuning: q, each client's share of its own class (default "
+                    f"{LOSS_TUNING_DEFAULTS['heterogeneity_q']:g}, fedmsa.md 4.2)")
+    validation_fraction: float | None = Field(
+        None, gt=0, lt=1, allow_inf_nan=False,
+        description=f"loss-tuning: each client's validation share (default "
+                    f"{LOSS_TUNING_DEFAULTS['validation_fraction']:g}, fedmsa.md 4.5 [C])")
+    weight_decay: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description=f"loss-tuning: lambda_w of the inner loss (default "
+                    f"{LOSS_TUNING_DEFAULTS['weight_decay']:g}, fedmsa.md 5.2)")
+    sample_batch: int | None = Field(
+        None, gt=0, description=f"risk-averse-mco: samples per stochastic map evaluation "
+                                f"(full_batch: false; default {MCO_DEFAULTS['sample_batch']})")
     L: float | None = Field(
         None, gt=0, allow_inf_nan=False,
         description=f"quadratic: smoothness max_i ||A_i|| (default {QUADRATIC_DEFAULTS['L']:g})")
     mu: float | None = Field(
         None, ge=0, allow_inf_nan=False,
-        description=f"quadratic: min_i lambda_min(A_i) (default {QUADRATIC_DEFAULTS['mu']:g})")
+        description=f"quadratic: min_i lambda_min(A_i); bilevel-quadratic: weight of the outer "
+                    f"mu/2 ||x||^2 (default {QUADRATIC_DEFAULTS['mu']:g})")
     delta: float | None = Field(
         None, ge=0, allow_inf_nan=False,
         description=f"quadratic: Hessian dissimilarity delta_A = sqrt(mean_i ||A_i - A||^2) "
                     f"(default {QUADRATIC_DEFAULTS['delta']:g})")
     noise_std: float | None = Field(
         None, ge=0, allow_inf_nan=False,
-        description="quadratic: sigma, E||g - grad f_i||^2 = sigma^2 / batch_size (default 0)")
+        description="quadratic: sigma, E||g - grad f_i||^2 = sigma^2 / batch_size; "
+                    "bilevel-quadratic: sigma of the per-call perturbation of A_m, B_m, c_m "
+                    "(fedmsa.md Sec. 5.1; default 0)")
     minimizer_std: float | None = Field(
         None, ge=0, allow_inf_nan=False,
         description=f"quadratic: std of the clients' minimisers (default "
@@ -281,11 +355,15 @@ class ProblemConfig(_Strict):
     @model_validator(mode="after")
     def _params_match_name(self):
         reads = PROBLEM_PARAMS[self.name]
-        for key, default in PROBLEM_DEFAULTS.items():
+        own = DEFAULTS_BY_PROBLEM[self.name]
+        for key in PROBLEM_DEFAULTS:
+            default = own.get(key)
             if key not in reads and getattr(self, key) is not None:
-                reader = next(n for n, keys in PROBLEM_PARAMS.items() if key in keys)
-                raise ValueError(f"'{key}' is only read by problem {reader!r} but name is "
-                                 f"{self.name!r}; remove it or set name: {reader}")
+                readers = [n for n, keys in PROBLEM_PARAMS.items() if key in keys]
+                names = " or ".join(map(repr, readers))
+                raise ValueError(f"'{key}' is only read by problem {names}"
+                                 f" but name is {self.name!r}; remove it or set name: "
+                                 f"{readers[0]}")
             if key in reads and key != "clients" and getattr(self, key) is None:
                 setattr(self, key, default)
         if self.name == "quadratic" and not self.L > self.mu:
@@ -387,15 +465,28 @@ class Scenario(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _loss_tuning_fits(self):
+        """Loss tuning builds its own linear model and its own split of ``data``."""
+        if self.problem.name != "loss-tuning":
+            return self
+        for key, default in (("model", ModelConfig()), ("partition", PartitionConfig())):
+            if getattr(self, key) != default:
+                raise ValueError(f"{key}: not read by problem 'loss-tuning' (a linear softmax "
+                                 "model on its own q-partition: problem.heterogeneity_q); remove "
+                                 f"the {key} section")
+        return self
+
+    @model_validator(mode="after")
     def _problem_fits(self):
-        """A quadratic has one device per client and no data, model or partition."""
+        """A quadratic (single-level or bilevel) has one device per client and no data, model
+        or partition."""
         problem = self.problem
-        if problem.name != "quadratic":
+        if problem.name not in CLIENT_PROBLEMS:
             return self
         given = "num_devices" in self.population.model_fields_set
         n = self.population.num_devices
         if problem.clients is None:
-            problem.clients = n if given else QUADRATIC_DEFAULTS["clients"]
+            problem.clients = n if given else CLIENT_PROBLEMS[problem.name]["clients"]
         elif given and problem.clients != n:
             raise ValueError(f"problem.clients is {problem.clients} but population.num_devices is "
                              f"{n}; the quadratic has one device per client: give only one of "
@@ -403,13 +494,13 @@ class Scenario(_Strict):
         if not given:
             self.population = PopulationConfig.model_validate(
                 {**self.population.model_dump(exclude_unset=True), "num_devices": problem.clients})
-        if problem.clients == 1 and problem.delta > 0:
+        if problem.name == "quadratic" and problem.clients == 1 and problem.delta > 0:
             raise ValueError(f"problem.delta ({problem.delta:g}) needs at least 2 clients (one "
                              "client has no dissimilarity); set delta: 0 or clients >= 2")
         for key, default in (("data", DataConfig()), ("model", ModelConfig()),
                              ("partition", PartitionConfig())):
             if getattr(self, key) != default:
-                raise ValueError(f"{key}: not read by problem 'quadratic' (it has no dataset or "
-                                 f"model); remove the {key} section or set problem.name: "
-                                 "classification")
+                raise ValueError(f"{key}: not read by problem '{problem.name}' (it has no "
+                                 f"dataset or model); remove the {key} section or set "
+                                 "problem.name: classification")
         return self
