@@ -26,19 +26,16 @@ def _cmd_run(args) -> int:
     from tqdm import tqdm
 
     from wirelessfl.engine.build import build_world
-    from wirelessfl.engine.simulation import run_algorithm
+    from wirelessfl.engine.runner import run_scenario
     from wirelessfl.report.plots import draw_report
-    from wirelessfl.results.records import RunWriter, read_run
-    from wirelessfl.results.summary import format_summary, summarize
-    from wirelessfl.scenario.loader import load_scenario, resolved_document
+    from wirelessfl.results.records import read_run
+    from wirelessfl.results.summary import format_summary
+    from wirelessfl.scenario.loader import load_scenario
 
     scenario = load_scenario(args.scenario, args.set or [])
     world = build_world(scenario)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
-    writer = RunWriter(out, resolved_document(scenario), scenario.seed,
-                       extra={"model": _model_facts(world), "problem": world.problem_record()},
-                       partition=world.partition_record())
     d = world.evaluator.d
     what = (f"model {scenario.model.name} (d = {d:,}), dataset {scenario.data.name}"
             if world.flat is not None else f"problem {scenario.problem.name} (d = {d:,})")
@@ -48,62 +45,50 @@ def _cmd_run(args) -> int:
     # disable=None: tqdm draws only on a terminal, so logs and CI output stay clean.
     bar = tqdm(total=total, unit="round", disable=True if args.quiet else None, file=sys.stderr,
                dynamic_ncols=True, mininterval=0.5)
-    status = "complete"
     try:
-        for params in scenario.algorithms:
-            bar.set_description(params.display_name)
-            run = run_algorithm(world, params, on_round=bar.update)
-            info = {"status": run.status, "message": run.message,
-                    "params": params.model_dump(mode="json"), **run.extra}
-            writer.add(run.label, run.rows, run.device_rows(world), info)
-            if run.status != "complete":
-                status = "partial"
-                tqdm.write(f"warning: {run.message}; the other algorithms continue", sys.stderr)
+        _, table = run_scenario(scenario, out, world, on_round=bar.update,
+                                on_algorithm=bar.set_description,
+                                warn=lambda text: tqdm.write(text, sys.stderr))
     except KeyboardInterrupt:
         bar.close()
-        writer.finish("interrupted")
         print(f"interrupted: results recorded so far are in {out}", file=sys.stderr)
         return EXIT_INTERRUPTED
     bar.close()
-    writer.finish(status)
-    record = read_run(out)
-    table = summarize(record.rounds, scenario.target_accuracy, world.num_devices)
-    table.to_csv(out / "summary.csv", index=False)
     print(format_summary(table, scenario.target_accuracy))
     if not args.no_report:
-        for path in draw_report(record):
+        for path in draw_report(read_run(out)):
             print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
-def _model_facts(world) -> dict:
-    """What the manifest records about the model and the per-pass energy it implies (for a mixed
-    population, per device class: the mean over the class's devices)."""
-    import numpy as np
+def _cmd_sweep(args) -> int:
+    from wirelessfl.sweep.executors import default_workers
+    from wirelessfl.sweep.spec import load_sweep
+    from wirelessfl.sweep.study import run_sweep
 
-    prof = world.model_profile
-    facts = {"d": world.evaluator.d, "macs_per_sample": prof.macs_per_sample,
-             "activations_per_sample": prof.activations_per_sample,
-             "input_size": prof.input_size, "downlink_rate_bps": float(world.downlink().rate_bps)}
-    if world.heterogeneous:
-        facts["device_classes"] = {name: int((world.device_class == c).sum())
-                                   for c, name in enumerate(world.class_names)}
+    if args.workers is not None and args.workers <= 0:
+        raise UserError(f"--workers: must be a positive number of worker processes, "
+                        f"got {args.workers}")
+    sweep = load_sweep(args.sweep)
+    out = Path(args.out) if args.out else Path("sweeps") / sweep.name
+    workers = args.workers or default_workers()
+    try:
+        counts = run_sweep(sweep, out, args.executor, workers, args.address, args.quiet)
+    except KeyboardInterrupt:
+        print(f"interrupted: finished runs are kept in {out}; run the same command again to "
+              "finish the rest", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"{counts.finished} of {counts.total} runs finished ({counts.skipped} skipped as "
+          f"already finished, {counts.ran} run now, {counts.failed} failed); results in {out}")
+    if counts.failed:
+        print(f"{counts.failed} runs failed: their errors are in {out / 'runs.csv'}; run the "
+              "same command again to retry them", file=sys.stderr)
+        return 1
+    if not args.no_compare:
+        from wirelessfl.results.compare import compare_dirs, format_comparison
 
-    def value(x):
-        if np.ndim(x) == 0:
-            return float(x)
-        return {name: float(np.mean(x[world.device_class == c]))
-                for c, name in enumerate(world.class_names) if (world.device_class == c).any()}
-
-    for p in world.scenario.algorithms:
-        cm = world.compute_model(p.bits)
-        facts.setdefault("per_pass", {})[p.display_name] = {
-            "batch": p.batch_size, "bits": p.bits,
-            "energy_forward_j": value(cm.forward_energy_j(p.batch_size)),
-            "energy_backward_j": value(cm.backward_energy_j(p.batch_size)),
-            "time_forward_s": value(cm.forward_time_s(p.batch_size)),
-            "time_backward_s": value(cm.backward_time_s(p.batch_size))}
-    return facts
+        print(format_comparison(compare_dirs([out])))
+    return 0
 
 
 def _cmd_validate(args) -> int:
@@ -294,6 +279,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="do not draw the PNG figures")
     run.set_defaults(func=_cmd_run)
+
+    sw = sub.add_parser("sweep", help="run a sweep file (a grid over scenario keys x seeds) "
+                                      "locally or on a Dask cluster; resumable")
+    sw.add_argument("sweep", help="sweep file, or a name from the catalog (e.g. sweep-power)")
+    sw.add_argument("--out", help="sweep folder (default: sweeps/<sweep name>); re-running "
+                                  "into the same folder skips finished runs")
+    sw.add_argument("--executor", choices=["local", "dask"], default="local",
+                    help="local worker processes (default) or Dask distributed")
+    sw.add_argument("--address", help="Dask scheduler, e.g. tcp://10.0.0.5:8786 (default with "
+                                      "--executor dask: a LocalCluster on this machine)")
+    sw.add_argument("--workers", type=int,
+                    help="worker processes (local executor, or the LocalCluster's; default: "
+                         "the number of cores)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.add_argument("--no-compare", action="store_true",
+                    help="do not print the comparison table at the end")
+    sw.set_defaults(func=_cmd_sweep)
 
     val = sub.add_parser("validate", help="check a scenario file without running it")
     val.add_argument("scenario")

@@ -48,31 +48,36 @@ def format_validation_error(err: ValidationError, source: str, prefix: tuple = (
 
 
 def apply_override(doc: dict, assignment: str) -> None:
-    """Apply ``key.path=value`` to a raw scenario document in place.
-
-    Segments index mappings by key and lists by position or by an entry's name/label
-    (``algorithms.dzofl.rounds=100``); the value is parsed as YAML (``1e-3``, ``true``, ``[1, 2]``).
-    A profile named by a string (``channel: seed002-cell``) is opened up to ``{profile: ...}``.
-    """
+    """Apply ``key.path=value`` to a raw scenario document in place; the value is parsed as YAML
+    (``1e-3``, ``true``, ``[1, 2]``). See :func:`set_key` for how the path is followed."""
     key, sep, text = assignment.partition("=")
     if not sep or not key.strip():
         raise UserError(f"--set {assignment!r}: expected key.path=value, e.g. "
                         "--set channel.uplink.tx_power_dbm=10")
-    value = _parse_value(text)
-    parts = key.strip().split(".")
+    set_key(doc, key.strip(), _parse_value(text))
+
+
+def set_key(doc: dict, key: str, value, origin: str = "--set ") -> None:
+    """Set the dotted ``key`` of a raw scenario document to ``value`` in place.
+
+    Segments index mappings by key and lists by position or by an entry's name/label
+    (``algorithms.dzofl.rounds``). A profile named by a string (``channel: seed002-cell``) is
+    opened up to ``{profile: ...}``. Errors start with ``origin`` and the path so far.
+    """
+    parts = key.split(".")
     node = doc
     for depth, part in enumerate(parts):
         last = depth == len(parts) - 1
         where = ".".join(parts[: depth + 1])
         if isinstance(node, list):
-            index = _list_index(node, part, where)
+            index = _list_index(node, part, f"{origin}{where}")
             if last:
                 node[index] = value
                 return
             node = node[index]
             continue
         if not isinstance(node, dict):
-            raise UserError(f"--set {key}: '{'.'.join(parts[:depth])}' is not a mapping")
+            raise UserError(f"{origin}{key}: '{'.'.join(parts[:depth])}' is not a mapping")
         if last:
             node[part] = value
             return
@@ -105,11 +110,11 @@ def _list_index(items: list, part: str, where: str) -> int:
         index = int(part)
         if -len(items) <= index < len(items):
             return index
-        raise UserError(f"--set {where}: index {index} is out of range ({len(items)} entries)")
+        raise UserError(f"{where}: index {index} is out of range ({len(items)} entries)")
     for i, item in enumerate(items):
         if isinstance(item, dict) and part in (item.get("label"), item.get("name")):
             return i
-    raise UserError(f"--set {where}: no entry named '{part}'")
+    raise UserError(f"{where}: no entry named '{part}'")
 
 
 def _resolve_profile(doc: dict, section: str, source: str, base_dir: Path | None) -> None:
