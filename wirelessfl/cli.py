@@ -1,4 +1,4 @@
-"""The command line: run, validate, report, list, profile, energy, link.
+"""The command line: run, sweep, compare, validate, report, list, profile, energy, link.
 
 Bad input ends in one ``error: ...`` line on stderr and exit code 2, never a traceback.
 """
@@ -88,6 +88,7 @@ def _cmd_sweep(args) -> int:
         from wirelessfl.results.compare import compare_dirs, format_comparison
 
         print(format_comparison(compare_dirs([out])))
+        print(f"figures and report: wirelessfl report {out} --html", file=sys.stderr)
     return 0
 
 
@@ -107,15 +108,59 @@ def _cmd_validate(args) -> int:
 def _cmd_report(args) -> int:
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import read_run
-    from wirelessfl.results.summary import format_summary, summarize
+    from wirelessfl.results.summary import format_summary, summarize, summary_cells
 
-    record = read_run(args.run_dir)
+    folder = Path(args.run_dir)
+    if (folder / "sweep.json").is_file():  # a sweep folder: the comparison over its runs
+        return _compare([folder], Path(args.out) if args.out else folder, args.html)
+    record = read_run(folder)
     n = record.manifest.get("scenario", {}).get("population", {}).get("num_devices", 1)
-    print(format_summary(summarize(record.rounds, record.target_accuracy, n),
-                         record.target_accuracy))
-    for path in draw_report(record, args.out):
+    table = summarize(record.rounds, record.target_accuracy, n)
+    print(format_summary(table, record.target_accuracy))
+    figures = draw_report(record, args.out)
+    for path in figures:
         print(f"wrote {path}")
+    if args.html:
+        from wirelessfl.report.html import run_html
+
+        out = Path(args.out or folder) / "report.html"
+        print(f"wrote {run_html(record, summary_cells(table), figures, out)}")
     return 0
+
+
+def _compare(dirs: list[Path], out: Path, html: bool) -> int:
+    """Print the comparison table of the runs in ``dirs``; write comparison.csv, the figures
+    and (with ``html``) report.html into ``out``."""
+    from wirelessfl.report.compare_plots import draw_comparison
+    from wirelessfl.results.compare import compare_dirs, format_comparison
+    from wirelessfl.results.records import write_csv
+
+    comp = compare_dirs(dirs)
+    print(format_comparison(comp))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot create the folder ({err.strerror})") from None
+    write_csv(out / "comparison.csv", comp.table)
+    print(f"wrote {out / 'comparison.csv'}")
+    figures = draw_comparison(comp, out)
+    for path in figures:
+        print(f"wrote {path}")
+    if html:
+        from wirelessfl.report.html import sweep_html
+
+        sweeps = [d for d in dirs if (d / "sweep.json").is_file()]
+        if len(dirs) != 1 or not sweeps:
+            raise UserError("--html: give one sweep folder (or use 'wirelessfl report RUN_DIR "
+                            "--html' for one run)")
+        print(f"wrote {sweep_html(sweeps[0], comp, figures, out / 'report.html')}")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    dirs = [Path(d) for d in args.dirs]
+    out = Path(args.out) if args.out else (dirs[0] if len(dirs) == 1 else Path("comparison"))
+    return _compare(dirs, out, args.html)
 
 
 def _cmd_list(args) -> int:
@@ -302,10 +347,21 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--set", action="append", metavar="KEY.PATH=VALUE")
     val.set_defaults(func=_cmd_validate)
 
-    rep = sub.add_parser("report", help="summary table and figures from a saved run")
-    rep.add_argument("run_dir")
+    rep = sub.add_parser("report", help="summary table and figures from a saved run or sweep")
+    rep.add_argument("run_dir", help="a run folder, or a sweep folder (then: the comparison)")
     rep.add_argument("--out", help="folder for the figures (default: the run folder)")
+    rep.add_argument("--html", action="store_true",
+                     help="also write report.html: one self-contained file (scenario, tables, "
+                          "figures) readable offline")
     rep.set_defaults(func=_cmd_report)
+
+    cmp = sub.add_parser("compare", help="mean and 95 %% CI over seeds per configuration, "
+                                         "across sweep and run folders, with figures")
+    cmp.add_argument("dirs", nargs="+", metavar="DIR", help="sweep folders or run folders")
+    cmp.add_argument("--out", help="folder for comparison.csv and the figures (default: the "
+                                   "one DIR given, else ./comparison)")
+    cmp.add_argument("--html", action="store_true", help="also write report.html (one sweep)")
+    cmp.set_defaults(func=_cmd_compare)
 
     lst = sub.add_parser("list", help="algorithms, channel and energy profiles, scenarios")
     lst.set_defaults(func=_cmd_list)

@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from wirelessfl.errors import UserError
 from wirelessfl.results.records import RunRecord
 
 BREAKDOWN = [("energy_compute_forward_j", "compute (forward)"),
@@ -257,6 +258,10 @@ def draw_report(record: RunRecord, out_dir: Path | None = None) -> list[Path]:
     only when the manifest has label counts, the lifetime and per-device figures only for runs
     that recorded device energy budgets and classes)."""
     out = Path(out_dir or record.path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot create the folder ({err.strerror})") from None
     paths = [
         _accuracy_against(record, "energy_j", "cumulative energy, all devices [J]",
                           out / "accuracy_vs_energy.png"),
