@@ -231,11 +231,21 @@ def scenario_from_document(doc: object, source: str, overrides: list[str] = (),
     return scenario
 
 
+def is_sweep_document(doc: object) -> bool:
+    """A sweep file names a base scenario and a grid or points; a scenario does neither."""
+    return isinstance(doc, dict) and isinstance(doc.get("scenario"), str) and (
+        "grid" in doc or "points" in doc)
+
+
 def load_scenario(name_or_path: str, overrides: list[str] = ()) -> Scenario:
     """Load a scenario file, or a scenario from the catalog by name (e.g. 'quickstart')."""
     path = catalog.find("scenarios", name_or_path, "scenario")
-    return scenario_from_document(catalog.read_yaml(path, "scenario"), str(path), overrides,
-                                  path.parent)
+    doc = catalog.read_yaml(path, "scenario")
+    if is_sweep_document(doc):
+        raise UserError(f"{path}: this is a sweep file (a grid over the scenario "
+                        f"'{doc['scenario']}'), not a scenario; run it with 'wirelessfl sweep "
+                        f"{name_or_path}'")
+    return scenario_from_document(doc, str(path), overrides, path.parent)
 
 
 def resolved_document(scenario: Scenario) -> dict:

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from wirelessfl.errors import UserError
 from wirelessfl.scenario import catalog
-from wirelessfl.scenario.loader import (format_validation_error, resolved_document,
-                                        scenario_from_document, set_key)
+from wirelessfl.scenario.loader import (format_validation_error, is_sweep_document,
+                                        resolved_document, scenario_from_document, set_key)
 
 
 class SweepFile(BaseModel):
@@ -97,12 +97,6 @@ class Sweep:
     document: dict = field(repr=False)
 
 
-def is_sweep_document(doc: object) -> bool:
-    """A sweep file names a base scenario and a grid or points; a scenario does neither."""
-    return isinstance(doc, dict) and isinstance(doc.get("scenario"), str) and (
-        "grid" in doc or "points" in doc)
-
-
 def _fmt_value(value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
@@ -150,11 +144,11 @@ def load_sweep(name_or_path: str) -> Sweep:
         raise UserError(f"{source}: scenario: '{spec.scenario}' is a sweep file; name a scenario")
 
     def scenario_for(assignments: list[tuple[str, str, Any]], label: str) -> dict:
-        """The resolved scenario for the base with (where, key, value) assignments applied;
-        a validation error is reported at ``label``."""
+        """The resolved scenario for the base with (section, key, value) assignments applied
+        (a bad path is reported as section + key); a validation error is reported at ``label``."""
         doc = copy.deepcopy(base_doc)
-        for where, key, value in assignments:
-            set_key(doc, key, value, origin=f"{source}: {where}: ")
+        for section, key, value in assignments:
+            set_key(doc, key, value, origin=f"{source}: {section}")
         try:
             return resolved_document(scenario_from_document(doc, str(base_path), [],
                                                             base_path.parent))
@@ -162,26 +156,26 @@ def load_sweep(name_or_path: str) -> Sweep:
             raise UserError(f"{source}: {label}: not accepted by the scenario "
                             f"({_one_line(err)})") from None
 
-    fixed = [(f"set.{k}", k, v) for k, v in spec.set.items()]
+    fixed = [("set.", k, v) for k, v in spec.set.items()]
     scenario_for(fixed, "set" if fixed else "scenario")  # errors in the base or 'set' first
     if spec.grid is not None:
         keys = list(spec.grid)
         for key, values in spec.grid.items():  # each key alone first: errors name the key
             for value in values:
-                where = f"grid.{key} (value {value!r})"
-                scenario_for([*fixed, (where, key, value)], where)
+                scenario_for([*fixed, ("grid.", key, value)], f"grid.{key} (value {value!r})")
         combos = [dict(zip(keys, combo)) for combo in itertools.product(*spec.grid.values())]
         wheres = [f"grid point {combo}" for combo in combos]
+        sections = ["grid."] * len(combos)
     else:
         keys = list(dict.fromkeys(k for point in spec.points for k in point))
         combos = [dict(point) for point in spec.points]
         wheres = [f"points[{i}]" for i in range(len(combos))]
+        sections = [f"{w}." for w in wheres]
     short = _short_names(keys)
     points, seen = [], set()
-    for combo, where in zip(combos, wheres):
+    for combo, where, section in zip(combos, wheres, sections):
         for seed in spec.seeds:
-            assign = [*fixed, *((f"{where}.{k}", k, v) for k, v in combo.items()),
-                      (f"{where} seed {seed}", "seed", seed)]
+            assign = [*fixed, *((section, k, v) for k, v in combo.items()), ("", "seed", seed)]
             rid = run_id(combo, seed, short)
             if rid in seen:
                 raise UserError(f"{source}: {where}: this point is listed twice")
