@@ -1,0 +1,78 @@
+"""Speed-up of `wirelessfl sweep` with the local executor: the example study
+(scenarios/sweep-power.yaml, 30 runs) on 1 worker process against 2 (or --workers ...).
+
+Each setting runs the whole sweep from scratch as a user would (`python -m wirelessfl sweep`, a
+fresh process, worker start-up included) into its own temporary folder; the script checks that
+every run's rounds.parquet is the same whatever the number of workers, and writes wall-clock
+times, the ratio and the machine's load to a JSON file.
+
+    python benchmarks/sweep_speedup.py [--sweep sweep-power] [--workers 1 2]
+        [--out benchmarks/sweep_speedup.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(sweep: str, workers: int, out: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "wirelessfl", "sweep", sweep, "--out", str(out),
+                    "--workers", str(workers), "--quiet", "--no-compare"], check=True, env=env,
+                   cwd=ROOT)
+    wall = time.perf_counter() - start
+    table = pd.read_csv(out / "runs.csv")
+    return {"workers": workers, "wall_s": round(wall, 2), "runs": len(table),
+            "failed": int((table.status == "failed").sum()),
+            "host_s_per_run_median": round(float(table.wall_s.median()), 3),
+            "host_s_all_runs": round(float(table.wall_s.sum()), 2),
+            "load_average_1min_before": round(load, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", default="sweep-power")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "sweep_speedup.json"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        results, frames = [], {}
+        for workers in args.workers:
+            out = Path(tmp) / f"w{workers}"
+            results.append(run(args.sweep, workers, out))
+            print(json.dumps(results[-1]), flush=True)
+            frames[workers] = {p.name: pd.read_parquet(p / "rounds.parquet")
+                               for p in sorted((out / "runs").iterdir())}
+        first = frames[args.workers[0]]
+        for workers, runs in frames.items():  # same numbers whatever the number of workers
+            assert list(runs) == list(first), workers
+            for name, frame in runs.items():
+                pd.testing.assert_frame_equal(frame, first[name])
+    base = results[0]["wall_s"]
+    report = {
+        "sweep": args.sweep, "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cores": len(os.sched_getaffinity(0)), "python": sys.version.split()[0],
+        "results": results,
+        "speedup": {str(r["workers"]): round(base / r["wall_s"], 3) for r in results},
+        "identical_rounds_parquet": True,
+    }
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["speedup"]))
+
+
+if __name__ == "__main__":
+    main()
