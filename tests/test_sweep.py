@@ -250,6 +250,8 @@ def test_run_refuses_a_sweep_file_and_bad_flags(tmp_path, capsys):
     path = _write_sweep(tmp_path, {"grid": GRID})
     code, _, err = _cli(capsys, "run", path)
     assert code == 2 and "this is a sweep file" in err and "wirelessfl sweep" in err
+    code, stdout, _ = _cli(capsys, "validate", path)
+    assert code == 0 and "valid sweep over 'base.yaml' (2 runs: 2 points x 1 seeds" in stdout
     code, _, err = _cli(capsys, "sweep", path, "--workers", "0")
     assert code == 2 and err.startswith("error: --workers")
     code, _, err = _cli(capsys, "sweep", path, "--address", "tcp://127.0.0.1:1")

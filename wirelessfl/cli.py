@@ -93,8 +93,20 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_validate(args) -> int:
-    from wirelessfl.scenario.loader import load_scenario
+    from wirelessfl.scenario import catalog
+    from wirelessfl.scenario.loader import is_sweep_document, load_scenario
 
+    path = catalog.find("scenarios", args.scenario, "scenario")
+    if is_sweep_document(catalog.read_yaml(path, "scenario")):
+        from wirelessfl.sweep.spec import load_sweep
+
+        if args.set:
+            raise UserError(f"--set: {args.scenario} is a sweep file; put overrides in its 'set'")
+        sweep = load_sweep(args.scenario)
+        print(f"{args.scenario}: valid sweep over '{sweep.spec.scenario}' ({len(sweep.points)} "
+              f"runs: {len(sweep.points) // len(sweep.spec.seeds)} points x "
+              f"{len(sweep.spec.seeds)} seeds; keys: {', '.join(sweep.keys)})")
+        return 0
     scenario = load_scenario(args.scenario, args.set or [])
     names = ", ".join(p.display_name for p in scenario.algorithms)
     classes = scenario.population.classes

@@ -69,7 +69,7 @@ def accuracy_bands(comp: Comparison, column: str, xlabel: str, path: Path) -> Pa
     cols = min(3, len(facets))
     rows = math.ceil(len(facets) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False,
-                             sharey=True)
+                             sharex=True, sharey=True)
     colours = _algorithm_colours(comp)
     target = comp.table.target_accuracy.dropna()
     for ax, (values, group) in zip(axes.flat, facets):
@@ -94,6 +94,8 @@ def accuracy_bands(comp: Comparison, column: str, xlabel: str, path: Path) -> Pa
                      or "all runs", fontsize="medium")
     for ax in axes[:, 0]:
         ax.set_ylabel("test accuracy")
+    for ax in axes.flat:  # shared x: label every visible panel's axis anyway
+        ax.tick_params(labelbottom=True)
     for ax in list(axes.flat)[len(facets):]:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize="small", loc="lower right")
