@@ -30,17 +30,23 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(sweep: str, workers: int, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     load = os.getloadavg()[0]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), os.times()
     subprocess.run([sys.executable, "-m", "wirelessfl", "sweep", sweep, "--out", str(out),
                     "--workers", str(workers), "--quiet", "--no-compare"], check=True, env=env,
                    cwd=ROOT)
     wall = time.perf_counter() - start
+    after = os.times()  # the sweep process and its workers (reaped children), start-up included
+    cpu_total = (after.children_user + after.children_system
+                 - cpu.children_user - cpu.children_system)
     table = pd.read_csv(out / "runs.csv")
     return {"workers": workers, "wall_s": round(wall, 2), "runs": len(table),
             "failed": int((table.status == "failed").sum()),
             "host_s_per_run_median": round(float(table.wall_s.median()), 3),
             "host_s_all_runs": round(float(table.wall_s.sum()), 2),
-            "load_average_1min_before": round(load, 2)}
+            "cpu_s_all_runs": round(float(table.cpu_s.sum()), 2),
+            "cpu_s_total": round(cpu_total, 2),
+            "load_average_1min_before": round(load, 2),
+            "load_average_1min_after": round(os.getloadavg()[0], 2)}
 
 
 def main() -> None:

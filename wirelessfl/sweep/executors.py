@@ -27,6 +27,7 @@ def default_workers() -> int:
 def _lost(task: dict, err: BaseException) -> dict:
     """A run whose worker died (killed, out of memory) or whose result never came back."""
     return {"run_id": task["run_id"], "status": "failed", "files": {}, "wall_s": float("nan"),
+            "cpu_s": float("nan"),
             "message": f"worker lost: {type(err).__name__}: {' '.join(str(err).split())}"}
 
 

@@ -98,6 +98,7 @@ def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str
         done, why = _finished_run(folder, point)
         entry = {"run": point.run_id, "status": "pending", "seed": point.seed, **point.values,
                  "message": why or old.get("message", ""), "wall_s": old.get("wall_s"),
+                 "cpu_s": old.get("cpu_s"),
                  "host": old.get("host"), "attempts": old.get("attempts", 0),
                  "folder": f"{RUNS}/{point.run_id}"}
         if done:
@@ -129,7 +130,8 @@ def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str
             if result["files"]:
                 publish_folder(result["files"], runs_dir / result["run_id"])
             entry.update(status=result["status"], message=result["message"],
-                         wall_s=result["wall_s"], host=result.get("host"),
+                         wall_s=result["wall_s"], cpu_s=result["cpu_s"],
+                         host=result.get("host"),
                          attempts=entry["attempts"] + 1)
             if result["status"] == "failed":
                 failed += 1

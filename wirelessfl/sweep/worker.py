@@ -39,7 +39,7 @@ def run_point(task: dict) -> dict:
 
     import wirelessfl
 
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     result = {"run_id": task["run_id"], "host": socket.gethostname(), "pid": os.getpid(),
               "module": wirelessfl.__file__, "files": {}}
     warnings: list[str] = []
@@ -57,4 +57,5 @@ def run_point(task: dict) -> dict:
         result.update(status="failed", message=f"{type(err).__name__}: "
                                                + " ".join(str(err).split()))
     result["wall_s"] = time.perf_counter() - start
+    result["cpu_s"] = time.process_time() - start_cpu
     return result
