@@ -203,8 +203,12 @@ def test_changed_base_scenario_reruns_stale_runs(tmp_path, capsys):
     code, _, err = _cli(capsys, "sweep", path, "--out", out, "--workers", "1", "--quiet",
                         "--no-compare")
     assert code == 0 and "0 already finished, 1 to run" in err
-    (run,) = (out / "runs").iterdir()
+    run, kept = sorted((out / "runs").iterdir())
     assert json.loads((run / "manifest.json").read_text())["scenario"]["target_accuracy"] == 0.6
+    # the earlier run (another scenario) is kept beside it, not deleted
+    assert kept.name.startswith(run.name + ".replaced-")
+    assert json.loads((kept / "manifest.json").read_text())["scenario"]["target_accuracy"] == 0.5
+    assert kept.name in pd.read_csv(out / "runs.csv").message[0]
 
 
 @pytest.mark.parametrize(

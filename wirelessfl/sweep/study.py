@@ -91,11 +91,17 @@ def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str
         raise UserError(f"--out {out}: cannot create the sweep folder ({err.strerror})") from None
     _clean_leftovers(runs_dir)
     previous = _previous_entries(Path(out))
-    entries, tasks = [], []
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    entries, tasks, replaced = [], [], {}
     for point in sweep.points:
         old = previous.get(point.run_id, {})
         folder = runs_dir / point.run_id
         done, why = _finished_run(folder, point)
+        if why:  # a run of another scenario: kept beside, never overwritten
+            kept = runs_dir / f"{point.run_id}.replaced-{stamp}"
+            folder.rename(kept)
+            why += f" (the old run folder is kept as {RUNS}/{kept.name})"
+            replaced[point.run_id] = why
         entry = {"run": point.run_id, "status": "pending", "seed": point.seed, **point.values,
                  "message": why or old.get("message", ""), "wall_s": old.get("wall_s"),
                  "cpu_s": old.get("cpu_s"),
@@ -129,7 +135,8 @@ def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str
             entry = by_run[result["run_id"]]
             if result["files"]:
                 publish_folder(result["files"], runs_dir / result["run_id"])
-            entry.update(status=result["status"], message=result["message"],
+            notes = (result["message"], replaced.get(result["run_id"], ""))
+            entry.update(status=result["status"], message="; ".join(n for n in notes if n),
                          wall_s=result["wall_s"], cpu_s=result["cpu_s"],
                          host=result.get("host"),
                          attempts=entry["attempts"] + 1)
