@@ -31,9 +31,39 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds all processes on the machine have used since boot (/proc/stat; Linux)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq = map(int, fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+PROBE = """
+import time
+t0, c0 = time.perf_counter(), time.process_time()
+while time.perf_counter() - t0 < 3:
+    pass
+print((time.process_time() - c0) / (time.perf_counter() - t0))
+"""
+
+
+def cpus_available(processes: int = 2) -> float:
+    """CPUs this session gets right now: ``processes`` busy loops run side by side for 3 s; the
+    sum of their CPU/wall ratios. About 2 on an idle 2-core machine; less when other users'
+    sessions are busy (Linux autogroup shares the CPUs between sessions, not processes)."""
+    procs = [subprocess.Popen([sys.executable, "-c", PROBE], stdout=subprocess.PIPE, text=True)
+             for _ in range(processes)]
+    return round(sum(float(p.communicate()[0]) for p in procs), 2)
+
+
 def run(sweep: str, workers: int, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     load = os.getloadavg()[0]
+    available = cpus_available()
+    busy = _machine_busy_s()
     start, cpu = time.perf_counter(), os.times()
     subprocess.run([sys.executable, "-m", "wirelessfl", "sweep", sweep, "--out", str(out),
                     "--workers", str(workers), "--quiet", "--no-compare"], check=True, env=env,
@@ -42,6 +72,7 @@ def run(sweep: str, workers: int, out: Path) -> dict:
     after = os.times()  # the sweep process and its workers (reaped children), start-up included
     cpu_total = (after.children_user + after.children_system
                  - cpu.children_user - cpu.children_system)
+    others = _machine_busy_s() - busy - cpu_total  # CPU seconds of every other process
     table = pd.read_csv(out / "runs.csv")
     return {"workers": workers, "wall_s": round(wall, 2), "runs": len(table),
             "failed": int((table.status == "failed").sum()),
@@ -49,6 +80,11 @@ def run(sweep: str, workers: int, out: Path) -> dict:
             "host_s_all_runs": round(float(table.wall_s.sum()), 2),
             "cpu_s_all_runs": round(float(table.cpu_s.sum()), 2),
             "cpu_s_total": round(cpu_total, 2),
+            # runs in flight on average: the executor's concurrency, whatever the CPU share
+            "runs_in_flight_mean": round(float(table.wall_s.sum()) / wall, 2),
+            "cpus_available_before": available,
+            # mean number of CPUs that other users' processes kept busy during this sweep
+            "other_processes_cpus": round(others / wall, 2),
             "load_average_1min_before": round(load, 2),
             "load_average_1min_after": round(os.getloadavg()[0], 2)}
 
