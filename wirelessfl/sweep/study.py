@@ -134,7 +134,12 @@ def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str
         for k, result in enumerate(execute(tasks, executor, workers, address), start=1):
             entry = by_run[result["run_id"]]
             if result["files"]:
-                publish_folder(result["files"], runs_dir / result["run_id"])
+                try:
+                    publish_folder(result["files"], runs_dir / result["run_id"])
+                except OSError as err:
+                    raise UserError(f"{runs_dir / result['run_id']}: cannot write the run folder "
+                                    f"({err.strerror}); the runs recorded so far are kept, run "
+                                    "the same command again once there is room") from None
             notes = (result["message"], replaced.get(result["run_id"], ""))
             entry.update(status=result["status"], message="; ".join(n for n in notes if n),
                          wall_s=result["wall_s"], cpu_s=result["cpu_s"],
