@@ -250,7 +250,8 @@ def test_bad_sweep_file_in_a_real_process_has_no_traceback(tmp_path):
     assert "population.num_devicez: unknown key" in proc.stderr
 
 
-def test_run_refuses_a_sweep_file_and_bad_flags(tmp_path, capsys):
+def test_run_refuses_a_sweep_file_and_bad_flags(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default --out is ./sweeps/<name>: nothing may appear
     path = _write_sweep(tmp_path, {"grid": GRID})
     code, _, err = _cli(capsys, "run", path)
     assert code == 2 and "this is a sweep file" in err and "wirelessfl sweep" in err
@@ -260,6 +261,7 @@ def test_run_refuses_a_sweep_file_and_bad_flags(tmp_path, capsys):
     assert code == 2 and err.startswith("error: --workers")
     code, _, err = _cli(capsys, "sweep", path, "--address", "tcp://127.0.0.1:1")
     assert code == 2 and "--address is for --executor dask" in err
+    assert not (tmp_path / "sweeps").exists()  # refused before anything was written
 
 
 def test_html_reports_are_self_contained(local_sweep, tmp_path, capsys):

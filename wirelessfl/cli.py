@@ -69,6 +69,9 @@ def _cmd_sweep(args) -> int:
     if args.workers is not None and args.workers <= 0:
         raise UserError(f"--workers: must be a positive number of worker processes, "
                         f"got {args.workers}")
+    if args.address and args.executor != "dask":
+        raise UserError("--address is for --executor dask; the local executor runs on this "
+                        "machine")
     sweep = load_sweep(args.sweep)
     out = Path(args.out) if args.out else Path("sweeps") / sweep.name
     workers = args.workers or default_workers()

@@ -90,7 +90,4 @@ def execute(tasks: list[dict], executor: str, workers: int,
         return iter(())
     if executor == "dask":
         return run_dask(tasks, workers, address)
-    if address:
-        raise UserError("--address is for --executor dask; the local executor runs on this "
-                        "machine")
     return run_local(tasks, workers)
