@@ -154,7 +154,7 @@ def test_killed_sweep_reruns_only_the_missing_runs(tmp_path, capsys):
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
     before = _finished(out)
     assert 1 <= len(before) < 6
-    code, stdout, err = _cli(capsys, "sweep", path, "--out", out, "--workers", "1", "--quiet",
+    code, _, err = _cli(capsys, "sweep", path, "--out", out, "--workers", "1", "--quiet",
                              "--no-compare")
     assert code == 0
     assert f"{len(before)} already finished, {6 - len(before)} to run" in err
@@ -220,8 +220,8 @@ def test_changed_base_scenario_reruns_stale_runs(tmp_path, capsys):
         ({"grid": {"population.num_devices": [10, -3]}},
          "study.yaml: grid.population.num_devices (value -3): not accepted"),
         ({"grid": {}}, "study.yaml: grid: empty"),
-        ({"grid": {"population.num_devices": []}}, "study.yaml: grid.population.num_devices: "
-                                                   "empty list of values"),
+        ({"grid": {"population.num_devices": []}},
+         "study.yaml: grid.population.num_devices: empty list of values"),
         ({"seeds": [0]}, "give exactly one of 'grid'"),
         ({"grid": {"seed": [1, 2]}}, "study.yaml: grid.seed: the seed is swept by the 'seeds'"),
         ({"points": [{"algorithms.nosuch.rounds": 3}]},
@@ -242,7 +242,7 @@ def test_bad_sweep_file_is_one_clean_line(tmp_path, capsys, sweep, expected):
 
 def test_bad_sweep_file_in_a_real_process_has_no_traceback(tmp_path):
     path = _write_sweep(tmp_path, {"grid": {"population.num_devicez": [3]}})
-    proc = subprocess.run([sys.executable, "-m", "wirelessfl", "sweep", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "wirelessfl", "sweep", str(path)], check=False,
                           capture_output=True, text=True, env=ENV, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
@@ -280,7 +280,7 @@ def test_html_reports_are_self_contained(local_sweep, tmp_path, capsys):
     assert re.findall(r'(?:src|href)="(?!data:)', page) == []
     assert "channel.uplink.tx_power_dbm" in page and "tx_power_dbm" in page
     assert page.count("<tr") >= 1 + 4 + 1 + 4  # comparison (2 algorithms x 2 powers) and runs
-    run = sorted(p for p in (out / "runs").iterdir())[0]
+    run = min((out / "runs").iterdir())
     code, _, _ = _cli(capsys, "report", run, "--html", "--out", tmp_path / "run")
     assert code == 0
     page = (tmp_path / "run" / "report.html").read_text()

@@ -53,7 +53,8 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
                  extra: dict | None = None) -> tuple[str, pd.DataFrame]:
     """Simulate every algorithm of ``scenario`` into the run folder ``out`` (rounds.parquet,
     devices.parquet, manifest.json, summary.csv); returns the run's status (``complete``, or
-    ``partial`` when an algorithm diverged) and its summary table. An interrupt records ``interrupted`` and re-raises."""
+    ``partial`` when an algorithm diverged) and its summary table. An interrupt records
+    ``interrupted`` and re-raises."""
     world = world or build_world(scenario)
     writer = RunWriter(out, resolved_document(scenario), scenario.seed,
                        extra={"model": model_facts(world), "problem": world.problem_record(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from wirelessfl.results.compare import Comparison, comparison_cells
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif; margin: 0 auto;
        max-width: 1400px; padding: 1.5em 2em 4em; color: #1d1d1f; line-height: 1.45; }
-h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; }
+h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
 .meta { color: #555; font-size: 0.92em; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0; }
@@ -86,9 +88,10 @@ def sweep_html(sweep_dir: Path, comp: Comparison, figure_paths: list[Path], out:
     classes = []
     for r in runs:
         wall = r.get("wall_s")
+        shown = isinstance(wall, int | float) and math.isfinite(wall)
         cells.append([r["run"], r["status"], str(r["seed"]), *(str(r.get(k)) for k in keys),
                       str(r.get("attempts", "")),
-                      f"{wall:.1f}" if isinstance(wall, int | float) and wall == wall else "",
+                      f"{wall:.1f}" if shown else "",
                       r.get("message") or ""])
         classes.append("failed" if r["status"] == "failed" else "")
     counts = {s: sum(r["status"] == s for r in runs) for s in dict.fromkeys(r["status"]
@@ -99,13 +102,13 @@ def sweep_html(sweep_dir: Path, comp: Comparison, figure_paths: list[Path], out:
                     "target only; the 'reached target' column says how many did.")
     sections = [
         "<h2>Comparison over seeds</h2>",
-        f"<p>Mean ± half-width of the 95 % confidence interval (Student t, over seeds). "
-        f"{reached_note}</p>", _table(comparison_cells(comp)),
+        (f"<p>Mean ± half-width of the 95 % confidence interval (Student t, over seeds). "
+         f"{reached_note}</p>"), _table(comparison_cells(comp)),
         "<h2>Figures</h2>", *figures,
         "<h2>Sweep</h2>",
-        f"<p>Base scenario <code>{html.escape(str(manifest.get('base_scenario')))}</code>; swept "
-        f"keys: {', '.join(f'<code>{html.escape(k)}</code>' for k in keys)}; seeds "
-        f"{html.escape(str(manifest.get('seeds')))}.</p>",
+        (f"<p>Base scenario <code>{html.escape(str(manifest.get('base_scenario')))}</code>; "
+         f"swept keys: {', '.join(f'<code>{html.escape(k)}</code>' for k in keys)}; seeds "
+         f"{html.escape(str(manifest.get('seeds')))}.</p>"),
         _yaml_block("the sweep file", manifest.get("sweep", {}), open_=True),
         _yaml_block("the resolved scenario of the first finished run (the others differ only in "
                     "the swept keys and the seed)", first),

@@ -157,8 +157,9 @@ def _pm(mean: float, half: float, digits: str = ".4g") -> str:
 
 def comparison_cells(comp: Comparison) -> list[list[str]]:
     """The table as text cells, header first (terminal and HTML share it)."""
-    head = ["algorithm", *(k.split(".")[-1] for k in comp.keys), "seeds", "reached target", "energy to target [J]",
-            "time to target [s]", "final accuracy", "energy, whole run [J]"]
+    head = ["algorithm", *(k.split(".")[-1] for k in comp.keys), "seeds", "reached target",
+            "energy to target [J]", "time to target [s]", "final accuracy",
+            "energy, whole run [J]"]
     cells = [head]
     for _, r in comp.table.iterrows():
         cells.append([str(r.algorithm), *(f"{r[k]:g}" if isinstance(r[k], int | float)
@@ -174,7 +175,8 @@ def comparison_cells(comp: Comparison) -> list[list[str]]:
 
 def format_comparison(comp: Comparison) -> str:
     """A plain-text table: mean ± 95 % CI half-width over seeds."""
-    targets = sorted({t for t in comp.table.target_accuracy if t is not None and t == t})
+    targets = sorted({t for t in comp.table.target_accuracy
+                      if t is not None and not math.isnan(t)})
     return (f"mean ± 95 % confidence interval (t, over seeds); to-target columns over the seeds "
             f"that reached the target ({', '.join(f'{t:g}' for t in targets) or 'none set'})\n"
             + text_table(comparison_cells(comp)))

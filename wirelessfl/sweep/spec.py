@@ -19,8 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from wirelessfl.errors import UserError
 from wirelessfl.scenario import catalog
-from wirelessfl.scenario.loader import (format_validation_error, is_sweep_document,
-                                        resolved_document, scenario_from_document, set_key)
+from wirelessfl.scenario.loader import (
+    format_validation_error,
+    is_sweep_document,
+    resolved_document,
+    scenario_from_document,
+    set_key,
+)
 
 
 class SweepFile(BaseModel):

@@ -122,10 +122,11 @@ def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str
     _write(Path(out), sweep, entries, info)
     skipped = len(entries) - len(tasks)
     retried = sum(by_run[t["run_id"]]["status"] == "failed" for t in tasks)
+    where = f"the Dask scheduler at {address}" if address else f"{executor} with {workers} workers"
     print(f"{sweep.name}: {len(entries)} runs ({len(sweep.points) // len(sweep.spec.seeds)} "
           f"points x {len(sweep.spec.seeds)} seeds); {skipped} already finished, "
-          f"{len(tasks)} to run ({retried} failed before, retried) on {executor} with "
-          f"{workers} workers -> {out}", file=sys.stderr)
+          f"{len(tasks)} to run ({retried} failed before, retried) on {where} -> {out}",
+          file=sys.stderr)
     failed = 0
     bar = tqdm(total=len(entries), initial=skipped, unit="run", file=sys.stderr,
                disable=True if quiet else None, dynamic_ncols=True, mininterval=0.5)

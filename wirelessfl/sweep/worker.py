@@ -32,12 +32,11 @@ def run_point(task: dict) -> dict:
     """Run one sweep point; never raises: a failure comes back as ``status: failed`` with its
     message, so the sweep records it and carries on."""
     limit_threads()
+    import wirelessfl
     from wirelessfl.engine.runner import run_scenario
     from wirelessfl.errors import UserError
     from wirelessfl.results.records import folder_files
     from wirelessfl.scenario.loader import scenario_from_document
-
-    import wirelessfl
 
     start, start_cpu = time.perf_counter(), time.process_time()
     result = {"run_id": task["run_id"], "host": socket.gethostname(), "pid": os.getpid(),
