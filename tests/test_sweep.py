@@ -117,12 +117,13 @@ def test_dask_cluster_gives_the_local_executors_numbers(local_sweep, tmp_path, c
         assert list(local) == list(dask) and len(local) == 4
         for run in local:
             pd.testing.assert_frame_equal(local[run], dask[run])
-    # 1 worker instead of 2: the same numbers again
-    code, _, _ = _cli(capsys, "sweep", path, "--out", tmp_path / "one", "--workers", "1",
-                      "--quiet", "--no-compare")
-    assert code == 0
-    for run, frame in _frames(tmp_path / "one", "rounds.parquet").items():
-        pd.testing.assert_frame_equal(frame, _frames(local_out, "rounds.parquet")[run])
+    # 1 worker instead of 2, locally and on the LocalCluster the command starts and stops itself
+    for out, executor in ((tmp_path / "one", "local"), (tmp_path / "own-cluster", "dask")):
+        code, _, err = _cli(capsys, "sweep", path, "--out", out, "--workers", "1", "--executor",
+                            executor, "--quiet", "--no-compare")
+        assert code == 0, err
+        for run, frame in _frames(out, "rounds.parquet").items():
+            pd.testing.assert_frame_equal(frame, _frames(local_out, "rounds.parquet")[run])
 
 
 def test_rerun_skips_finished_runs(local_sweep, capsys):
