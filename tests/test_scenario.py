@@ -11,9 +11,15 @@ from wirelessfl.scenario.loader import apply_override, load_scenario, scenario_f
 
 
 def test_every_shipped_scenario_validates():
+    from wirelessfl.scenario.loader import is_sweep_document
+    from wirelessfl.sweep.spec import load_sweep
+
     names = list(catalog.entries("scenarios"))
-    assert {"quickstart", "seed002-digits28", "seed002-fashionmnist"} <= set(names)
+    assert {"quickstart", "seed002-digits28", "seed002-fashionmnist", "sweep-power"} <= set(names)
     for name in names:
+        if is_sweep_document(catalog.read_yaml(catalog.entries("scenarios")[name], "scenario")):
+            assert load_sweep(name).points  # every point's scenario validates
+            continue
         scenario = load_scenario(name)
         assert scenario.algorithms
 

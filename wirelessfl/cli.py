@@ -1,4 +1,4 @@
-"""The command line: run, validate, report, list, profile, energy, link.
+"""The command line: run, sweep, compare, validate, report, list, profile, energy, link.
 
 Bad input ends in one ``error: ...`` line on stderr and exit code 2, never a traceback.
 """
@@ -6,9 +6,7 @@ Bad input ends in one ``error: ...`` line on stderr and exit code 2, never a tra
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import signal
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -28,25 +26,26 @@ def _cmd_run(args) -> int:
     from tqdm import tqdm
 
     from wirelessfl.engine.build import build_world
-    from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint
-    from wirelessfl.engine.resources import check_memory
-    from wirelessfl.engine.simulation import run_algorithm
+    from wirelessfl.engine.runner import run_scenario
     from wirelessfl.report.plots import draw_report
-    from wirelessfl.results.records import RunWriter, read_run
-    from wirelessfl.results.summary import format_summary, summarize
-    from wirelessfl.scenario.loader import load_scenario, resolved_document, scenario_from_document
+    from wirelessfl.results.records import FINISHED, read_run
+    from wirelessfl.results.summary import format_summary
+    from wirelessfl.scenario.loader import load_scenario, scenario_from_document
 
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise UserError(f"--checkpoint-every must be a positive number of rounds, got "
                         f"{args.checkpoint_every}")
+    done: set[str] = set()
     if args.resume:
         if args.scenario or args.set or args.out:
             raise UserError("--resume RUN_DIR takes the scenario, overrides and folder from the "
                             "run's manifest; give no SCENARIO, --set or --out with it")
-        record = read_run(args.resume)
         out = Path(args.resume)
+        record = read_run(out)
         scenario = scenario_from_document(record.manifest.get("scenario"),
                                           str(out / "manifest.json"))
+        done = {k for k, v in record.manifest.get("algorithms", {}).items()
+                if v.get("status") in FINISHED}
     elif not args.scenario:
         raise UserError("give a SCENARIO to run (e.g. quickstart), or --resume RUN_DIR")
     else:
@@ -54,119 +53,86 @@ def _cmd_run(args) -> int:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
     world = build_world(scenario)
-    check_memory(world)
-    if args.resume:
-        writer = RunWriter.reopen(out)
-        every = args.checkpoint_every or writer.manifest.get("checkpoint_every") or 0
-    else:
-        writer = RunWriter(out, resolved_document(scenario), scenario.seed,
-                           extra={"model": _model_facts(world), "problem": world.problem_record(),
-                                  "checkpoint_every": args.checkpoint_every},
-                           partition=world.partition_record())
-        every = args.checkpoint_every or 0
-    checkpoint_path = out / CHECKPOINT_NAME
-    todo = [p for p in scenario.algorithms if p.display_name not in writer.finished_algorithms]
     d = world.evaluator.d
     what = (f"model {scenario.model.name} (d = {d:,}), dataset {scenario.data.name}"
             if world.flat is not None else f"problem {scenario.problem.name} (d = {d:,})")
-    resumed = (f"; resuming: {len(scenario.algorithms) - len(todo)} of "
-               f"{len(scenario.algorithms)} algorithms already recorded" if args.resume else "")
+    resumed = (f"; resuming: {len(done)} of {len(scenario.algorithms)} algorithms already "
+               "recorded" if args.resume else "")
     print(f"{scenario.name}: {world.num_devices} devices, {what}; results -> {out}{resumed}",
           file=sys.stderr)
+    total = sum(p.rounds for p in scenario.algorithms if p.display_name not in done)
     # disable=None: tqdm draws only on a terminal, so logs and CI output stay clean.
-    bar = tqdm(total=sum(p.rounds for p in todo), unit="round",
-               disable=True if args.quiet else None, file=sys.stderr, dynamic_ncols=True,
-               mininterval=0.5)
-    status = "complete" if all(v.get("status") == "complete"
-                               for v in writer.manifest["algorithms"].values()) else "partial"
-    with _sigterm_as_interrupt():
-        for params in todo:
-            bar.set_description(params.display_name)
-            saved = read_checkpoint(checkpoint_path) if args.resume else None
-            if saved is not None and saved["label"] != params.display_name:
-                saved = None  # from an algorithm that has since finished
-            if saved is not None:
-                tqdm.write(f"{params.display_name}: continuing from the checkpoint after round "
-                           f"{saved['completed']}", sys.stderr)
-            run = run_algorithm(world, params, on_round=bar.update, checkpoint_every=every,
-                                checkpoint_path=checkpoint_path, resume=saved)
-            info = {"status": run.status, "message": run.message,
-                    "params": params.model_dump(mode="json"), **run.extra}
-            writer.add(run.label, run.rows, run.device_rows(world), info)
-            if run.status == "interrupted":
-                bar.close()
-                writer.finish("interrupted")
-                print(f"interrupted: {run.message}; the rounds recorded so far are in {out} "
-                      f"(manifest status 'interrupted'); finish the run with: wirelessfl run "
-                      f"--resume {out}", file=sys.stderr)
-                return EXIT_INTERRUPTED
-            checkpoint_path.unlink(missing_ok=True)
-            if run.status != "complete":
-                status = "partial"
-                tqdm.write(f"warning: {run.message}; the other algorithms continue", sys.stderr)
+    bar = tqdm(total=total, unit="round", disable=True if args.quiet else None, file=sys.stderr,
+               dynamic_ncols=True, mininterval=0.5)
+    try:
+        _, table = run_scenario(scenario, out, world, on_round=bar.update,
+                                on_algorithm=bar.set_description,
+                                warn=lambda text: tqdm.write(text, sys.stderr),
+                                resume=bool(args.resume), checkpoint_every=args.checkpoint_every)
+    except KeyboardInterrupt as stop:
+        bar.close()
+        why = f"{stop}; " if str(stop) else ""
+        print(f"interrupted: {why}the rounds recorded so far are in {out} (manifest status "
+              f"'interrupted'); finish the run with: wirelessfl run --resume {out}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     bar.close()
-    writer.finish(status)
-    record = read_run(out)
-    table = summarize(record.rounds, scenario.target_accuracy, world.num_devices,
-                      scenario.target_suboptimality)
-    table.to_csv(out / "summary.csv", index=False)
     print(format_summary(table, scenario.target_accuracy, scenario.target_suboptimality))
     if not args.no_report:
-        for path in draw_report(record):
+        for path in draw_report(read_run(out)):
             print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM (a scheduler, `kill`) stops a run like Ctrl-C: at a clean point, results kept."""
-    def stop(signum, frame):
-        raise KeyboardInterrupt
+def _cmd_sweep(args) -> int:
+    from wirelessfl.sweep.executors import default_workers
+    from wirelessfl.sweep.spec import load_sweep
+    from wirelessfl.sweep.study import run_sweep
 
+    if args.workers is not None and args.workers <= 0:
+        raise UserError(f"--workers: must be a positive number of worker processes, "
+                        f"got {args.workers}")
+    if args.address and args.executor != "dask":
+        raise UserError("--address is for --executor dask; the local executor runs on this "
+                        "machine")
+    sweep = load_sweep(args.sweep)
+    out = Path(args.out) if args.out else Path("sweeps") / sweep.name
+    workers = args.workers or default_workers()
     try:
-        previous = signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        counts = run_sweep(sweep, out, args.executor, workers, args.address, args.quiet)
+    except KeyboardInterrupt:
+        print(f"interrupted: finished runs are kept in {out}; run the same command again to "
+              "finish the rest", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"{counts.finished} of {counts.total} runs finished ({counts.skipped} skipped as "
+          f"already finished, {counts.ran} run now, {counts.failed} failed); results in {out}")
+    if counts.failed:
+        print(f"{counts.failed} runs failed: their errors are in {out / 'runs.csv'}; run the "
+              "same command again to retry them", file=sys.stderr)
+        return 1
+    if not args.no_compare:
+        from wirelessfl.results.compare import compare_dirs, format_comparison
 
-
-def _model_facts(world) -> dict:
-    """What the manifest records about the model and the per-pass energy it implies (for a mixed
-    population, per device class: the mean over the class's devices)."""
-    import numpy as np
-
-    prof = world.model_profile
-    facts = {"d": world.evaluator.d, "macs_per_sample": prof.macs_per_sample,
-             "activations_per_sample": prof.activations_per_sample,
-             "input_size": prof.input_size, "downlink_rate_bps": float(world.downlink().rate_bps)}
-    if world.heterogeneous:
-        facts["device_classes"] = {name: int((world.device_class == c).sum())
-                                   for c, name in enumerate(world.class_names)}
-
-    def value(x):
-        if np.ndim(x) == 0:
-            return float(x)
-        return {name: float(np.mean(x[world.device_class == c]))
-                for c, name in enumerate(world.class_names) if (world.device_class == c).any()}
-
-    for p in world.scenario.algorithms:
-        cm = world.compute_model(p.bits)
-        facts.setdefault("per_pass", {})[p.display_name] = {
-            "batch": p.batch_size, "bits": p.bits,
-            "energy_forward_j": value(cm.forward_energy_j(p.batch_size)),
-            "energy_backward_j": value(cm.backward_energy_j(p.batch_size)),
-            "time_forward_s": value(cm.forward_time_s(p.batch_size)),
-            "time_backward_s": value(cm.backward_time_s(p.batch_size))}
-    return facts
+        print(format_comparison(compare_dirs([out])))
+        print(f"figures and report: wirelessfl report {out} --html", file=sys.stderr)
+    return 0
 
 
 def _cmd_validate(args) -> int:
-    from wirelessfl.scenario.loader import load_scenario
+    from wirelessfl.scenario import catalog
+    from wirelessfl.scenario.loader import is_sweep_document, load_scenario
 
+    path = catalog.find("scenarios", args.scenario, "scenario")
+    if is_sweep_document(catalog.read_yaml(path, "scenario")):
+        from wirelessfl.sweep.spec import load_sweep
+
+        if args.set:
+            raise UserError(f"--set: {args.scenario} is a sweep file; put overrides in its 'set'")
+        sweep = load_sweep(args.scenario)
+        print(f"{args.scenario}: valid sweep over '{sweep.spec.scenario}' ({len(sweep.points)} "
+              f"runs: {len(sweep.points) // len(sweep.spec.seeds)} points x "
+              f"{len(sweep.spec.seeds)} seeds; keys: {', '.join(sweep.keys)})")
+        return 0
     scenario = load_scenario(args.scenario, args.set or [])
     names = ", ".join(p.display_name for p in scenario.algorithms)
     classes = scenario.population.classes
@@ -180,15 +146,60 @@ def _cmd_validate(args) -> int:
 def _cmd_report(args) -> int:
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import read_run
-    from wirelessfl.results.summary import format_summary, summarize
+    from wirelessfl.results.summary import format_summary, summarize, summary_cells
 
-    record = read_run(args.run_dir)
+    folder = Path(args.run_dir)
+    if (folder / "sweep.json").is_file():  # a sweep folder: the comparison over its runs
+        return _compare([folder], Path(args.out) if args.out else folder, args.html)
+    record = read_run(folder)
     n = record.manifest.get("scenario", {}).get("population", {}).get("num_devices", 1)
     targets = record.target_accuracy, record.target_suboptimality
-    print(format_summary(summarize(record.rounds, targets[0], n, targets[1]), *targets))
-    for path in draw_report(record, args.out):
+    table = summarize(record.rounds, targets[0], n, targets[1])
+    print(format_summary(table, *targets))
+    figures = draw_report(record, args.out)
+    for path in figures:
         print(f"wrote {path}")
+    if args.html:
+        from wirelessfl.report.html import run_html
+
+        out = Path(args.out or folder) / "report.html"
+        print(f"wrote {run_html(record, summary_cells(table), figures, out)}")
     return 0
+
+
+def _compare(dirs: list[Path], out: Path, html: bool) -> int:
+    """Print the comparison table of the runs in ``dirs``; write comparison.csv, the figures
+    and (with ``html``) report.html into ``out``."""
+    from wirelessfl.report.compare_plots import draw_comparison
+    from wirelessfl.results.compare import compare_dirs, format_comparison
+    from wirelessfl.results.records import write_csv
+
+    comp = compare_dirs(dirs)
+    print(format_comparison(comp))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot create the folder ({err.strerror})") from None
+    write_csv(out / "comparison.csv", comp.table)
+    print(f"wrote {out / 'comparison.csv'}")
+    figures = draw_comparison(comp, out)
+    for path in figures:
+        print(f"wrote {path}")
+    if html:
+        from wirelessfl.report.html import sweep_html
+
+        sweeps = [d for d in dirs if (d / "sweep.json").is_file()]
+        if len(dirs) != 1 or not sweeps:
+            raise UserError("--html: give one sweep folder (or use 'wirelessfl report RUN_DIR "
+                            "--html' for one run)")
+        print(f"wrote {sweep_html(sweeps[0], comp, figures, out / 'report.html')}")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    dirs = [Path(d) for d in args.dirs]
+    out = Path(args.out) if args.out else (dirs[0] if len(dirs) == 1 else Path("comparison"))
+    return _compare(dirs, out, args.html)
 
 
 def _cmd_list(args) -> int:
@@ -361,15 +372,43 @@ def build_parser() -> argparse.ArgumentParser:
                           "start) and runs the others; results identical to an uninterrupted run")
     run.set_defaults(func=_cmd_run)
 
+    sw = sub.add_parser("sweep", help="run a sweep file (a grid over scenario keys x seeds) "
+                                      "locally or on a Dask cluster; resumable")
+    sw.add_argument("sweep", help="sweep file, or a name from the catalog (e.g. sweep-power)")
+    sw.add_argument("--out", help="sweep folder (default: sweeps/<sweep name>); re-running "
+                                  "into the same folder skips finished runs")
+    sw.add_argument("--executor", choices=["local", "dask"], default="local",
+                    help="local worker processes (default) or Dask distributed")
+    sw.add_argument("--address", help="Dask scheduler, e.g. tcp://10.0.0.5:8786 (default with "
+                                      "--executor dask: a LocalCluster on this machine)")
+    sw.add_argument("--workers", type=int,
+                    help="worker processes (local executor, or the LocalCluster's; default: "
+                         "the number of cores)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.add_argument("--no-compare", action="store_true",
+                    help="do not print the comparison table at the end")
+    sw.set_defaults(func=_cmd_sweep)
+
     val = sub.add_parser("validate", help="check a scenario file without running it")
     val.add_argument("scenario")
     val.add_argument("--set", action="append", metavar="KEY.PATH=VALUE")
     val.set_defaults(func=_cmd_validate)
 
-    rep = sub.add_parser("report", help="summary table and figures from a saved run")
-    rep.add_argument("run_dir")
+    rep = sub.add_parser("report", help="summary table and figures from a saved run or sweep")
+    rep.add_argument("run_dir", help="a run folder, or a sweep folder (then: the comparison)")
     rep.add_argument("--out", help="folder for the figures (default: the run folder)")
+    rep.add_argument("--html", action="store_true",
+                     help="also write report.html: one self-contained file (scenario, tables, "
+                          "figures) readable offline")
     rep.set_defaults(func=_cmd_report)
+
+    cmp = sub.add_parser("compare", help="mean and 95 %% CI over seeds per configuration, "
+                                         "across sweep and run folders, with figures")
+    cmp.add_argument("dirs", nargs="+", metavar="DIR", help="sweep folders or run folders")
+    cmp.add_argument("--out", help="folder for comparison.csv and the figures (default: the "
+                                   "one DIR given, else ./comparison)")
+    cmp.add_argument("--html", action="store_true", help="also write report.html (one sweep)")
+    cmp.set_defaults(func=_cmd_compare)
 
     lst = sub.add_parser("list", help="algorithms, channel and energy profiles, scenarios")
     lst.set_defaults(func=_cmd_list)

@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from wirelessfl.errors import UserError
 from wirelessfl.results.records import RunRecord
 
 BREAKDOWN = [("energy_compute_forward_j", "compute (forward)"),
@@ -303,6 +304,10 @@ def draw_report(record: RunRecord, out_dir: Path | None = None) -> list[Path]:
     that recorded device energy budgets and classes, the progress figure only where f* is
     known)."""
     out = Path(out_dir or record.path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot create the folder ({err.strerror})") from None
     paths = [
         _accuracy_against(record, "energy_j", "cumulative energy, all devices [J]",
                           out / "accuracy_vs_energy.png"),

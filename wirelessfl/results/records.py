@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -57,9 +58,40 @@ def write_json(path: Path, data: dict) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
 
 
+def write_csv(path: Path, frame: pd.DataFrame) -> None:
+    atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
 def write_table(path: Path, rows: list[dict], columns: list[str]) -> None:
     frame = pd.DataFrame(rows, columns=columns)
     atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
+
+
+def publish_folder(files: dict[str, bytes], final: Path) -> None:
+    """Make ``final`` a folder holding exactly ``files`` (name -> content) in one rename: they are
+    written to a hidden sibling folder first, so a reader (or a rerun after a kill) sees either
+    the old folder or the whole new one, never a half-written one."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".partial"))
+    try:
+        for name, content in files.items():
+            (staging / name).write_bytes(content)
+        if final.exists():  # a stale or failed earlier attempt: swap it out, then delete it
+            old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".old"))
+            os.replace(final, old / "run")
+            os.replace(staging, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, final)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """Every plain file of a run folder, by name (what a sweep worker sends back)."""
+    return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir()) if p.is_file()}
 
 
 def package_versions() -> dict[str, str]:

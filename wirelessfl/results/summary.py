@@ -95,9 +95,9 @@ def describe_target(target: float | None, target_suboptimality: float | None) ->
     return " and ".join(parts) if parts else "no target set"
 
 
-def format_summary(table: pd.DataFrame, target: float | None,
-                   target_suboptimality: float | None = None) -> str:
-    """A plain-text table for the terminal; the f - f* columns only where some run knows f*."""
+def summary_cells(table: pd.DataFrame) -> list[list[str]]:
+    """The summary table as text cells, header first (terminal and HTML share it); the f - f*
+    columns only where some run knows f*."""
     head = [("algorithm", "algorithm", "str"),
             ("rounds_to_target", "rounds to target", "int"),
             ("time_to_target_s", "time to target [s]", "time"),
@@ -118,10 +118,22 @@ def format_summary(table: pd.DataFrame, target: float | None,
     cells = [[title for _, title, _ in head]]
     for _, row in table.iterrows():
         cells.append([str(row[c]) if k == "str" else _fmt(row[c], k) for c, _, k in head])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    return cells
+
+
+def format_summary(table: pd.DataFrame, target: float | None,
+                   target_suboptimality: float | None = None) -> str:
+    """A plain-text table for the terminal."""
+    cells = summary_cells(table)
+    title = describe_target(target, target_suboptimality)
+    return f"{title}; energy split is of the energy to target (or total if not reached)\n" + \
+        text_table(cells)
+
+
+def text_table(cells: list[list[str]]) -> str:
+    """Header row, a rule, then rows; the first column left-aligned, the others right."""
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in cells]
     lines.insert(1, "-" * len(lines[0]))
-    title = describe_target(target, target_suboptimality)
-    return f"{title}; energy split is of the energy to target (or total if not reached)\n" + \
-        "\n".join(lines)
+    return "\n".join(lines)

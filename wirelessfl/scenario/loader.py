@@ -72,31 +72,36 @@ def format_validation_error(err: ValidationError, source: str, prefix: tuple = (
 
 
 def apply_override(doc: dict, assignment: str) -> None:
-    """Apply ``key.path=value`` to a raw scenario document in place.
-
-    Segments index mappings by key and lists by position or by an entry's name/label
-    (``algorithms.dzofl.rounds=100``); the value is parsed as YAML (``1e-3``, ``true``, ``[1, 2]``).
-    A profile named by a string (``channel: seed002-cell``) is opened up to ``{profile: ...}``.
-    """
+    """Apply ``key.path=value`` to a raw scenario document in place; the value is parsed as YAML
+    (``1e-3``, ``true``, ``[1, 2]``). See :func:`set_key` for how the path is followed."""
     key, sep, text = assignment.partition("=")
     if not sep or not key.strip():
         raise UserError(f"--set {assignment!r}: expected key.path=value, e.g. "
                         "--set channel.uplink.tx_power_dbm=10")
-    value = _parse_value(text)
-    parts = key.strip().split(".")
+    set_key(doc, key.strip(), _parse_value(text))
+
+
+def set_key(doc: dict, key: str, value, origin: str = "--set ") -> None:
+    """Set the dotted ``key`` of a raw scenario document to ``value`` in place.
+
+    Segments index mappings by key and lists by position or by an entry's name/label
+    (``algorithms.dzofl.rounds``). A profile named by a string (``channel: seed002-cell``) is
+    opened up to ``{profile: ...}``. Errors start with ``origin`` and the path so far.
+    """
+    parts = key.split(".")
     node = doc
     for depth, part in enumerate(parts):
         last = depth == len(parts) - 1
         where = ".".join(parts[: depth + 1])
         if isinstance(node, list):
-            index = _list_index(node, part, where)
+            index = _list_index(node, part, f"{origin}{where}")
             if last:
                 node[index] = value
                 return
             node = node[index]
             continue
         if not isinstance(node, dict):
-            raise UserError(f"--set {key}: '{'.'.join(parts[:depth])}' is not a mapping")
+            raise UserError(f"{origin}{key}: '{'.'.join(parts[:depth])}' is not a mapping")
         if last:
             node[part] = value
             return
@@ -129,11 +134,11 @@ def _list_index(items: list, part: str, where: str) -> int:
         index = int(part)
         if -len(items) <= index < len(items):
             return index
-        raise UserError(f"--set {where}: index {index} is out of range ({len(items)} entries)")
+        raise UserError(f"{where}: index {index} is out of range ({len(items)} entries)")
     for i, item in enumerate(items):
         if isinstance(item, dict) and part in (item.get("label"), item.get("name")):
             return i
-    raise UserError(f"--set {where}: no entry named '{part}'")
+    raise UserError(f"{where}: no entry named '{part}'")
 
 
 def _resolve_profile(doc: dict, section: str, source: str, base_dir: Path | None) -> None:
@@ -253,11 +258,21 @@ def scenario_from_document(doc: object, source: str, overrides: list[str] = (),
     return scenario
 
 
+def is_sweep_document(doc: object) -> bool:
+    """A sweep file names a base scenario and a grid or points; a scenario does neither."""
+    return isinstance(doc, dict) and isinstance(doc.get("scenario"), str) and (
+        "grid" in doc or "points" in doc)
+
+
 def load_scenario(name_or_path: str, overrides: list[str] = ()) -> Scenario:
     """Load a scenario file, or a scenario from the catalog by name (e.g. 'quickstart')."""
     path = catalog.find("scenarios", name_or_path, "scenario")
-    return scenario_from_document(catalog.read_yaml(path, "scenario"), str(path), overrides,
-                                  path.parent)
+    doc = catalog.read_yaml(path, "scenario")
+    if is_sweep_document(doc):
+        raise UserError(f"{path}: this is a sweep file (a grid over the scenario "
+                        f"'{doc['scenario']}'), not a scenario; run it with 'wirelessfl sweep "
+                        f"{name_or_path}'")
+    return scenario_from_document(doc, str(path), overrides, path.parent)
 
 
 def resolved_document(scenario: Scenario) -> dict:

@@ -1,0 +1,129 @@
+"""One scenario from start to its finished run folder: what `wirelessfl run` does and what every
+sweep worker does, so that both write the same files with the same writer."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from wirelessfl.engine.build import World, build_world
+from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint
+from wirelessfl.engine.resources import check_memory
+from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.results.records import RunWriter, read_run, write_csv
+from wirelessfl.results.summary import summarize
+from wirelessfl.scenario.loader import resolved_document
+from wirelessfl.scenario.schema import Scenario
+
+
+def model_facts(world: World) -> dict:
+    """What the manifest records about the model and the per-pass energy it implies (for a mixed
+    population, per device class: the mean over the class's devices)."""
+    prof = world.model_profile
+    facts = {"d": world.evaluator.d, "macs_per_sample": prof.macs_per_sample,
+             "activations_per_sample": prof.activations_per_sample,
+             "input_size": prof.input_size, "downlink_rate_bps": float(world.downlink().rate_bps)}
+    if world.heterogeneous:
+        facts["device_classes"] = {name: int((world.device_class == c).sum())
+                                   for c, name in enumerate(world.class_names)}
+
+    def value(x):
+        if np.ndim(x) == 0:
+            return float(x)
+        return {name: float(np.mean(x[world.device_class == c]))
+                for c, name in enumerate(world.class_names) if (world.device_class == c).any()}
+
+    for p in world.scenario.algorithms:
+        cm = world.compute_model(p.bits)
+        facts.setdefault("per_pass", {})[p.display_name] = {
+            "batch": p.batch_size, "bits": p.bits,
+            "energy_forward_j": value(cm.forward_energy_j(p.batch_size)),
+            "energy_backward_j": value(cm.backward_energy_j(p.batch_size)),
+            "time_forward_s": value(cm.forward_time_s(p.batch_size)),
+            "time_backward_s": value(cm.backward_time_s(p.batch_size))}
+    return facts
+
+
+def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
+                 on_round: Callable[[int], None] | None = None,
+                 on_algorithm: Callable[[str], None] | None = None,
+                 warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
+                 extra: dict | None = None, resume: bool = False,
+                 checkpoint_every: int | None = None) -> tuple[str, pd.DataFrame]:
+    """Simulate every algorithm of ``scenario`` into the run folder ``out`` (rounds.parquet,
+    devices.parquet, manifest.json, summary.csv); returns the run's status (``complete``, or
+    ``partial`` when an algorithm diverged) and its summary table.
+
+    ``resume``: ``out`` holds an earlier run of this scenario; the algorithms it finished are
+    kept, the one that was running continues from its checkpoint (or its start), the rest run.
+    ``checkpoint_every``: save the running algorithm's state every that many rounds. The memory
+    check runs first. Ctrl-C / SIGTERM record the running algorithm's rounds as ``interrupted``,
+    mark the run ``interrupted`` and re-raise KeyboardInterrupt."""
+    world = world or build_world(scenario)
+    check_memory(world)
+    if resume:
+        writer = RunWriter.reopen(out)
+        every = checkpoint_every or writer.manifest.get("checkpoint_every") or 0
+    else:
+        writer = RunWriter(out, resolved_document(scenario), scenario.seed,
+                           extra={"model": model_facts(world), "problem": world.problem_record(),
+                                  "checkpoint_every": checkpoint_every, **(extra or {})},
+                           partition=world.partition_record())
+        every = checkpoint_every or 0
+    checkpoint_path = Path(out) / CHECKPOINT_NAME
+    finished = writer.manifest["algorithms"]
+    status = "complete" if all(v.get("status") == "complete" for v in finished.values()) \
+        else "partial"
+    with sigterm_as_interrupt():
+        for params in scenario.algorithms:
+            if params.display_name in finished:
+                continue
+            if on_algorithm is not None:
+                on_algorithm(params.display_name)
+            saved = read_checkpoint(checkpoint_path) if resume else None
+            if saved is not None and saved["label"] != params.display_name:
+                saved = None  # from an algorithm that has since finished
+            if saved is not None:
+                warn(f"{params.display_name}: continuing from the checkpoint after round "
+                     f"{saved['completed']}")
+            run = run_algorithm(world, params, on_round=on_round, checkpoint_every=every,
+                                checkpoint_path=checkpoint_path, resume=saved)
+            info = {"status": run.status, "message": run.message,
+                    "params": params.model_dump(mode="json"), **run.extra}
+            writer.add(run.label, run.rows, run.device_rows(world), info)
+            if run.status == "interrupted":
+                writer.finish("interrupted")
+                raise KeyboardInterrupt(run.message)
+            checkpoint_path.unlink(missing_ok=True)
+            if run.status != "complete":
+                status = "partial"
+                warn(f"warning: {run.message}; the other algorithms continue")
+    writer.finish(status)
+    table = summarize(read_run(out).rounds, scenario.target_accuracy, world.num_devices,
+                      scenario.target_suboptimality)
+    write_csv(Path(out) / "summary.csv", table)
+    return status, table
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (a scheduler, `kill`) stops a run like Ctrl-C: at a clean point, results kept.
+    Outside the main thread (a Dask worker) signals are left alone."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

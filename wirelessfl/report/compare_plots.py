@@ -1,0 +1,230 @@
+"""Figures of a comparison across configurations (results/compare.py), from run folders alone:
+accuracy against energy and against simulated time with 95 % bands over seeds, energy to the
+target against each swept parameter, and the energy/accuracy Pareto front."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from wirelessfl.report.plots import _colours
+from wirelessfl.results.compare import Comparison, mean_ci
+
+
+def _value(v) -> str:
+    return f"{v:g}" if isinstance(v, int | float) and not isinstance(v, bool) else str(v)
+
+
+def _short(key: str) -> str:
+    return key.split(".")[-1]
+
+
+def _label(row, keys: list[str]) -> str:
+    return ", ".join(f"{_short(k)}={_value(row[k])}" for k in keys) or "(one configuration)"
+
+
+def _algorithm_colours(comp: Comparison) -> dict[str, str]:
+    return dict(zip(dict.fromkeys(comp.runs.algorithm), _colours()))
+
+
+def _banded_curve(comp: Comparison, algorithm: str, config: str, column: str):
+    """Round-aligned mean over seeds of ``column`` (x) and of test accuracy (y), and the 95 %
+    half-width of the accuracy at each evaluated round (seeds share their evaluation rounds)."""
+    frames = []
+    for _, run in comp.runs[(comp.runs.config == config)].iterrows():
+        rec = comp.records[run.record]
+        rows = rec.rounds[rec.rounds.algorithm == algorithm][["round", column, "test_accuracy"]]
+        frames.append(rows)
+    rows = pd.concat(frames)
+    x, y, half = [], [], []
+    for _, at in rows.groupby("round", sort=True):
+        mean, h, _ = mean_ci(at.test_accuracy)
+        x.append(at[column].mean())
+        y.append(mean)
+        half.append(0.0 if math.isnan(h) else h)
+    return np.array(x), np.array(y), np.array(half)
+
+
+def _facets(comp: Comparison, keys: list[str]):
+    """Configurations of the non-algorithm keys: one panel each."""
+    if not keys:
+        return [((), comp.table)]
+    return [(k if isinstance(k, tuple) else (k,), g)
+            for k, g in comp.table.groupby(keys, sort=False)]
+
+
+def accuracy_bands(comp: Comparison, column: str, xlabel: str, path: Path) -> Path:
+    """Accuracy against ``column`` per configuration: mean over seeds with a 95 % band, one
+    panel per value of the swept keys, one line per algorithm."""
+    keys = [k for k in comp.keys if not k.startswith("algorithm.")]
+    facets = _facets(comp, keys)
+    cols = min(3, len(facets))
+    rows = math.ceil(len(facets) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False,
+                             sharex=True, sharey=True)
+    colours = _algorithm_colours(comp)
+    target = comp.table.target_accuracy.dropna()
+    for ax, (values, group) in zip(axes.flat, facets):
+        for _, row in group.iterrows():
+            config = comp.runs.config[(comp.runs.algorithm == row.algorithm)
+                                      & _matches(comp.runs, comp.keys, row)].iloc[0]
+            x, y, half = _banded_curve(comp, row.algorithm, config, column)
+            keep = x > 0
+            colour = colours[row.algorithm]
+            label = row.algorithm + "".join(f", {_short(k)}={_value(row[k])}"
+                                            for k in comp.keys if k.startswith("algorithm."))
+            ax.plot(x[keep], y[keep], color=colour, marker=".", markersize=3,
+                    label=f"{label} ({row.seeds} seeds)")
+            ax.fill_between(x[keep], (y - half)[keep], (y + half)[keep], color=colour, alpha=0.2,
+                            linewidth=0)
+        if len(target):
+            ax.axhline(target.iloc[0], color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_title(", ".join(f"{_short(k)} = {_value(v)}" for k, v in zip(keys, values))
+                     or "all runs", fontsize="medium")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("test accuracy")
+    for ax in axes.flat:  # shared x: label every visible panel's axis anyway
+        ax.tick_params(labelbottom=True)
+    for ax in list(axes.flat)[len(facets):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize="small", loc="lower right")
+    fig.suptitle("mean over seeds, band: 95 % confidence interval (t) of the accuracy"
+                 + (f"; dashed: target {target.iloc[0]:g}" if len(target) else ""),
+                 fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _matches(runs: pd.DataFrame, keys: list[str], row) -> pd.Series:
+    mask = pd.Series(True, index=runs.index)
+    for k in keys:
+        mask &= runs[k].map(lambda v: json.dumps(v, default=str)) == json.dumps(row[k],
+                                                                                default=str)
+    return mask
+
+
+def energy_to_target(comp: Comparison, path: Path) -> Path:
+    """Energy to the target against each numeric swept key (one panel per key), a line per
+    algorithm and value of the other keys; 95 % error bars over the seeds that reached it,
+    open markers where only some seeds did (k/n written beside)."""
+    table = comp.table
+    numeric = [k for k in comp.keys if pd.api.types.is_numeric_dtype(table[k])
+               and not k.startswith("algorithm.")]
+    panels = numeric or [None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.8 * len(panels), 5.6), squeeze=False)
+    colours = _algorithm_colours(comp)
+    styles = ["-", "--", ":", "-."]
+    for ax, key in zip(axes.flat, panels):
+        others = [k for k in comp.keys if k != key]
+        if key is None:
+            lines = [(row.algorithm, pd.DataFrame([row])) for _, row in table.iterrows()]
+        else:
+            lines = list(table.groupby(["algorithm", *others], sort=False)) if others else \
+                list(table.groupby("algorithm", sort=False))
+        variants = list(dict.fromkeys(str(n[1:]) for n, _ in lines)) if others else []
+        for i, (name, group) in enumerate(lines):
+            algorithm = name[0] if isinstance(name, tuple) else name
+            group = group.sort_values(key) if key else group
+            x = group[key].to_numpy(dtype=float) if key else np.arange(len(group)) + i
+            y = group.energy_to_target_j.to_numpy(dtype=float)
+            err = np.nan_to_num(group.energy_to_target_j_ci95.to_numpy(dtype=float))
+            label = algorithm + ("" if not others else " (" + _label(group.iloc[0], others) + ")")
+            style = styles[variants.index(str(name[1:])) % len(styles)] if others else "-"
+            ax.errorbar(x, y, yerr=err, color=colours[algorithm], linestyle=style, capsize=3,
+                        label=label)
+            full = (group.reached == group.seeds).to_numpy(dtype=bool)
+            ax.plot(x[full], y[full], "o", color=colours[algorithm], zorder=3)
+            ax.plot(x[~full], y[~full], "o", color=colours[algorithm], zorder=3,
+                    markerfacecolor="white")
+            for xi, yi, (_, r) in zip(x, y, group.iterrows()):
+                if r.reached < r.seeds and np.isfinite(yi):
+                    ax.annotate(f"{r.reached}/{r.seeds}", (xi, yi), textcoords="offset points",
+                                xytext=(4, 4), fontsize="x-small")
+        ax.set_yscale("log")
+        ax.set_xlabel(key or "configuration")
+        ax.set_ylabel("energy to target accuracy [J] (all devices)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    fig.suptitle("energy to target: mean ± 95 % CI over the seeds that reached it; open marker "
+                 "and k/n: only k of n seeds reached it; missing: none did", fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def pareto_front(comp: Comparison, path: Path) -> Path:
+    """Every configuration at (mean energy of the whole run, mean final accuracy) with 95 %
+    error bars; the configurations no other beats on both (less energy and higher accuracy)
+    are joined and labelled."""
+    table = comp.table
+    colours = _algorithm_colours(comp)
+    fig, ax = plt.subplots(figsize=(11.0, 5.2))
+    for algorithm, group in table.groupby("algorithm", sort=False):
+        ax.errorbar(group.energy_j, group.final_accuracy,
+                    xerr=np.nan_to_num(group.energy_j_ci95.to_numpy(dtype=float)),
+                    yerr=np.nan_to_num(group.final_accuracy_ci95.to_numpy(dtype=float)),
+                    fmt="o", color=colours[algorithm], capsize=2, label=algorithm, alpha=0.85)
+    front = pareto_indices(table.energy_j.to_numpy(float), table.final_accuracy.to_numpy(float))
+    f = table.iloc[front]
+    ax.step(f.energy_j, f.final_accuracy, where="post", color="black", linewidth=1,
+            label="Pareto front")
+    lines = []
+    for i, (_, row) in enumerate(f.iterrows(), start=1):
+        ax.annotate(str(i), (row.energy_j, row.final_accuracy), textcoords="offset points",
+                    xytext=(4, 5), fontsize="small", fontweight="bold")
+        lines.append(f"{i}: {row.algorithm}" + (f", {_label(row, comp.keys)}" if comp.keys else "")
+                     + f"\n    {row.energy_j:.3g} J, accuracy {row.final_accuracy:.3f}")
+    ax.text(1.02, 1.0, "Pareto front (less energy and\nhigher accuracy than no other):\n\n"
+            + "\n".join(lines), transform=ax.transAxes, va="top", fontsize="x-small",
+            family="monospace")
+    ax.set_xscale("log")
+    ax.set_xlabel("energy of the whole run, mean over seeds [J] (all devices)")
+    ax.set_ylabel("final test accuracy, mean over seeds")
+    ax.set_title("energy / accuracy across configurations (bars: 95 % CI)", fontsize="medium")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small", loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def pareto_indices(energy: np.ndarray, accuracy: np.ndarray) -> list[int]:
+    """Indices of the points no other point dominates (energy <= and accuracy >=, one strictly),
+    ordered by energy."""
+    ok = np.isfinite(energy) & np.isfinite(accuracy)
+    keep = []
+    for i in np.flatnonzero(ok):
+        better = ok & (energy <= energy[i]) & (accuracy >= accuracy[i]) & (
+            (energy < energy[i]) | (accuracy > accuracy[i]))
+        if not better.any():
+            keep.append(int(i))
+    return sorted(keep, key=lambda i: (energy[i], -accuracy[i]))
+
+
+def draw_comparison(comp: Comparison, out_dir: Path) -> list[Path]:
+    """All comparison figures into ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return [
+        accuracy_bands(comp, "energy_j", "cumulative energy, all devices [J]",
+                       out / "compare_accuracy_vs_energy.png"),
+        accuracy_bands(comp, "sim_time_s", "simulated time [s]",
+                       out / "compare_accuracy_vs_time.png"),
+        energy_to_target(comp, out / "compare_energy_to_target.png"),
+        pareto_front(comp, out / "compare_pareto.png"),
+    ]

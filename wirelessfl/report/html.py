@@ -1,0 +1,137 @@
+"""One self-contained HTML file for a run folder or a sweep folder: the resolved scenario, the
+tables and the figures (PNG inlined as data: URIs), readable offline, no script, no network."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from wirelessfl.results.compare import Comparison, comparison_cells
+
+CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif; margin: 0 auto;
+       max-width: 1400px; padding: 1.5em 2em 4em; color: #1d1d1f; line-height: 1.45; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; }
+h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
+.meta { color: #555; font-size: 0.92em; }
+.scroll { overflow-x: auto; }
+table { border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0; }
+th, td { border: 1px solid #d5d5d5; padding: 0.28em 0.6em; text-align: right; white-space: nowrap; }
+th { background: #f3f3f5; white-space: normal; }
+td:first-child, th:first-child { text-align: left; }
+tr:nth-child(even) td { background: #fafafa; }
+tr.failed td { background: #fde8e8; } td.message { text-align: left; white-space: normal;
+  min-width: 24em; }
+figure { margin: 1.2em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.9em; }
+details { margin: 0.6em 0; } summary { cursor: pointer; font-weight: 600; }
+pre { background: #f6f8fa; padding: 0.8em; overflow-x: auto; font-size: 0.82em; }
+"""
+
+
+def _table(cells: list[list[str]], classes: list[str] | None = None,
+           message_col: int | None = None) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cells[0])
+    body = []
+    for i, row in enumerate(cells[1:]):
+        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
+        tds = "".join(f'<td class="message">{html.escape(c)}</td>' if j == message_col
+                      else f"<td>{html.escape(c)}</td>" for j, c in enumerate(row))
+        body.append(f"<tr{cls}>{tds}</tr>")
+    return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def _figure(path: Path, caption: str) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def _yaml_block(title: str, doc: dict, open_: bool = False) -> str:
+    text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
+    return (f"<details{' open' if open_ else ''}><summary>{html.escape(title)}</summary>"
+            f"<pre>{html.escape(text)}</pre></details>")
+
+
+def _page(title: str, meta: str, sections: list[str]) -> str:
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1><p class=\"meta\">{meta} &middot; report written "
+            f"{stamp} by wirelessfl</p>{''.join(sections)}</body></html>\n")
+
+
+CAPTIONS = {
+    "compare_accuracy_vs_energy.png": "Test accuracy against cumulative energy: mean over seeds, "
+                                      "band = 95 % confidence interval (t) of the accuracy.",
+    "compare_accuracy_vs_time.png": "Test accuracy against simulated time, mean and 95 % band.",
+    "compare_energy_to_target.png": "Energy to the target accuracy against each swept parameter.",
+    "compare_pareto.png": "Energy of the whole run against final accuracy per configuration; "
+                          "the Pareto front joins those no other configuration beats on both.",
+}
+
+
+def sweep_html(sweep_dir: Path, comp: Comparison, figure_paths: list[Path], out: Path) -> Path:
+    """The report of a sweep folder: definition, base scenario, runs, comparison, figures."""
+    manifest = json.loads((sweep_dir / "sweep.json").read_text())
+    runs = manifest.get("runs", [])
+    keys = manifest.get("keys", [])
+    cells = [["run", "status", "seed", *keys, "attempts", "host time [s]", "message"]]
+    classes = []
+    for r in runs:
+        wall = r.get("wall_s")
+        shown = isinstance(wall, int | float) and math.isfinite(wall)
+        cells.append([r["run"], r["status"], str(r["seed"]), *(str(r.get(k)) for k in keys),
+                      str(r.get("attempts", "")),
+                      f"{wall:.1f}" if shown else "",
+                      r.get("message") or ""])
+        classes.append("failed" if r["status"] == "failed" else "")
+    counts = {s: sum(r["status"] == s for r in runs) for s in dict.fromkeys(r["status"]
+                                                                             for r in runs)}
+    first = comp.records[0].manifest.get("scenario", {})
+    figures = [_figure(p, CAPTIONS.get(p.name, p.name)) for p in figure_paths]
+    reached_note = ("Energy and time to target are averaged over the seeds that reached the "
+                    "target only; the 'reached target' column says how many did.")
+    sections = [
+        "<h2>Comparison over seeds</h2>",
+        (f"<p>Mean ± half-width of the 95 % confidence interval (Student t, over seeds). "
+         f"{reached_note}</p>"), _table(comparison_cells(comp)),
+        "<h2>Figures</h2>", *figures,
+        "<h2>Sweep</h2>",
+        (f"<p>Base scenario <code>{html.escape(str(manifest.get('base_scenario')))}</code>; "
+         f"swept keys: {', '.join(f'<code>{html.escape(k)}</code>' for k in keys)}; seeds "
+         f"{html.escape(str(manifest.get('seeds')))}.</p>"),
+        _yaml_block("the sweep file", manifest.get("sweep", {}), open_=True),
+        _yaml_block("the resolved scenario of the first finished run (the others differ only in "
+                    "the swept keys and the seed)", first),
+        "<h2>Runs</h2>", _table(cells, classes, message_col=len(cells[0]) - 1),
+    ]
+    status = ", ".join(f"{n} {s}" for s, n in counts.items())
+    page = _page(f"Sweep {manifest.get('name', sweep_dir.name)}",
+                 f"{len(runs)} runs ({html.escape(status)}) in {html.escape(str(sweep_dir))}",
+                 sections)
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+def run_html(record, table_cells: list[list[str]], figures: list[Path], out: Path) -> Path:
+    """The report of one run folder: summary table, figures, resolved scenario."""
+    scenario = record.manifest.get("scenario", {})
+    sections = ["<h2>Summary</h2>", _table(table_cells), "<h2>Figures</h2>",
+                *(_figure(p, p.stem.replace("_", " ")) for p in figures),
+                "<h2>Scenario</h2>", _yaml_block("the resolved scenario", scenario, open_=True),
+                _yaml_block("versions", record.manifest.get("versions", {}))]
+    meta = (f"seed {record.manifest.get('seed')}, status {record.manifest.get('status')}, "
+            f"{html.escape(str(record.path))}")
+    out.write_text(_page(f"Run {scenario.get('name', record.path.name)}", meta, sections),
+                   encoding="utf-8")
+    return out
+

@@ -1,0 +1,1 @@
+"""Sweeps: grid expansion (spec), the sweep folder (study), executors and the worker."""

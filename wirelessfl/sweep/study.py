@@ -1,0 +1,158 @@
+"""The sweep folder: one run folder per point under ``runs/``, the table of runs (``runs.csv``)
+and the sweep manifest (``sweep.json``). Resumable: a run whose folder holds a finished run of the
+same resolved scenario is skipped; failed, missing and stale runs are (re)run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+
+from wirelessfl.errors import UserError
+from wirelessfl.results.records import package_versions, publish_folder, write_csv, write_json
+from wirelessfl.sweep.executors import execute
+from wirelessfl.sweep.spec import Sweep, SweepPoint
+
+MANIFEST = "sweep.json"
+TABLE = "runs.csv"
+RUNS = "runs"
+FINISHED = ("complete", "partial")  # partial: an algorithm diverged; rerunning gives the same
+
+
+@dataclass
+class SweepCounts:
+    total: int
+    skipped: int
+    ran: int
+    failed: int
+
+    @property
+    def finished(self) -> int:
+        return self.total - self.failed
+
+
+def _finished_run(folder: Path, point: SweepPoint) -> tuple[bool, str]:
+    """(finished, why not): a run folder of this point's resolved scenario that ran to the end."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False, ""
+    if manifest.get("scenario") != json.loads(json.dumps(point.scenario)):
+        return False, "the scenario changed since this run was recorded; it is run again"
+    return manifest.get("status") in FINISHED, ""
+
+
+def _previous_entries(out: Path) -> dict[str, dict]:
+    try:
+        runs = json.loads((out / MANIFEST).read_text()).get("runs", [])
+    except (OSError, ValueError):
+        return {}
+    return {r["run"]: r for r in runs if isinstance(r, dict) and "run" in r}
+
+
+def _clean_leftovers(runs_dir: Path) -> None:
+    """Staging folders of runs that a killed sweep never put in place."""
+    if runs_dir.is_dir():
+        for path in runs_dir.glob(".*.partial"):
+            shutil.rmtree(path, ignore_errors=True)
+        for path in runs_dir.glob(".*.old"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _write(out: Path, sweep: Sweep, entries: list[dict], executor: dict) -> None:
+    manifest = {"name": sweep.name, "file": str(sweep.path), "sweep": sweep.document,
+                "base_scenario": sweep.spec.scenario, "keys": sweep.keys,
+                "seeds": sweep.spec.seeds, "executor": executor,
+                "versions": package_versions(),
+                "updated_at": datetime.now(UTC).isoformat(timespec="seconds"), "runs": entries}
+    write_json(out / MANIFEST, manifest)
+    table = pd.DataFrame(entries)
+    for key in sweep.keys:  # lists and mappings as JSON text in the CSV
+        table[key] = [v if isinstance(v, int | float | str | bool) else json.dumps(v)
+                      for v in table[key]]
+    write_csv(out / TABLE, table)
+
+
+def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str | None = None,
+              quiet: bool = False) -> SweepCounts:
+    """Run every unfinished point of ``sweep`` into ``out``; the table is rewritten (atomically)
+    after every run, so a kill loses at most the runs in flight."""
+    from tqdm import tqdm
+
+    runs_dir = Path(out) / RUNS
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot create the sweep folder ({err.strerror})") from None
+    _clean_leftovers(runs_dir)
+    previous = _previous_entries(Path(out))
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    entries, tasks, replaced = [], [], {}
+    for point in sweep.points:
+        old = previous.get(point.run_id, {})
+        folder = runs_dir / point.run_id
+        done, why = _finished_run(folder, point)
+        if why:  # a run of another scenario: kept beside, never overwritten
+            kept = runs_dir / f"{point.run_id}.replaced-{stamp}"
+            folder.rename(kept)
+            why += f" (the old run folder is kept as {RUNS}/{kept.name})"
+            replaced[point.run_id] = why
+        entry = {"run": point.run_id, "status": "pending", "seed": point.seed, **point.values,
+                 "message": why or old.get("message", ""), "wall_s": old.get("wall_s"),
+                 "cpu_s": old.get("cpu_s"),
+                 "host": old.get("host"), "attempts": old.get("attempts", 0),
+                 "folder": f"{RUNS}/{point.run_id}"}
+        if done:
+            entry["status"] = json.loads((folder / "manifest.json").read_text())["status"]
+        else:
+            if old.get("status") == "failed":
+                entry["status"] = "failed"  # until retried below
+            tasks.append({"run_id": point.run_id, "scenario": point.scenario,
+                          "source": f"{sweep.path} [{point.run_id}]",
+                          "sweep": {"name": sweep.name, "run": point.run_id,
+                                    "values": point.values, "file": str(sweep.path)}})
+        entries.append(entry)
+    by_run = {e["run"]: e for e in entries}
+    info = {"kind": executor, "workers": workers, "address": address}
+    _write(Path(out), sweep, entries, info)
+    skipped = len(entries) - len(tasks)
+    retried = sum(by_run[t["run_id"]]["status"] == "failed" for t in tasks)
+    where = f"the Dask scheduler at {address}" if address else f"{executor} with {workers} workers"
+    print(f"{sweep.name}: {len(entries)} runs ({len(sweep.points) // len(sweep.spec.seeds)} "
+          f"points x {len(sweep.spec.seeds)} seeds); {skipped} already finished, "
+          f"{len(tasks)} to run ({retried} failed before, retried) on {where} -> {out}",
+          file=sys.stderr)
+    failed = 0
+    bar = tqdm(total=len(entries), initial=skipped, unit="run", file=sys.stderr,
+               disable=True if quiet else None, dynamic_ncols=True, mininterval=0.5)
+    bar.set_postfix_str(f"failed 0, remaining {len(tasks)}")
+    try:
+        for k, result in enumerate(execute(tasks, executor, workers, address), start=1):
+            entry = by_run[result["run_id"]]
+            if result["files"]:
+                try:
+                    publish_folder(result["files"], runs_dir / result["run_id"])
+                except OSError as err:
+                    raise UserError(f"{runs_dir / result['run_id']}: cannot write the run folder "
+                                    f"({err.strerror}); the runs recorded so far are kept, run "
+                                    "the same command again once there is room") from None
+            notes = (result["message"], replaced.get(result["run_id"], ""))
+            entry.update(status=result["status"], message="; ".join(n for n in notes if n),
+                         wall_s=result["wall_s"], cpu_s=result["cpu_s"],
+                         host=result.get("host"),
+                         attempts=entry["attempts"] + 1)
+            if result["status"] == "failed":
+                failed += 1
+                tqdm.write(f"failed: {result['run_id']}: {result['message']}", sys.stderr)
+            _write(Path(out), sweep, entries, info)
+            bar.update(1)
+            bar.set_postfix_str(f"failed {failed}, remaining {len(tasks) - k}")
+    finally:
+        bar.close()
+        _write(Path(out), sweep, entries, info)
+    return SweepCounts(len(entries), skipped, len(tasks), failed)
