@@ -166,6 +166,20 @@ def test_killed_sweep_reruns_only_the_missing_runs(tmp_path, capsys):
     assert not [p for p in (out / "runs").iterdir() if p.name.startswith(".")]
 
 
+def test_a_second_sweep_on_a_running_sweeps_folder_is_refused(tmp_path, capsys):
+    """The folder's lock holds a live process (here the test runner's parent): refused, one line,
+    nothing written; a lock left by a dead process would be taken over (the kill test above)."""
+    path = _write_sweep(tmp_path, {"grid": {"channel.uplink.tx_power_dbm": [0]}, "seeds": [0]})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").write_text(str(os.getppid()))
+    code, _, err = _cli(capsys, "sweep", path, "--out", out, "--workers", "1", "--quiet")
+    assert code == 2
+    assert err == (f"error: {out}: another run (process {os.getppid()}) is writing to this "
+                   "folder; wait for it or choose another --out\n")
+    assert not (out / "runs.csv").exists()
+
+
 def test_failed_run_keeps_its_error_and_is_retried(tmp_path, capsys):
     # FashionMNIST from a folder that does not exist: valid scenario, fails when it runs
     path = _write_sweep(tmp_path, {"points": [{"data.name": "digits"},

@@ -26,6 +26,7 @@ def _cmd_run(args) -> int:
     from tqdm import tqdm
 
     from wirelessfl.engine.build import build_world
+    from wirelessfl.engine.resources import check_memory
     from wirelessfl.engine.runner import run_scenario
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import FINISHED, read_run
@@ -53,6 +54,7 @@ def _cmd_run(args) -> int:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
     world = build_world(scenario)
+    check_memory(world)  # before anything is printed or written (run_scenario checks it too)
     d = world.evaluator.d
     what = (f"model {scenario.model.name} (d = {d:,}), dataset {scenario.data.name}"
             if world.flat is not None else f"problem {scenario.problem.name} (d = {d:,})")

@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from wirelessfl.errors import UserError
-from wirelessfl.results.records import package_versions, publish_folder, write_csv, write_json
+from wirelessfl.results.records import (acquire_lock, package_versions, publish_folder, write_csv,
+                                        write_json)
 from wirelessfl.sweep.executors import execute
 from wirelessfl.sweep.spec import Sweep, SweepPoint
 
@@ -81,14 +82,24 @@ def _write(out: Path, sweep: Sweep, entries: list[dict], executor: dict) -> None
 def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str | None = None,
               quiet: bool = False) -> SweepCounts:
     """Run every unfinished point of ``sweep`` into ``out``; the table is rewritten (atomically)
-    after every run, so a kill loses at most the runs in flight."""
-    from tqdm import tqdm
-
+    after every run, so a kill loses at most the runs in flight. A second sweep on the same
+    folder while this one runs is refused (the folder's lock file)."""
     runs_dir = Path(out) / RUNS
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"--out {out}: cannot create the sweep folder ({err.strerror})") from None
+    lock = acquire_lock(Path(out))
+    try:
+        return _run_unfinished(sweep, Path(out), runs_dir, executor, workers, address, quiet)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, workers: int,
+                    address: str | None, quiet: bool) -> SweepCounts:
+    from tqdm import tqdm
+
     _clean_leftovers(runs_dir)
     previous = _previous_entries(Path(out))
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
