@@ -25,8 +25,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.scenario_fuzz import UNSAFE_MARKER, classify, documents, yaml_bytes  # noqa: E402
-from wirelessfl.cli import main as cli_main  # noqa: E402
+from tests.scenario_fuzz import UNSAFE_MARKER, classify, documents, yaml_bytes
+from wirelessfl.cli import main as cli_main
 
 
 def validate_file(data: bytes, folder: Path) -> str:

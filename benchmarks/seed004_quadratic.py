@@ -91,8 +91,8 @@ def _stat(values):
 
 
 def table(records: list[dict]) -> str:
-    lines = ["| method | rounds @1e-2 / 1e-4 / 1e-6 | grads @1e-6 | exchanges @1e-6 | "
-             "sim. s @1e-6 | J @1e-6 | spec prototype (rounds, grads @1e-6) |",
+    lines = [("| method | rounds @1e-2 / 1e-4 / 1e-6 | grads @1e-6 | exchanges @1e-6 | "
+              "sim. s @1e-6 | J @1e-6 | spec prototype (rounds, grads @1e-6) |"),
              "|---|---|---|---|---|---|---|"]
     for label in dict.fromkeys(r["method"] for r in records):
         rs = [r for r in records if r["method"] == label]

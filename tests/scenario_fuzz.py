@@ -120,8 +120,8 @@ TEMPLATES = [
     "name: 'unterminated\n",
     "\t- tab\n",
     "%YAML 1.1\n---\nname: a\n---\nname: b\n",
-    "lol: &l1 [a, a, a, a, a, a, a, a, a]\nl2: &l2 [*l1, *l1, *l1, *l1, *l1, *l1, *l1]\n"
-    "l3: &l3 [*l2, *l2, *l2, *l2, *l2, *l2, *l2]\nalgorithms: [*l3]\n",
+    ("lol: &l1 [a, a, a, a, a, a, a, a, a]\nl2: &l2 [*l1, *l1, *l1, *l1, *l1, *l1, *l1]\n"
+     "l3: &l3 [*l2, *l2, *l2, *l2, *l2, *l2, *l2]\nalgorithms: [*l3]\n"),
     "[" * 5000 + "]" * 5000 + "\n",
 ]
 

@@ -64,7 +64,7 @@ def test_every_method_converges_to_the_linear_solve_optimum(monkeypatch, algorit
     x = thetas[-1].double().numpy()
     assert run.status == "complete"
     assert np.linalg.norm(x - x_star) <= 1e-4 * np.linalg.norm(x_star)
-    f = lambda z: 0.5 * z @ a @ z - c @ z  # noqa: E731
+    f = lambda z: 0.5 * z @ a @ z - c @ z
     assert f(x) - f(x_star) <= 1e-7 * abs(f(x_star))
     rows = pd.DataFrame(run.rows)
     assert rows.suboptimality.iloc[-1] == pytest.approx(f(x) - f(x_star), rel=1e-3, abs=1e-9)
@@ -122,7 +122,7 @@ def _fedred_reference(a, c, eta, lam, p, rounds, seed):
     """fedred.md Alg. 3 (FedRed-GD) in numpy on the same coin sequence as the simulator."""
     n, d = c.shape
     gamma = 1 / (eta + lam)
-    grad = lambda z: np.einsum("nij,nj->ni", a, z) - c  # noqa: E731
+    grad = lambda z: np.einsum("nij,nj->ni", a, z) - c
     x_ref = np.zeros(d, dtype=np.float32)
     xs = np.zeros((n, d))
     g0 = grad(np.broadcast_to(x_ref.astype(np.float64), (n, d)))

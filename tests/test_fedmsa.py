@@ -299,7 +299,7 @@ def _fednest_reference(a, b, c, mu, alpha, beta, eta, inner_rounds, inner_steps,
     derivatives g_w = A w - B x, H u = A u, J u = -B^T u, f_x = mu x, f_w = w - c; every mean
     that crosses the air rounded to float32."""
     m, dw, dx = b.shape
-    f32 = lambda z: z.astype(np.float32).astype(np.float64)  # noqa: E731
+    f32 = lambda z: z.astype(np.float32).astype(np.float64)
     x, w, v = np.zeros(dx), np.zeros(dw), np.zeros(dw)
     out = [np.concatenate([x, w, v])]
     for _ in range(rounds):

@@ -92,7 +92,7 @@ def test_maps_match_finite_differences_of_the_two_losses():
     g_w = grad(lambda z: _numpy_losses(prob, m, x, z)[0], w)
     f_w = grad(lambda z: _numpy_losses(prob, m, x, z)[1], w)
     # Hessian-vector product and mixed product: directional differences of grad_w g
-    grad_w = lambda xx, ww: grad(lambda z: _numpy_losses(prob, m, xx, z)[0], ww)  # noqa: E731
+    grad_w = lambda xx, ww: grad(lambda z: _numpy_losses(prob, m, xx, z)[0], ww)
     h = 1e-4
     hvp = (grad_w(x, w + h * v) - grad_w(x, w - h * v)) / (2 * h)
     jvp = np.array([(grad_w(x + h * e, w) @ v - grad_w(x - h * e, w) @ v) / (2 * h)

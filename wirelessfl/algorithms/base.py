@@ -192,5 +192,4 @@ def algorithm_class(name: str, where: str = "algorithms[].name") -> type[Algorit
 
 def _load_builtin_algorithms() -> None:
     # Importing the modules runs their @register decorators.
-    from wirelessfl.algorithms import (  # noqa: F401
-        drift, dzofl, fedavg, fedmsa, fednest, fgdro, zo_hfl)
+    from wirelessfl.algorithms import drift, dzofl, fedavg, fedmsa, fednest, fgdro, zo_hfl  # noqa: F401

@@ -86,7 +86,7 @@ def _padded(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], device):
         a[i, :len(p), dim] = 1.0
         labels[i, :len(p)] = y[p]
         mask[i, :len(p)] = 1.0
-    t = lambda v: torch.as_tensor(v, device=device)  # noqa: E731
+    t = lambda v: torch.as_tensor(v, device=device)
     return t(a), t(labels), t(mask)
 
 

@@ -202,7 +202,7 @@ class RunWriter:
         writer.manifest["status"] = "running"
         writer.manifest.setdefault("resumed_at", []).append(
             datetime.now(UTC).isoformat(timespec="seconds"))
-        keep = lambda frame: frame[frame.algorithm.isin(list(done))]  # noqa: E731
+        keep = lambda frame: frame[frame.algorithm.isin(list(done))]
         writer.round_rows = keep(record.rounds).to_dict("records")
         writer.device_rows = keep(record.devices).to_dict("records")
         writer.flush()

@@ -14,8 +14,13 @@ from pathlib import Path
 import pandas as pd
 
 from wirelessfl.errors import UserError
-from wirelessfl.results.records import (acquire_lock, package_versions, publish_folder, write_csv,
-                                        write_json)
+from wirelessfl.results.records import (
+    acquire_lock,
+    package_versions,
+    publish_folder,
+    write_csv,
+    write_json,
+)
 from wirelessfl.sweep.executors import execute
 from wirelessfl.sweep.spec import Sweep, SweepPoint
 
