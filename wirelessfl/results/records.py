@@ -208,10 +208,6 @@ class RunWriter:
         writer.flush()
         return writer
 
-    @property
-    def finished_algorithms(self) -> set[str]:
-        return set(self.manifest["algorithms"])
-
     def finish(self, status: str = "complete") -> None:
         self.manifest["status"] = status
         self.manifest["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
