@@ -1,4 +1,4 @@
-"""The command line: run, sweep, compare, validate, report, list, profile, energy, link.
+"""The command line: run, sweep, tune, compare, validate, report, list, profile, energy, link.
 
 Bad input ends in one ``error: ...`` line on stderr and exit code 2, never a traceback.
 """
@@ -120,12 +120,72 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
+def _cmd_tune(args) -> int:
+    from wirelessfl.results.summary import text_table
+    from wirelessfl.sweep.executors import default_workers
+    from wirelessfl.tune.spec import load_tune
+    from wirelessfl.tune.study import run_tune
+    from wirelessfl.tune.tables import choice_cells, evaluation_cells
+
+    if args.workers is not None and args.workers <= 0:
+        raise UserError(f"--workers: must be a positive number of worker processes, "
+                        f"got {args.workers}")
+    if args.address and args.executor != "dask":
+        raise UserError("--address is for --executor dask; the local executor runs on this "
+                        "machine")
+    tune = load_tune(args.tune)
+    out = Path(args.out) if args.out else Path("tunes") / tune.name
+    try:
+        result = run_tune(tune, out, args.executor, args.workers or default_workers(),
+                          args.address, args.quiet)
+    except KeyboardInterrupt:
+        print(f"interrupted: finished runs are kept in {out}; run the same command again to "
+              "finish the rest", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    title = tune.objective.title
+    print(f"{tune.name}: objective {tune.spec.objective}, tuning seeds {tune.spec.tuning_seeds}, "
+          f"evaluation seeds {tune.spec.evaluation_seeds}")
+    print("chosen on the tuning seeds:\n" + text_table(choice_cells(result.tuning,
+                                                                    result.choices, title)))
+    print("on the evaluation seeds (mean ± 95 % CI half-width; to-target means over the seeds "
+          "that reached it):\n" + text_table(evaluation_cells(result.evaluation, title)))
+    print(f"verdict: {result.verdict}")
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    from wirelessfl.report.tune_html import tune_html
+
+    print(f"wrote {tune_html(tune, result, out / 'report.html')}", file=sys.stderr)
+    failed = sum(c.failed for c in result.counts.values())
+    if failed:
+        print(f"{failed} runs failed (ranked as unhealthy); their errors are in "
+              f"{out}/*/runs.csv; run the same command again to retry them", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_validate(args) -> int:
     from wirelessfl.scenario import catalog
-    from wirelessfl.scenario.loader import is_sweep_document, load_scenario
+    from wirelessfl.scenario.loader import is_sweep_document, is_tune_document, load_scenario
 
     path = catalog.find("scenarios", args.scenario, "scenario")
-    if is_sweep_document(catalog.read_yaml(path, "scenario")):
+    doc = catalog.read_yaml(path, "scenario")
+    if is_tune_document(doc):
+        from wirelessfl.tune.spec import load_tune
+        from wirelessfl.tune.study import evaluation_plan, tuning_plan
+
+        if args.set:
+            raise UserError(f"--set: {args.scenario} is a tune file; put overrides in its 'set'")
+        tune = load_tune(args.scenario)
+        runs = len(tuning_plan(tune))  # builds and checks every configuration's scenario
+        any_choice = {label: grid[0].values for label, grid in tune.grids.items()}
+        evaluations = len(evaluation_plan(tune, any_choice))
+        print(f"{args.scenario}: valid tune file over '{tune.spec.scenario}' (objective "
+              f"{tune.spec.objective}; {runs} tuning runs: "
+              + ", ".join(f"{label} {len(grid)} configurations" for label, grid in
+                          tune.grids.items())
+              + f", x {len(tune.spec.tuning_seeds)} seeds; then {evaluations} evaluation runs)")
+        return 0
+    if is_sweep_document(doc):
         from wirelessfl.sweep.spec import load_sweep
 
         if args.set:
@@ -390,6 +450,19 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--no-compare", action="store_true",
                     help="do not print the comparison table at the end")
     sw.set_defaults(func=_cmd_sweep)
+
+    tn = sub.add_parser("tune", help="tune every algorithm of a scenario (grid search on tuning "
+                                     "seeds), then compare the chosen settings on fresh seeds")
+    tn.add_argument("tune", help="tune file, or a name from the catalog (e.g. quickstart-tune)")
+    tn.add_argument("--out", help="study folder (default: tunes/<name>); re-running into the "
+                                  "same folder skips finished runs")
+    tn.add_argument("--executor", choices=["local", "dask"], default="local",
+                    help="local worker processes (default) or Dask distributed")
+    tn.add_argument("--address", help="Dask scheduler (default with --executor dask: a "
+                                      "LocalCluster on this machine)")
+    tn.add_argument("--workers", type=int, help="worker processes (default: the number of cores)")
+    tn.add_argument("--quiet", action="store_true", help="no progress bars")
+    tn.set_defaults(func=_cmd_tune)
 
     val = sub.add_parser("validate", help="check a scenario file without running it")
     val.add_argument("scenario")

@@ -264,6 +264,11 @@ def is_sweep_document(doc: object) -> bool:
         "grid" in doc or "points" in doc)
 
 
+def is_tune_document(doc: object) -> bool:
+    """A tune file names a base scenario, an objective and a search space (docs/tuning.md)."""
+    return isinstance(doc, dict) and isinstance(doc.get("scenario"), str) and "search" in doc
+
+
 def load_scenario(name_or_path: str, overrides: list[str] = ()) -> Scenario:
     """Load a scenario file, or a scenario from the catalog by name (e.g. 'quickstart')."""
     path = catalog.find("scenarios", name_or_path, "scenario")
@@ -271,6 +276,10 @@ def load_scenario(name_or_path: str, overrides: list[str] = ()) -> Scenario:
     if is_sweep_document(doc):
         raise UserError(f"{path}: this is a sweep file (a grid over the scenario "
                         f"'{doc['scenario']}'), not a scenario; run it with 'wirelessfl sweep "
+                        f"{name_or_path}'")
+    if is_tune_document(doc):
+        raise UserError(f"{path}: this is a tune file (a search over the scenario "
+                        f"'{doc['scenario']}'), not a scenario; run it with 'wirelessfl tune "
                         f"{name_or_path}'")
     return scenario_from_document(doc, str(path), overrides, path.parent)
 

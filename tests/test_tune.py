@@ -1,0 +1,203 @@
+"""wirelessfl tune: search spaces, ranking against a recomputation by hand, edge-of-grid warnings,
+bad tune files as one error line, and the shipped quickstart tune file end to end on the local
+executor and on a Dask LocalCluster with identical results."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from wirelessfl.cli import main
+from wirelessfl.tune.objectives import OBJECTIVES
+from wirelessfl.tune.select import edge_warnings, summarize_configurations
+from wirelessfl.tune.spec import Range
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+def _cli(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_ranges_expand_to_the_grids_a_reader_expects():
+    assert Range(log=(1.0, 100.0), num=3).values() == [1.0, 10.0, 100.0]
+    assert Range(linear=(0.0, 1.0), num=5).values() == [0.0, 0.25, 0.5, 0.75, 1.0]
+    # geomspace(1, 10, 4) = 1, 2.154, 4.642, 10 -> whole numbers 1, 2, 5, 10
+    assert Range(log=(1, 10), num=4, integer=True).values() == [1, 2, 5, 10]
+    # three significant digits: 10^(-1/2) = 0.316...
+    assert Range(log=(0.1, 1.0), num=3).values() == [0.1, 0.316, 1.0]
+
+
+def _outcomes(rows):
+    return pd.DataFrame(rows, columns=["algorithm", "config", "seed", "value", "reached",
+                                       "closeness", "healthy", "health"])
+
+
+def test_ranking_matches_the_rules_worked_by_hand():
+    """Six configurations on two seeds, energy to target (smaller is better):
+    B (reached both, mean 3) < A (both, mean 5) < C (1 of 2) < E (none, closest 0.8)
+    < F (none, 0.7) < D (unhealthy on one seed though cheapest)."""
+    nan = math.nan
+    rows = []
+    spec = {"A": ([5, 5], [True, True], [0.9, 0.9], [True, True]),
+            "B": ([2, 4], [True, True], [0.9, 0.9], [True, True]),
+            "C": ([1, nan], [True, False], [0.9, 0.5], [True, True]),
+            "D": ([1, 1], [True, True], [0.9, 0.9], [True, False]),
+            "E": ([nan, nan], [False, False], [0.8, 0.8], [True, True]),
+            "F": ([nan, nan], [False, False], [0.7, 0.7], [True, True])}
+    for index, (name, (values, reached, near, healthy)) in enumerate(spec.items()):
+        for seed in range(2):
+            rows.append(["X", index, seed, values[seed], reached[seed], near[seed],
+                         healthy[seed], "ok" if healthy[seed] else f"{name} loss grew"])
+    table = summarize_configurations(_outcomes(rows), OBJECTIVES["energy_to_target"])
+    ranks = dict(zip("ABCDEF", table.sort_values("config")["rank"]))
+    assert ranks == {"B": 1, "A": 2, "C": 3, "E": 4, "F": 5, "D": 6}
+    best = table[table.chosen].iloc[0]
+    assert best.config == 1 and best.value_mean == 3.0
+    # a to-target mean over the lucky seeds is not reported (C reached 1 of 2)
+    assert math.isnan(table[table.config == 2].value_mean.iloc[0])
+    assert table[table.config == 3].health.iloc[0] == "D loss grew"
+
+
+def test_final_objectives_rank_larger_accuracy_first():
+    rows = [["X", c, 0, acc, True, acc, True, "ok"] for c, acc in enumerate([0.7, 0.9, 0.8])]
+    table = summarize_configurations(_outcomes(rows), OBJECTIVES["final_accuracy"])
+    assert list(table.sort_values("config")["rank"]) == [3, 1, 2]
+
+
+def test_edge_warnings_only_at_the_ends_of_numeric_grids():
+    spaces = {"lr": {"values": [0.1, 0.3, 1.0]}, "local_steps": {"values": [1, 5, 10]},
+              "mode": {"values": ["a", "b"]}, "fixed": {"values": [2.0]}}
+    warnings = edge_warnings("FedAvg", {"lr": 1.0, "local_steps": 5, "mode": "a", "fixed": 2.0},
+                             spaces)
+    assert len(warnings) == 1 and "lr = 1 is the largest value tried (0.1 to 1)" in warnings[0]
+    low = edge_warnings("FedAvg", {"lr": 0.1, "local_steps": 10, "mode": "b", "fixed": 2.0},
+                        spaces)
+    assert len(low) == 2 and "smallest" in low[0] and "largest" in low[1]
+    assert not edge_warnings("FedAvg", {"lr": 0.3, "local_steps": 5, "mode": "b",
+                                        "fixed": 2.0}, spaces)
+
+
+BASE = {"name": "t", "scenario": "quickstart", "objective": "energy_to_target",
+        "tuning_seeds": [1], "evaluation_seeds": [2, 3],
+        "search": {"FedSGD": {"lr": [0.1, 0.5]}}}
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"evaluation_seeds": [1, 2]}, "evaluation_seeds: seeds [1] are also tuning seeds"),
+    ({"search": {"FedSDG": {"lr": [0.1]}}}, "search.FedSDG: no algorithm labelled 'FedSDG'"),
+    ({"search": {"FedSGD": {"lrr": [0.1]}}}, "search.FedSGD.lrr (value 0.1): not accepted"),
+    ({"search": {"FedSGD": {"lr": [-1.0]}}}, "search.FedSGD.lr (value -1.0): not accepted"),
+    ({"search": {"FedSGD": {"lr": {"log": [0, 1], "num": 3}}}}, "a log range needs lo > 0"),
+    ({"search": {"FedSGD": {"name": ["fedavg"]}}}, "search.FedSGD.name: 'name' names the"),
+    ({"search": {}}, "search: empty"),
+    ({"objective": "energy"}, "objective: unknown objective 'energy'"),
+    ({"set": {"target_accuracy": None}}, "objective: 'energy_to_target' needs a target"),
+    ({"evaluation_seeds": [2]}, "evaluation_seeds"),
+    ({"seeds": [1]}, "seeds: unknown key"),
+])
+def test_bad_tune_files_are_one_error_line(tmp_path, capsys, change, expected):
+    path = tmp_path / "bad-tune.yaml"
+    path.write_text(yaml.safe_dump({**BASE, **change}))
+    code, out, err = _cli(capsys, "tune", path, "--out", tmp_path / "out")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and expected in err, err
+    assert not (tmp_path / "out").exists()
+    code, _, err = _cli(capsys, "validate", path)
+    assert code == 2 and expected in err
+
+
+def test_run_refuses_a_tune_file(capsys):
+    code, _, err = _cli(capsys, "run", "quickstart-tune")
+    assert code == 2 and "this is a tune file" in err and "wirelessfl tune" in err
+
+
+def _small_quickstart_tune(tmp_path: Path) -> Path:
+    """The shipped quickstart tune file with shorter runs, fewer devices, smaller grids and a
+    reachable target (the rest as shipped). FedSGD's lr grid is cut short on purpose: both
+    values are far too small, so the larger is chosen and warned about."""
+    doc = yaml.safe_load((SCENARIOS / "quickstart-tune.yaml").read_text())
+    doc["set"] = {"target_accuracy": 0.6, "population.num_devices": 10,
+                  "algorithms.DZOFL.rounds": 300, "algorithms.DZOFL.eval_every": 100,
+                  "algorithms.FedSGD.rounds": 10, "algorithms.FedAvg.rounds": 6}
+    doc["tuning_seeds"], doc["evaluation_seeds"] = [100], [0, 1]
+    doc["search"] = {"DZOFL": {"alpha0": [10.0, 40.0], "gamma0": [0.05]},
+                     "FedSGD": {"lr": [0.01, 0.03]},
+                     "FedAvg": {"lr": [0.2], "local_steps": [1, 5]}}
+    path = tmp_path / "quickstart-tune-small.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _best_by_hand(tuning: pd.DataFrame, algorithm: str) -> int:
+    """The configuration the rules pick, recomputed from tuning.csv alone."""
+    rows = tuning[tuning.algorithm == algorithm]
+    ok = rows[(rows.healthy == rows.seeds)]
+    full = ok[ok.reached == ok.seeds]
+    if len(full):
+        return int(full.sort_values(["value_mean", "config"]).config.iloc[0])
+    ok = ok.assign(share=ok.reached / ok.seeds)
+    return int(ok.sort_values(["share", "closeness_mean"], ascending=False).config.iloc[0])
+
+
+def test_quickstart_tune_end_to_end_local_and_dask_agree(tmp_path, capsys):
+    path = _small_quickstart_tune(tmp_path)
+    local, dask = tmp_path / "local", tmp_path / "dask"
+    code, out, err = _cli(capsys, "tune", path, "--out", local, "--workers", "2", "--quiet")
+    assert code == 0, err
+    assert "verdict:" in out and "FedAvg (untuned)" in out
+    assert "FedSGD: lr = 0.03 is the largest value tried (0.01 to 0.03)" in err
+    code, _, err = _cli(capsys, "tune", path, "--out", dask, "--executor", "dask",
+                        "--workers", "1", "--quiet")
+    assert code == 0, err
+    for name in ("tuning.csv", "tuning_runs.csv", "evaluation.csv"):
+        assert (local / name).read_text() == (dask / name).read_text(), name
+    tuning = pd.read_csv(local / "tuning.csv")
+    manifest = json.loads((local / "tune.json").read_text())
+    for algorithm in ("DZOFL", "FedSGD", "FedAvg"):
+        chosen = tuning[(tuning.algorithm == algorithm) & tuning.chosen]
+        assert len(chosen) == 1
+        assert int(chosen.config.iloc[0]) == _best_by_hand(tuning, algorithm)
+        params = [p for p in ("alpha0", "gamma0", "lr", "local_steps")
+                  if p in manifest["choices"][algorithm]]
+        assert {p: chosen[p].iloc[0] for p in params} == pytest.approx(
+            manifest["choices"][algorithm])
+    # evaluation runs use exactly the evaluation seeds, none of the tuning seeds
+    seeds = {phase: {r["seed"] for r in json.loads((local / phase / "sweep.json").read_text())
+                     ["runs"]} for phase in ("tuning", "evaluation")}
+    assert seeds == {"tuning": {100}, "evaluation": {0, 1}}
+    evaluation = pd.read_csv(local / "evaluation.csv")
+    assert set(evaluation.algorithm) == {"DZOFL", "DZOFL (untuned)", "FedSGD",
+                                         "FedSGD (untuned)", "FedAvg", "FedAvg (untuned)"}
+    assert (evaluation.seeds == 2).all()
+    # the untuned rows run the scenario's own values
+    untuned = json.loads(evaluation.set_index("algorithm").parameters["FedAvg (untuned)"])
+    assert untuned == {"lr": 0.2, "local_steps": 5}
+    for figure in ("tune_DZOFL.png", "tune_FedSGD.png", "tune_FedAvg.png", "report.html"):
+        assert (local / figure).is_file()
+    assert "data:image/png;base64" in (local / "report.html").read_text()
+    # a second run of the same command finishes nothing new and prints the same choices
+    code, out2, err2 = _cli(capsys, "tune", path, "--out", local, "--quiet")
+    assert code == 0 and "0 to run" in err2
+    assert out2.split("verdict:")[0] == out.split("verdict:")[0]
+
+
+def test_objective_scores_read_the_first_row_at_target():
+    from wirelessfl.tune.objectives import score
+
+    rounds = pd.DataFrame({"round": [0, 5, 10, 15], "energy_j": [0.0, 1.0, 2.0, 3.0],
+                           "test_accuracy": [0.1, 0.5, 0.92, 0.95],
+                           "suboptimality": [np.nan] * 4})
+    got = score(OBJECTIVES["energy_to_target"], rounds, 0.9, None)
+    assert got == {"value": 2.0, "reached": True, "closeness": 0.95}
+    got = score(OBJECTIVES["rounds_to_target"], rounds, 0.99, None)
+    assert math.isnan(got["value"]) and not got["reached"] and got["closeness"] == 0.95
+    assert score(OBJECTIVES["final_accuracy"], rounds, None, None)["value"] == 0.95

@@ -1,0 +1,49 @@
+"""One self-contained HTML file for a tuning study: the verdict, the choices with their warnings,
+the evaluation table, every configuration tried, and the figures (report/html.py's page)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from wirelessfl.report.compare_plots import draw_comparison
+from wirelessfl.report.html import _figure, _page, _table, _yaml_block
+from wirelessfl.results.compare import compare_dirs
+from wirelessfl.tune.tables import choice_cells, evaluation_cells, tuning_cells
+
+
+def tune_html(tune, result, out: Path) -> Path:
+    """Write ``out`` for ``result`` (a wirelessfl.tune.study.TuneResult) of ``tune``; the
+    comparison figures of the evaluation runs are drawn into the study folder first."""
+    title = tune.objective.title
+    evaluation_dir = result.out / "evaluation"
+    comparison = draw_comparison(compare_dirs([evaluation_dir]), result.out)
+    warnings = "".join(f"<li>{html.escape(w)}</li>" for w in result.warnings)
+    sections = [
+        "<h2>Verdict</h2>", f"<p><strong>{html.escape(result.verdict)}</strong></p>",
+        ("<p>Only tuned settings that were healthy (and reached the target) on every "
+         "evaluation seed compete; a winner is named only when its 95 % interval does not "
+         "overlap the runner-up's.</p>"),
+        "<h2>Chosen settings</h2>", _table(choice_cells(result.tuning, result.choices, title)),
+        f"<ul>{warnings}</ul>" if warnings else "<p>No warnings.</p>",
+        "<h2>Evaluation on fresh seeds</h2>",
+        ("<p>Mean ± half-width of the 95 % confidence interval (Student t) over the "
+         "evaluation seeds; to-target columns over the seeds that reached the target. "
+         "'(untuned)' rows run the scenario's own setting.</p>"),
+        _table(evaluation_cells(result.evaluation, title)),
+        "<h2>Figures</h2>",
+        *(_figure(p, f"{p.stem.removeprefix('tune_')}: {title} of every configuration against "
+                     "each tuned parameter; star = chosen") for p in result.figures),
+        *(_figure(p, p.stem.replace("_", " ") + " (evaluation runs)") for p in comparison),
+        "<h2>Every configuration tried</h2>",
+    ]
+    for label, spaces in tune.spaces.items():
+        sections += [f"<h3>{html.escape(label)}</h3>",
+                     _table(tuning_cells(result.tuning, label, list(spaces), title),
+                            message_col=len(spaces) + 4)]
+    sections += [_yaml_block("the tune file", tune.document, open_=True)]
+    meta = (f"objective {html.escape(tune.spec.objective)}, tuning seeds "
+            f"{html.escape(str(tune.spec.tuning_seeds))}, evaluation seeds "
+            f"{html.escape(str(tune.spec.evaluation_seeds))}, {html.escape(str(result.out))}")
+    out.write_text(_page(f"Tuning {tune.name}", meta, sections), encoding="utf-8")
+    return out

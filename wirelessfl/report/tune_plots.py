@@ -1,0 +1,94 @@
+"""Figures of a tuning study: per algorithm, the objective (mean over the tuning seeds) of every
+configuration against each tuned parameter, the choice marked, configurations that missed the
+target or were unhealthy drawn apart along the top edge."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "algorithm"
+
+
+def _log_axis(info: dict) -> bool:
+    """A log axis for log ranges, and for positive numeric lists spanning 20x or more."""
+    values = info["values"]
+    if info["kind"] == "log":
+        return True
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    return numeric and min(values) > 0 and max(values) / min(values) >= 20
+
+
+def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title: str,
+                  path: Path) -> Path:
+    """One panel per tuned parameter of ``label``: ``rows`` are its configurations (columns
+    value_mean, healthy, reached, seeds, chosen and one per parameter)."""
+    params = list(spaces)
+    fig, axes = plt.subplots(1, len(params), figsize=(4.2 * len(params) + 0.6, 3.8),
+                             squeeze=False)
+    scored = rows[np.isfinite(rows.value_mean.to_numpy(dtype=float)) & (rows.healthy == rows.seeds)]
+    missed = rows.drop(scored.index)
+    finite = scored.value_mean.to_numpy(dtype=float)
+    top = float(finite.max()) if len(finite) else 1.0
+    bottom = float(finite.min()) if len(finite) else 0.0
+    log_y = len(finite) and bottom > 0 and top / bottom > 30
+    ceiling = top * (1.6 if log_y else 1.0) + (0.0 if log_y else 0.12 * (top - bottom or 1.0))
+    for ax, param in zip(axes[0], params):
+        info = spaces[param]
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool)
+                      for v in info["values"])
+        order = {v: i for i, v in enumerate(info["values"])}
+
+        def xs(frame, param=param, numeric=numeric, order=order):
+            return (frame[param].to_numpy(dtype=float) if numeric
+                    else np.array([order[v] for v in frame[param]], dtype=float))
+
+        ax.scatter(xs(scored), scored.value_mean, s=22, color="#4c72b0", alpha=0.8,
+                   label="configurations")
+        if len(missed):
+            ax.scatter(xs(missed), np.full(len(missed), ceiling), s=30, marker="x",
+                       color="#c44e52", label="missed target or unhealthy")
+        chosen = rows[rows.chosen]
+        if len(chosen) and len(scored.index.intersection(chosen.index)):
+            ax.scatter(xs(chosen), chosen.value_mean, s=160, marker="*", color="#dd8452",
+                       edgecolor="black", linewidths=0.6, zorder=3, label="chosen")
+        elif len(chosen):
+            ax.scatter(xs(chosen), np.full(len(chosen), ceiling), s=160, marker="*",
+                       color="#dd8452", edgecolor="black", zorder=3, label="chosen")
+        if _log_axis(info):
+            ax.set_xscale("log")
+        if not numeric:
+            ax.set_xticks(range(len(info["values"])))
+            ax.set_xticklabels([str(v) for v in info["values"]])
+        if log_y:
+            ax.set_yscale("log")
+        ax.set_xlabel(param)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel(f"{title}\n(mean over tuning seeds)")
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle(f"{label}: tuning", fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def draw_tuning(tune, table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """``tune_<label>.png`` for every tuned algorithm of ``tune`` (a wirelessfl.tune.spec.Tune)."""
+    paths = []
+    for label, spaces in tune.spaces.items():
+        rows = table[table.algorithm == label]
+        if rows.empty:
+            continue
+        path = Path(out_dir) / f"tune_{_slug(label)}.png"
+        paths.append(tuning_figure(label, rows, spaces, tune.objective.title, path))
+    return paths

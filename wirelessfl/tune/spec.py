@@ -1,0 +1,262 @@
+"""A tune file: a base scenario, a search space per algorithm, an objective, and two disjoint
+seed lists (tuning and evaluation).
+
+Papers grid-search every method before comparing them, so the grid is the search strategy: every
+combination of the listed values is one configuration. Loading validates the file and the scenario
+of every configuration before anything runs, so a typo is one ``error:`` line naming the tune file
+and the key (docs/tuning.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from wirelessfl.errors import UserError
+from wirelessfl.scenario import catalog
+from wirelessfl.scenario.loader import (
+    format_validation_error,
+    is_sweep_document,
+    is_tune_document,
+    resolved_document,
+    scenario_from_document,
+    set_key,
+)
+from wirelessfl.tune.objectives import OBJECTIVES
+
+# A grid this large is almost certainly a mistake (a num: 1000 typo); the error says how to cut it.
+MAX_RUNS = 20_000
+# Keys of an algorithm entry that identify it rather than tune it.
+NOT_TUNABLE = ("name", "label")
+UNTUNED_SUFFIX = " (untuned)"
+
+
+class Range(BaseModel):
+    """``{log: [lo, hi], num: n}`` (geometric) or ``{linear: [lo, hi], num: n}`` (even steps);
+    ``integer: true`` rounds to whole numbers (duplicates dropped)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    log: tuple[float, float] | None = None
+    linear: tuple[float, float] | None = None
+    num: int = Field(ge=2, le=1000, description="values in the range, both ends included")
+    integer: bool = False
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        if (self.log is None) == (self.linear is None):
+            raise ValueError("give exactly one of 'log: [lo, hi]' and 'linear: [lo, hi]'")
+        lo, hi = self.log or self.linear
+        if not (math.isfinite(lo) and math.isfinite(hi)) or not lo < hi:
+            raise ValueError(f"the range needs finite lo < hi (got [{lo}, {hi}])")
+        if self.log is not None and lo <= 0:
+            raise ValueError(f"a log range needs lo > 0 (got {lo})")
+        return self
+
+    def values(self) -> list[float | int]:
+        lo, hi = self.log or self.linear
+        grid = np.geomspace(lo, hi, self.num) if self.log else np.linspace(lo, hi, self.num)
+        if self.integer:
+            return list(dict.fromkeys(int(np.rint(v)) for v in grid))
+        # Three significant digits: the values a reader can type back into a scenario.
+        return list(dict.fromkeys(float(f"{v:.3g}") for v in grid))
+
+
+class TuneFile(BaseModel):
+    """The keys of a tune file (docs/tuning.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, description="the study's name (default: the file's stem)")
+    description: str | None = None
+    scenario: str = Field(description="base scenario: a catalog name or a YAML file, relative to "
+                                      "the tune file")
+    set: dict[str, Any] = Field(default_factory=dict,
+                                description="key.path: value applied to the base first")
+    objective: str = Field(description="what the best configuration minimises or maximises")
+    tuning_seeds: list[int] = Field(min_length=1, description="seeds every configuration runs on")
+    evaluation_seeds: list[int] = Field(
+        min_length=2, description="fresh seeds the chosen configurations run on (>= 2 for a "
+                                  "confidence interval); disjoint from tuning_seeds")
+    search: dict[str, dict[str, list[Any] | Range]] = Field(
+        description="algorithm label: {parameter: [values] or {log|linear: [lo, hi], num: n}}")
+    compare_untuned: bool = Field(
+        True, description="also evaluate every algorithm at the scenario's own (untuned) "
+                          "setting, beside the tuned one")
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One point of an algorithm's grid: its label and parameter values, in grid order."""
+
+    algorithm: str
+    index: int
+    values: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.algorithm}#{self.index}"
+
+
+@dataclass
+class Tune:
+    """A validated tune file: the base scenario document (with ``set`` applied), the search
+    grids and the objective."""
+
+    path: Path
+    name: str
+    spec: TuneFile
+    document: dict = field(repr=False)
+    base: dict = field(repr=False)  # the base scenario document, ``set`` applied
+    base_path: Path = field(repr=False)
+    labels: list[str] = field(default_factory=list)  # the scenario's algorithms, in order
+    grids: dict[str, list[Configuration]] = field(default_factory=dict)
+    spaces: dict[str, dict[str, dict]] = field(default_factory=dict)  # label -> param -> info
+
+    @property
+    def objective(self):
+        return OBJECTIVES[self.spec.objective]
+
+    def entry(self, label: str) -> dict:
+        """The scenario's own entry of the algorithm ``label`` (a copy)."""
+        for entry in self.base["algorithms"]:
+            entry = {"name": entry} if isinstance(entry, str) else entry
+            if (entry.get("label") or entry.get("name")) == label:
+                return copy.deepcopy(entry)
+        raise KeyError(label)
+
+    def scenario(self, label: str, values: dict, seed: int, shown: str | None = None,
+                 where: str = "") -> dict:
+        """The resolved scenario of one run: the base with only ``label``'s algorithm, its
+        parameters set to ``values``, shown as ``shown`` (default: its label)."""
+        doc = copy.deepcopy(self.base)
+        entry = self.entry(label)
+        entry.update(values)
+        entry["label"] = shown or label
+        doc["algorithms"] = [entry]
+        doc["seed"] = seed
+        try:
+            return resolved_document(scenario_from_document(doc, str(self.base_path), [],
+                                                            self.base_path.parent))
+        except UserError as err:
+            raise UserError(f"{self.path}: {where or f'search.{label}'}: not accepted by the "
+                            f"scenario ({_one_line(err)})") from None
+
+
+def _one_line(text) -> str:
+    return "; ".join(line for line in str(text).splitlines() if line.strip())
+
+
+def _fail(source: str, where: str, what: str):
+    raise UserError(f"{source}: {where}: {what}")
+
+
+def _space(values: list | Range, source: str, where: str) -> tuple[list, dict]:
+    """(the values to try, how they were given) for one parameter."""
+    if isinstance(values, Range):
+        kind = "log" if values.log is not None else "linear"
+        return values.values(), {"kind": kind, "range": list(values.log or values.linear)}
+    if not values:
+        _fail(source, where, "empty list of values; give at least one")
+    unique = []
+    for v in values:
+        if isinstance(v, float) and not math.isfinite(v):
+            _fail(source, where, f"{v} is not a finite number")
+        if v in unique:
+            _fail(source, where, f"the value {v!r} is listed twice")
+        unique.append(v)
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    return unique, {"kind": "list", "numeric": numeric}
+
+
+def load_tune(name_or_path: str) -> Tune:
+    """Read, validate and expand a tune file (a path, or a name in the scenarios catalog)."""
+    path = catalog.find("scenarios", name_or_path, "tune file")
+    source = str(path)
+    doc = catalog.read_yaml(path, "tune file")
+    if not is_tune_document(doc):
+        raise UserError(f"{source}: not a tune file: a tune file has 'scenario', 'objective' and "
+                        "'search' (docs/tuning.md)")
+    try:
+        spec = TuneFile.model_validate(doc)
+    except ValidationError as err:
+        raise UserError(_one_line(format_validation_error(err, source))) from None
+    if spec.objective not in OBJECTIVES:
+        _fail(source, "objective", f"unknown objective '{spec.objective}'; choose one of "
+                                   f"{', '.join(OBJECTIVES)}")
+    for where, seeds in (("tuning_seeds", spec.tuning_seeds),
+                         ("evaluation_seeds", spec.evaluation_seeds)):
+        if min(seeds) < 0:
+            _fail(source, where, "seeds must be non-negative integers")
+        if len(set(seeds)) != len(seeds):
+            _fail(source, where, "a seed is listed twice")
+    shared = sorted(set(spec.tuning_seeds) & set(spec.evaluation_seeds))
+    if shared:
+        _fail(source, "evaluation_seeds", f"seeds {shared} are also tuning seeds; evaluation "
+                                          "seeds must be fresh (disjoint from tuning_seeds)")
+    if "seed" in spec.set:
+        _fail(source, "set.seed", "seeds come from tuning_seeds and evaluation_seeds")
+    if not spec.search:
+        _fail(source, "search", "empty; give at least one algorithm label with its parameters")
+
+    base_path = catalog.find("scenarios", spec.scenario, f"{source}: scenario", path.parent)
+    base = catalog.read_yaml(base_path, "scenario")
+    if is_sweep_document(base) or is_tune_document(base):
+        _fail(source, "scenario", f"'{spec.scenario}' is a sweep or tune file; name a scenario")
+    if not isinstance(base, dict):
+        _fail(source, "scenario", f"'{spec.scenario}' is not a scenario mapping")
+    base = copy.deepcopy(base)
+    for key, value in spec.set.items():
+        set_key(base, key, value, origin=f"{source}: set.")
+    try:
+        resolved = scenario_from_document(base, str(base_path), [], base_path.parent)
+    except UserError as err:
+        raise UserError(f"{source}: set: the base scenario is not valid with these values "
+                        f"({_one_line(err)})") from None
+    labels = [p.display_name for p in resolved.algorithms]
+    objective = OBJECTIVES[spec.objective]
+    if objective.to_target and resolved.target_accuracy is None \
+            and resolved.target_suboptimality is None:
+        _fail(source, "objective", f"'{spec.objective}' needs a target: the scenario sets "
+                                   "neither target_accuracy nor target_suboptimality (add one "
+                                   "under 'set')")
+    if objective.column == "worst_device_accuracy" and resolved.problem is not None \
+            and resolved.problem.name != "classification":
+        _fail(source, "objective", f"'{spec.objective}' needs a classification problem")
+
+    tune = Tune(path, spec.name or path.stem, spec, doc, base, base_path, labels)
+    total = 0
+    for label, params in spec.search.items():
+        if label not in labels:
+            _fail(source, f"search.{label}", f"no algorithm labelled '{label}' in the scenario; "
+                                             f"its algorithms are {', '.join(labels)}")
+        if not params:
+            _fail(source, f"search.{label}", "no parameters to tune; give at least one")
+        grids, spaces = [], {}
+        for param, values in params.items():
+            where = f"search.{label}.{param}"
+            if param in NOT_TUNABLE or param == "seed":
+                _fail(source, where, f"'{param}' names the algorithm; it cannot be tuned")
+            tried, info = _space(values, source, where)
+            info["values"] = tried
+            spaces[param] = info
+            grids.append(tried)
+        combos = [dict(zip(params, combo)) for combo in itertools.product(*grids)]
+        total += len(combos) * len(spec.tuning_seeds)
+        if total > MAX_RUNS:
+            _fail(source, f"search.{label}", f"the grids need more than {MAX_RUNS:,} tuning "
+                                             "runs; use fewer values (num) per parameter")
+        for param, info in spaces.items():  # each parameter alone first: errors name it
+            for value in info["values"]:
+                tune.scenario(label, {param: value}, spec.tuning_seeds[0],
+                              where=f"search.{label}.{param} (value {value!r})")
+        tune.grids[label] = [Configuration(label, i, c) for i, c in enumerate(combos)]
+        tune.spaces[label] = spaces
+    return tune
