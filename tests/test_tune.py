@@ -201,3 +201,15 @@ def test_objective_scores_read_the_first_row_at_target():
     got = score(OBJECTIVES["rounds_to_target"], rounds, 0.99, None)
     assert math.isnan(got["value"]) and not got["reached"] and got["closeness"] == 0.95
     assert score(OBJECTIVES["final_accuracy"], rounds, None, None)["value"] == 0.95
+
+
+def test_every_shipped_comparison_says_untuned_or_has_a_tune_file():
+    """A scenario that compares methods names no winner unless tuned: its description says its
+    settings are untuned (wirelessfl list shows it), and a tune file may cover it."""
+    docs = {p: yaml.safe_load(p.read_text()) for p in sorted(SCENARIOS.glob("*.yaml"))}
+    tuned = {d["scenario"] for d in docs.values() if isinstance(d, dict) and "search" in d}
+    assert "quickstart" in tuned
+    for path, doc in docs.items():
+        algorithms = doc.get("algorithms") if isinstance(doc, dict) else None
+        if isinstance(algorithms, list) and len(algorithms) > 1:
+            assert "untuned" in doc.get("description", ""), path.name

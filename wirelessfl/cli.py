@@ -80,6 +80,9 @@ def _cmd_run(args) -> int:
         return EXIT_INTERRUPTED
     bar.close()
     print(format_summary(table, scenario.target_accuracy, scenario.target_suboptimality))
+    if len(scenario.algorithms) > 1:
+        print("note: each algorithm ran at the scenario's own setting (untuned); name a winner "
+              "only from tuned runs: wirelessfl tune (docs/tuning.md)", file=sys.stderr)
     if not args.no_report:
         for path in draw_report(read_run(out)):
             print(f"wrote {path}", file=sys.stderr)
