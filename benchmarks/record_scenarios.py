@@ -104,9 +104,8 @@ def _algorithm_facts(rounds, manifest: dict) -> dict:
 
 
 def _trace(rounds) -> dict:
-    """Per algorithm, the evaluated rounds' energy and device accuracies (a few rows each)."""
-    cols = ("round", "energy_j", "sim_time_s", "worst_device_accuracy",
-            "worst_k_device_accuracy", "mean_device_accuracy", "test_accuracy")
+    """Per algorithm, the evaluated rounds' energy and worst-device accuracy (a few rows each)."""
+    cols = ("round", "energy_j", "worst_device_accuracy")
     return {label: [{c: _clean(row[c]) for c in cols} for _, row in rows.iterrows()]
             for label, rows in rounds.groupby("algorithm", sort=False)}
 
