@@ -283,7 +283,7 @@ def radio_power_sweep_reading() -> str:
         (f"* FedAvg: as power drops from {hi['tx_power_dbm']:g} to {lo['tx_power_dbm']:g} dBm "
         f"the share of its uploads that arrive in time falls from {pct(hi['delivered_fraction'])} "
         f"to {pct(lo['delivered_fraction'])}; its rounds to target grow from "
-        f"{hi['rounds_to_target']} to {lo['rounds_to_target']}, its time to target "
+        f"{i0(hi['rounds_to_target'])} to {i0(lo['rounds_to_target'])}, its time to target "
         f"{ratio(lo['time_to_target_s'], hi['time_to_target_s'], 0)}, and its energy to target "
         f"{ratio(lo['energy_to_target_j'], cheapest['energy_to_target_j'], 0)} against its "
         f"cheapest point ({cheapest['tx_power_dbm']:g} dBm).")]
@@ -537,8 +537,7 @@ def _shift_last(key: str, label: str) -> dict:
     return facts(key)["algorithms"][label]["last"]
 
 
-@block("seed003-label-shift-table", *(f"docs/data/{k}{lam}/facts.json" for k in SHIFT[:1]
-                                      for lam in ("", "-lam1e6")))
+@block("seed003-label-shift-table", "docs/data/seed003-digits-label-shift-seed*/facts.json")
 def seed003_label_shift_table() -> str:
     labels = list(facts(SHIFT[0])["algorithms"])
     rows = []
@@ -684,7 +683,7 @@ def _median_never(values: list) -> str:
     known = [v for v in values if _num(v) is not None]
     if not known:
         return "never"
-    text = f"{statistics.median(known):.3g}"
+    text = g3(statistics.median(known))
     return text if len(known) == len(values) else f"{text} ({len(values) - len(known)} never)"
 
 

@@ -41,14 +41,17 @@ ALLOWED = {
     "ratio 0.1": "seed001-loss-tuning's long-tail ratio (configuration)",
     "q = 0.5": "seed001-loss-tuning's q-partition (configuration)",
     "alpha = beta = 0.5, rho = 0.5": "seed001-loss-tuning's FedMSA steps (configuration)",
+    "worst_fraction: 0.2": "seed003-toy's worst-k fraction (configuration)",
+    "23 ... -40 dBm": "the radio-power-sweep script's transmit powers (configuration)",
+    "accuracy of 0.5": "fgdro.md Sec. 5's worst-device accuracy target (configuration)",
     "zo_hfl.md 5.3": "a section of the spec",
 }
 # A decimal, or a number followed by a unit of energy, time, power, memory, ratio or share.
 MEASURED = re.compile(
-    r"(?<![\w.])[-+]?\d[\d,]*\.\d+"
-    r"|(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?\s?(?:[mu]?J|[mu]?s|[mu]?W|dBm?|%|MB|GB|GFLOP/s"
+    r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?\s?(?:[mu]?J|[mu]?s|[mu]?W|dBm?|%|MB|GB|GFLOP/s"
     r"|[kMG]?bit/s|[kMG]Hz)(?![\w/])"
-    r"|(?<![\w.])\d[\d,]*(?:\.\d+)?x(?!\w)")
+    r"|(?<![\w.])\d[\d,]*(?:\.\d+)?x(?!\w)"
+    r"|(?<![\w.])[-+]?\d[\d,]*\.\d+")
 # Section references ("Sec. 5.2", "fedmsa.md Sec. 4.1", "Alg. 4", "App. G") are not numbers.
 REFERENCE = re.compile(r"(?:Secs?\.|App\.|Alg\.|Table|eqs?\.)\s*\d+(?:\.\d+)*")
 
@@ -63,7 +66,7 @@ def _render_docs():
 
 def _prose(text: str) -> str:
     """TEXT without its generated blocks."""
-    return re.sub(r"<!-- generated: .*?<!-- end generated -->", "", text, flags=re.S)
+    return re.sub(r"<!-- generated: .*?<!-- end generated -->", "", text, flags=re.DOTALL)
 
 
 def measured_numbers(text: str) -> list[str]:
