@@ -225,7 +225,7 @@ def quickstart_reading() -> str:
 def seed002_profile() -> str:
     p = _json("docs/data/profile-seed002-cnn/profile.json")
     return (f"Computed by `{p['command']}` (from the model and the energy profile, not measured): "
-            f"d = {p['d']:,}, {p['macs']:,} MACs per sample; on a batch of 10 a forward pass "
+            f"d = {p['d']:,}; on a batch of 10 a forward pass is {p['macs']:,} MACs and "
             f"costs {1e3 * p['energy_forward_j']:.3g} mJ and {1e3 * p['time_forward_s']:.3g} ms, "
             f"a backward pass {1e3 * p['energy_backward_j']:.3g} mJ and "
             f"{1e3 * p['time_backward_s']:.3g} ms. A DZOFL iteration is two forward passes per "
