@@ -98,10 +98,11 @@ def assess(group: pd.DataFrame, status: str | None = None, limits: HealthConfig 
     if name is not None:
         loss_growth = float(loss.max() / loss[0])
         final_ratio = float(loss[-1] / loss[0]) if len(loss) > 1 else math.nan
-    if loss_growth > limits.max_loss_growth:
+    exploded = loss_growth > limits.max_loss_growth
+    if exploded:
         reasons.append(f"{name} grew from {loss[0]:.3g} to {loss.max():.3g} (limit "
                        f"{limits.max_loss_growth:g}x its start): lower {step}")
-    if limits.loss_must_fall and final_ratio >= 1:
+    if limits.loss_must_fall and final_ratio >= 1 and not exploded:
         reasons.append(f"{name} did not fall ({loss[0]:.3g} at the start, {loss[-1]:.3g} at the "
                        f"end): tune {step} (too large or too small) or run more rounds")
 
@@ -114,7 +115,7 @@ def assess(group: pd.DataFrame, status: str | None = None, limits: HealthConfig 
     if "param_norm" in group:
         norms = group.param_norm.to_numpy(dtype=float)
         final = norms[~np.isnan(norms)]
-        norm_growth = _ratio(final[-1], final[0]) if len(final) else math.nan
+        norm_growth = float(_ratio(final[-1], final[0])) if len(final) else math.nan
     cap = limits.max_param_norm_growth
     if cap is not None and norm_growth > cap:
         reasons.append(f"the parameter norm grew {norm_growth:.3g}x (limit {cap:g}x): "
