@@ -150,12 +150,11 @@ class Algorithm:
         round, device). ``delivered`` [n] bool: the uploads that reach the base station (default
         all rows); only those are checked for NaN/inf (which stops the run as diverged) and
         counted in the health columns. Per-vector scales never clip."""
-        sent = vectors if delivered is None else vectors[torch.as_tensor(
-            delivered, dtype=torch.bool, device=vectors.device)]
-        self.ctx.check_finite(sent, direction, self.round_index)
+        sent = self._sent(vectors, delivered)
+        self.ctx.check_finite(vectors, direction, self.round_index, sent)
         if self.bits >= FULL_PRECISION_BITS:
             return vectors
-        self.ctx.health.quantized(direction, sent.numel())
+        self.ctx.health.quantized(direction, int(sent.sum()) * vectors.shape[1])
         noise = device_uniform(self.ctx.seed, stream, k, rows, vectors.shape[1], vectors.device)
         return quantize_rows(vectors, self.bits, noise)[0]
 
@@ -165,13 +164,19 @@ class Algorithm:
         """M-bit quantisation of one scalar per device (or one broadcast scalar) on the fixed
         range [-scale, scale] (quantize_scalars): like ``quantize``, the delivered values are
         checked for NaN/inf and counted, with those that clip at the range's ends."""
-        keep = (torch.ones(values.shape[0], dtype=torch.bool) if delivered is None
-                else torch.as_tensor(delivered, dtype=torch.bool)).to(values.device)
-        self.ctx.check_finite(values[keep], direction, self.round_index)
+        keep = self._sent(values, delivered)
+        self.ctx.check_finite(values, direction, self.round_index, keep)
         q, clipped = quantize_scalars(values, self.bits, scale, generator)
         if self.bits < FULL_PRECISION_BITS:
             self.ctx.health.quantized(direction, int(keep.sum()), int(clipped[keep].sum()))
         return q
+
+    @staticmethod
+    def _sent(values: torch.Tensor, delivered: torch.Tensor | np.ndarray | None) -> torch.Tensor:
+        """[n] bool on ``values``' device: the rows that reach their receiver (default all)."""
+        if delivered is None:
+            return torch.ones(values.shape[0], dtype=torch.bool, device=values.device)
+        return torch.as_tensor(delivered, dtype=torch.bool).to(values.device)
 
     def setup(self) -> None:
         """Per-run state beyond theta (control variates, momenta, ...)."""

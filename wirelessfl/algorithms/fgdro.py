@@ -166,7 +166,7 @@ class _FGDRO(Algorithm):
                 q = self._quantize_rows(diff, j, k, rows, keep)
                 total[j] += q[keep].sum(0)
             # s or v travels as a float64 (unquantised): checked, not counted
-            self.ctx.check_finite(scalars[keep], "up", k)
+            self.ctx.check_finite(scalars, "up", k, keep)
             scalar_sum += float(scalars[keep].sum())
             received += int(keep.sum())
         if not received:

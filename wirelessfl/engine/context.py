@@ -142,18 +142,21 @@ class RunContext:
             raise Diverged(completed, self.rows[-1] if self.rows else None)
         self.rows.append(self.snapshot(completed, metrics, theta))
 
-    def check_finite(self, values: torch.Tensor, direction: str, round_index: int) -> None:
+    def check_finite(self, values: torch.Tensor, direction: str, round_index: int,
+                     sent: torch.Tensor | None = None) -> None:
         """Raise ``Diverged`` when ``values`` about to be sent ``direction`` hold a NaN or an
-        infinity (checked before quantisation, which would hide them). Uploads: [n, ...] with
-        one row per delivered device, each non-finite row counted in ``nonfinite_uploads``."""
+        infinity (checked before quantisation, which would hide them). Uploads: [n, ...], one
+        row per device, of which the rows ``sent`` ([n] bool, default all) reach the base
+        station; each non-finite one is counted in ``nonfinite_uploads``."""
         finite = torch.isfinite(values)
-        if bool(finite.all()):
+        rows = finite.reshape(finite.shape[0], -1).all(1) if values.dim() else finite.reshape(1)
+        bad = ~rows if sent is None else ~rows & sent.to(rows.device)
+        if not bool(bad.any()):
             return
         if direction == "up":
-            bad = int((~finite.reshape(finite.shape[0], -1)).any(1).sum()) if values.dim() \
-                else 1
-            self.health.nonfinite_uploads += bad
-            reason = f"uploads became NaN/inf ({bad} device{'s' if bad > 1 else ''})"
+            count = int(bad.sum())
+            self.health.nonfinite_uploads += count
+            reason = f"uploads became NaN/inf ({count} device{'s' if count > 1 else ''})"
         else:
             reason = "the broadcast aggregate became NaN/inf"
         raise Diverged(round_index + 1, self.rows[-1] if self.rows else None, reason)

@@ -75,7 +75,8 @@ def assess(group: pd.DataFrame, status: str | None = None, limits: HealthConfig 
     reasons = []
 
     nonfinite = int(last.get("nonfinite_uploads", 0) or 0) if recorded else 0
-    diverged = status == "diverged" if status is not None else bool(pd.isna(last.test_loss))
+    diverged = status == "diverged" if status is not None else bool(
+        pd.isna(last.get("test_loss", 0.0)))
     if diverged or nonfinite:
         what = f"{nonfinite} non-finite upload(s)" if nonfinite else "NaN/inf in its model or loss"
         reasons.append(f"diverged ({what}; the run stopped at round {int(last['round'])}): "

@@ -51,7 +51,7 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
         health = assess(group, status, limits, fields)
         # a diverged run ends with a row whose learning metrics are NaN: report the last
         # evaluated model's
-        evaluated = group[group.test_loss.notna()]
+        evaluated = group[group.test_loss.notna()] if "test_loss" in group else group
         last = group.iloc[-1]
         final = evaluated.iloc[-1] if len(evaluated) else last
         reached = group[reached_mask(group, target, target_suboptimality)]
