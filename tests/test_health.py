@@ -226,3 +226,46 @@ def test_summaries_of_old_runs_and_of_diverged_statuses():
     flagged = summarize(rows, 0.5, 8, manifest=manifest)
     assert not flagged.healthy.iloc[0] and "lower lr" in flagged.health.iloc[0]
     assert np.isfinite(flagged.final_accuracy).all()
+
+
+def test_run_warns_once_per_unhealthy_algorithm_and_report_and_compare_show_it(
+        tmp_path, scenario_file, capsys):
+    from tests.conftest import small_doc
+    from wirelessfl.results.compare import compare_records, comparison_cells
+    from wirelessfl.results.records import read_run
+
+    algos = [{"name": "fedavg", "rounds": 2, "eval_every": 1, "lr": 1e38, "label": "blows up"},
+             {"name": "dzofl", "rounds": 4, "eval_every": 2, "scalar_range": 1e-9,
+              "label": "clips"},
+             {"name": "fedavg", "rounds": 2, "eval_every": 1, "local_steps": 2, "label": "fine"}]
+    out = tmp_path / "run"
+    assert main(["run", str(scenario_file(small_doc(algorithms=algos))), "--out", str(out),
+                 "--quiet", "--no-report"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines()
+                if line.startswith("warning: ") and "unhealthy" in line]
+    assert len(warnings) == 2
+    assert warnings[0].startswith("warning: blows up: unhealthy: diverged (")
+    # every upload clips; the broadcast aggregate, on N times the range, does not
+    last = pd.read_parquet(out / "rounds.parquet").query("algorithm == 'clips'").iloc[-1]
+    share = last.clipped_up / (last.quantized_up + last.quantized_down)
+    assert last.clipped_up == last.quantized_up > 0 and last.clipped_down == 0
+    assert warnings[1].startswith(f"warning: clips: unhealthy: {100 * share:.1f} % of the "
+                                  "quantised values sent clipped")
+    assert "lower alpha0 or widen scalar_range" in warnings[1]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [manifest["algorithms"][a]["health"]["healthy"] for a in ("blows up", "clips", "fine")
+            ] == [False, False, True]
+    assert main(["report", str(out), "--html"]) == 0
+    page = (out / "report.html").read_text()
+    assert "<h2>Health</h2>" in page and "clipped at the quantiser&#x27;s range ends" in page
+    record = read_run(out)
+    other = type(record)(record.path, record.rounds, record.devices,
+                         {**record.manifest, "seed": 4,
+                          "algorithms": {**record.manifest["algorithms"],
+                                         "fine": {**record.manifest["algorithms"]["fine"],
+                                                  "status": "diverged"}}})
+    table = compare_records([record, other]).table.set_index("algorithm")
+    assert table.loc["fine", "unhealthy"] == 1 and table.loc["clips", "unhealthy"] == 2
+    cells = comparison_cells(compare_records([record, other]))
+    column = cells[0].index("unhealthy")
+    assert sorted(row[column] for row in cells[1:]) == ["1/2", "2/2", "2/2"]
