@@ -61,7 +61,8 @@ values = st.one_of(
 KEYS = ["name", "seed", "channel", "energy", "population", "data", "partition", "model", "problem",
         "quantization_bits", "target_accuracy", "target_suboptimality", "engine", "algorithms",
         "rounds", "lr", "num_devices", "alpha", "scheme", "label", "bits", "uplink", "profile",
-        "tx_power_dbm", "classes", "battery_j", "hidden", "dimension", "p", "eta", "unknown_key"]
+        "tx_power_dbm", "classes", "battery_j", "hidden", "dimension", "p", "eta", "unknown_key",
+        "health", "max_clipped_share", "loss_must_fall"]
 
 
 def _paths(node, prefix=()):

@@ -30,7 +30,7 @@ def _cmd_run(args) -> int:
     from wirelessfl.engine.runner import run_scenario
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import FINISHED, read_run
-    from wirelessfl.results.summary import format_summary
+    from wirelessfl.results.summary import format_summary, health_lines
     from wirelessfl.scenario.loader import load_scenario, scenario_from_document
 
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
@@ -80,6 +80,8 @@ def _cmd_run(args) -> int:
         return EXIT_INTERRUPTED
     bar.close()
     print(format_summary(table, scenario.target_accuracy, scenario.target_suboptimality))
+    for line in health_lines(table):
+        print(f"warning: {line}", file=sys.stderr)
     if len(scenario.algorithms) > 1:
         print("note: each algorithm ran at the scenario's own setting (untuned); name a winner "
               "only from tuned runs: wirelessfl tune (docs/tuning.md)", file=sys.stderr)
@@ -211,7 +213,7 @@ def _cmd_validate(args) -> int:
 def _cmd_report(args) -> int:
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import read_run
-    from wirelessfl.results.summary import format_summary, summarize, summary_cells
+    from wirelessfl.results.summary import format_summary, health_lines, summarize, summary_cells
 
     folder = Path(args.run_dir)
     if (folder / "sweep.json").is_file():  # a sweep folder: the comparison over its runs
@@ -219,8 +221,9 @@ def _cmd_report(args) -> int:
     record = read_run(folder)
     n = record.manifest.get("scenario", {}).get("population", {}).get("num_devices", 1)
     targets = record.target_accuracy, record.target_suboptimality
-    table = summarize(record.rounds, targets[0], n, targets[1])
+    table = summarize(record.rounds, targets[0], n, targets[1], manifest=record.manifest)
     print(format_summary(table, *targets))
+    print("health:\n" + "\n".join(f"  {line}" for line in health_lines(table, False)))
     figures = draw_report(record, args.out)
     for path in figures:
         print(f"wrote {path}")
@@ -228,7 +231,7 @@ def _cmd_report(args) -> int:
         from wirelessfl.report.html import run_html
 
         out = Path(args.out or folder) / "report.html"
-        print(f"wrote {run_html(record, summary_cells(table), figures, out)}")
+        print(f"wrote {run_html(record, summary_cells(table), figures, out, table)}")
     return 0
 
 

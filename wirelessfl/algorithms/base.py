@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from wirelessfl.algorithms.types import Payload
 from wirelessfl.errors import UserError
-from wirelessfl.learning.quantize import quantize_rows
+from wirelessfl.learning.quantize import FULL_PRECISION_BITS, quantize_rows, quantize_scalars
 from wirelessfl.learning.seeds import device_uniform, keyed_rng
 
 if TYPE_CHECKING:
@@ -118,10 +118,16 @@ class Algorithm:
         mask = (self.missed == 0) & self.participants(self.round_index)
         if active is not None:
             mask &= np.asarray(active, dtype=bool)
-        return (yield from self.ctx.net.collect(cost, payload, mask))
+        result = yield from self.ctx.net.collect(cost, payload, mask)
+        self.ctx.health.collected(result.active, result.delivered)
+        return result
 
-    def broadcast(self, payload: Payload):
-        """``net.broadcast`` to every device; those that miss it become stale."""
+    def broadcast(self, payload: Payload, values: torch.Tensor | None = None):
+        """``net.broadcast`` to every device; those that miss it become stale. ``values``: what
+        it carries when the algorithm sends it unquantised (a NaN or inf there stops the run;
+        quantised broadcasts are checked by ``quantize``)."""
+        if values is not None:
+            self.ctx.check_finite(values, "down", self.round_index)
         result = yield from self.ctx.net.broadcast(payload)
         self.missed += ~result.received
         return result
@@ -136,13 +142,41 @@ class Algorithm:
         result = yield from self.ctx.net.broadcast(self.resync_payload(missed), receivers=stale)
         self.missed[stale & result.received] = 0
 
-    def quantize(self, vectors: torch.Tensor, stream: str, k: int, rows: slice) -> torch.Tensor:
+    def quantize(self, vectors: torch.Tensor, stream: str, k: int, rows: slice,
+                 delivered: torch.Tensor | np.ndarray | None = None, direction: str = "up"
+                 ) -> torch.Tensor:
         """Per-vector-scaled unbiased M-bit quantisation of rows ``rows`` [n, d] (the devices'
-        uploads, or one row for a broadcast), noise keyed by (stream, round, device)."""
-        if self.bits >= 32:
+        uploads, or one row for a broadcast: ``direction`` "down"), noise keyed by (stream,
+        round, device). ``delivered`` [n] bool: the uploads that reach the base station (default
+        all rows); only those are checked for NaN/inf (which stops the run as diverged) and
+        counted in the health columns. Per-vector scales never clip."""
+        sent = self._sent(vectors, delivered)
+        self.ctx.check_finite(vectors, direction, self.round_index, sent)
+        if self.bits >= FULL_PRECISION_BITS:
             return vectors
+        self.ctx.health.quantized(direction, int(sent.sum()) * vectors.shape[1])
         noise = device_uniform(self.ctx.seed, stream, k, rows, vectors.shape[1], vectors.device)
         return quantize_rows(vectors, self.bits, noise)[0]
+
+    def quantize_scalars(self, values: torch.Tensor, scale: float, generator: torch.Generator,
+                         delivered: torch.Tensor | np.ndarray | None = None,
+                         direction: str = "up") -> torch.Tensor:
+        """M-bit quantisation of one scalar per device (or one broadcast scalar) on the fixed
+        range [-scale, scale] (quantize_scalars): like ``quantize``, the delivered values are
+        checked for NaN/inf and counted, with those that clip at the range's ends."""
+        keep = self._sent(values, delivered)
+        self.ctx.check_finite(values, direction, self.round_index, keep)
+        q, clipped = quantize_scalars(values, self.bits, scale, generator)
+        if self.bits < FULL_PRECISION_BITS:
+            self.ctx.health.quantized(direction, int(keep.sum()), int(clipped[keep].sum()))
+        return q
+
+    @staticmethod
+    def _sent(values: torch.Tensor, delivered: torch.Tensor | np.ndarray | None) -> torch.Tensor:
+        """[n] bool on ``values``' device: the rows that reach their receiver (default all)."""
+        if delivered is None:
+            return torch.ones(values.shape[0], dtype=torch.bool, device=values.device)
+        return torch.as_tensor(delivered, dtype=torch.bool).to(values.device)
 
     def setup(self) -> None:
         """Per-run state beyond theta (control variates, momenta, ...)."""
@@ -162,8 +196,10 @@ class Algorithm:
             # Local iterations of this round; round() overrides it when the count varies.
             steps = getattr(self.params, "local_steps", 1)
             self.round_local_steps = steps if steps is not None else 0
+            self.ctx.health.begin_round()
             yield from self.resync()
             yield from self.round(k)
+            self.ctx.health.end_round()
             self.ctx.local_steps += self.round_local_steps
             self.ctx.end_round(k + 1, self.theta)
             if self.ctx.on_checkpoint is not None:

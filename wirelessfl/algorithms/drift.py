@@ -150,9 +150,10 @@ class DriftCorrected(Algorithm):
         if not bool(mask.any()):
             return None
         sent = self.quantize(vectors.float(), f"{self.name}-{stream}-up", k,
-                             slice(0, vectors.shape[0]))
+                             slice(0, vectors.shape[0]), mask)
         mean = sent[mask].mean(0, keepdim=True)
-        return self.quantize(mean, f"{self.name}-{stream}-down", k, slice(0, 1))[0]
+        return self.quantize(mean, f"{self.name}-{stream}-down", k, slice(0, 1),
+                             direction="down")[0]
 
     def upload(self, cost: Cost, payload: Payload, active: np.ndarray | None = None):
         """``collect``, then (``on_loss: wait``) retransmission phases for the lost uploads;
@@ -164,6 +165,7 @@ class DriftCorrected(Algorithm):
         while self.params.on_loss == "wait" and missing.any() and tries < self.params.max_retries:
             again = yield from self.ctx.net.collect(Cost(), payload, missing)
             arrived = np.asarray(again.delivered, dtype=bool)
+            self.ctx.health.collected(again.active, arrived)
             delivered |= arrived
             missing &= ~arrived & self.ctx.net.alive
             tries += 1

@@ -16,7 +16,6 @@ from pydantic import Field, model_validator
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
 from wirelessfl.algorithms.types import Cost, Payload
-from wirelessfl.learning.quantize import quantize_scalars
 from wirelessfl.learning.seeds import keyed_generator
 
 
@@ -68,9 +67,6 @@ class DZOFL(Algorithm):
         return min(Payload.scalar(self.bits, count=missed, label="missed scalars"),
                    super().resync_payload(missed), key=lambda payload: payload.bits)
 
-    def setup(self) -> None:
-        self.saturated = 0  # quantised values that hit the grid's ends (reported)
-
     def perturbation(self, k: int) -> torch.Tensor:
         """Phi_k, Rademacher +-1/sqrt(d), regenerated from (seed, k) on every call: never stored."""
         d = self.theta.numel()
@@ -87,18 +83,16 @@ class DZOFL(Algorithm):
         idx = ctx.evaluator.sample(keyed_generator(ctx.seed, "batch", k), p.batch_size)[0]
         diff = (ctx.evaluator.device_losses(self.theta + gamma * phi, idx)
                 - ctx.evaluator.device_losses(self.theta - gamma * phi, idx))
-        q_up, sat_up = quantize_scalars(diff, self.bits, p.scalar_range,
-                                        keyed_generator(ctx.seed, "dzofl-up", k))
-
         scalar, _ = self.declared_payloads(self.theta.numel(), self.bits)
         result = yield from self.collect(Cost(forward_passes=2, batch_size=p.batch_size), scalar)
-        delivered = torch.as_tensor(result.delivered, device=q_up.device)
-        self.saturated += int(sat_up[delivered].sum())
+        delivered = torch.as_tensor(result.delivered, device=diff.device)
+        q_up = self.quantize_scalars(diff, p.scalar_range, keyed_generator(ctx.seed, "dzofl-up", k),
+                                     delivered)
         aggregate = aggregate_delivered(q_up, delivered)
         yield from self.broadcast(scalar)
         if aggregate is None:  # S_k empty: the model stays as it is
             return
-        q_down, sat_down = quantize_scalars(aggregate.reshape(1), self.bits, n * p.scalar_range,
-                                            keyed_generator(ctx.seed, "dzofl-down", k))
-        self.saturated += int(sat_down.sum())
+        q_down = self.quantize_scalars(aggregate.reshape(1), n * p.scalar_range,
+                                       keyed_generator(ctx.seed, "dzofl-down", k),
+                                       direction="down")
         self.theta = self.theta - alpha * phi * q_down[0]

@@ -77,10 +77,10 @@ class VectorUploadAlgorithm(Algorithm):
         for rows, vectors in self.device_vectors(k):
             mask = delivered[rows]
             if mask.any():
-                q = self.quantize(vectors, f"{self.name}-up", k, rows)
+                q = self.quantize(vectors, f"{self.name}-up", k, rows, mask)
                 total += q[mask].sum(0)
         mean = (total / received).unsqueeze(0)
-        q_mean = self.quantize(mean, f"{self.name}-down", k, slice(0, 1))[0]
+        q_mean = self.quantize(mean, f"{self.name}-down", k, slice(0, 1), direction="down")[0]
         yield from self.broadcast(broadcast)
         self.apply(q_mean)
 
@@ -235,14 +235,15 @@ class Scaffold(VectorUploadAlgorithm):
                 models.sub_(ev.stacked_gradients(models, idx[e, rows]) + correction, alpha=p.lr)
             delta_y = models - self.theta
             delta_c = -self.c - delta_y / (p.local_steps * p.lr)  # c_i+ - c_i
-            q_y = self.quantize(delta_y, "scaffold-up-y", k, rows)
-            q_c = self.quantize(delta_c, "scaffold-up-c", k, rows)
+            q_y = self.quantize(delta_y, "scaffold-up-y", k, rows, mask)
+            q_c = self.quantize(delta_c, "scaffold-up-c", k, rows, mask)
             total_y += q_y[mask].sum(0)
             total_c += q_c[mask].sum(0)
             self.c_device[rows] += q_c * mask[:, None].to(q_c.dtype)
-        q_y_mean = self.quantize((total_y / received)[None], "scaffold-down-y", k, slice(0, 1))[0]
+        q_y_mean = self.quantize((total_y / received)[None], "scaffold-down-y", k, slice(0, 1),
+                                 direction="down")[0]
         q_c_step = self.quantize((total_c / self.ctx.num_devices)[None], "scaffold-down-c", k,
-                                 slice(0, 1))[0]
+                                 slice(0, 1), direction="down")[0]
         yield from self.broadcast(down)
         self.theta = self.theta + p.server_lr * q_y_mean
         self.c = self.c + q_c_step

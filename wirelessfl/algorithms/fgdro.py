@@ -163,8 +163,10 @@ class _FGDRO(Algorithm):
                 continue
             for j in range(self.vectors):  # differences from the broadcast state, quantised
                 diff = (vectors[:, j] - current[j].to(vectors.dtype)).to(current.dtype)
-                q = self._quantize_rows(diff, j, k, rows)
+                q = self._quantize_rows(diff, j, k, rows, keep)
                 total[j] += q[keep].sum(0)
+            # s or v travels as a float64 (unquantised): checked, not counted
+            self.ctx.check_finite(scalars, "up", k, keep)
             scalar_sum += float(scalars[keep].sum())
             received += int(keep.sum())
         if not received:
@@ -172,22 +174,25 @@ class _FGDRO(Algorithm):
             return
         mean = total / received
         q_mean = torch.stack([self.quantize(mean[j][None], f"{self.name}-down-{j}", k,
-                                            slice(0, 1))[0] for j in range(self.vectors)])
+                                            slice(0, 1), direction="down")[0]
+                              for j in range(self.vectors)])
         yield from self.broadcast(down)
         self.apply(current + q_mean, scalar_sum / received)
 
-    def _quantize_rows(self, vectors: torch.Tensor, j: int, k: int, rows: torch.Tensor
-                       ) -> torch.Tensor:
-        """Quantise the uploads of devices ``rows`` (sorted indices) with each device's own
-        keyed noise (the same values whichever devices are computed together)."""
+    def _quantize_rows(self, vectors: torch.Tensor, j: int, k: int, rows: torch.Tensor,
+                       delivered: torch.Tensor) -> torch.Tensor:
+        """Quantise the uploads of devices ``rows`` (sorted indices; ``delivered`` [n]: those
+        that arrive) with each device's own keyed noise (the same values whichever devices are
+        computed together)."""
         out = torch.empty_like(vectors)
         start = 0
         # consecutive runs of device indices share one draw of keyed noise
         breaks = np.flatnonzero(np.diff(rows.numpy()) != 1) + 1
         for run in np.split(np.arange(len(rows)), breaks):
             lo, hi = int(rows[run[0]]), int(rows[run[-1]]) + 1
-            out[start:start + len(run)] = self.quantize(vectors[start:start + len(run)],
-                                                        f"{self.name}-up-{j}", k, slice(lo, hi))
+            part = slice(start, start + len(run))
+            out[part] = self.quantize(vectors[part], f"{self.name}-up-{j}", k, slice(lo, hi),
+                                      delivered[part])
             start += len(run)
         return out
 

@@ -28,7 +28,6 @@ from pydantic import Field
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
 from wirelessfl.algorithms.types import Cost, Payload
-from wirelessfl.learning.quantize import quantize_scalars
 from wirelessfl.learning.seeds import keyed_generator
 
 SEED_BITS = 32  # a direction travels as the seed of its generator in mode "seed" [D]
@@ -114,7 +113,7 @@ class ZOHFL(Algorithm):
         self.round_local_steps = steps
         chosen = self.participants(r) & (self.missed == 0)
         up, down = self.declared_payloads(d, self.bits, int(chosen.sum()), p.payload)
-        yield from self.broadcast(down)
+        yield from self.broadcast(down, self.theta)
         cost = Cost(forward_passes=2 * steps, backward_passes=2 * steps, batch_size=p.batch_size)
         result = yield from self.collect(cost, up, chosen)
         delivered = np.asarray(result.delivered, dtype=bool)
@@ -134,14 +133,15 @@ class ZOHFL(Algorithm):
                 y_plus = self._solve(x_plus, plus, rows)
                 y_minus = self._solve(x_minus, minus, rows)
                 if p.payload == "models":  # the server sees quantised y+-
-                    y_plus = self.quantize(y_plus, "zo-hfl-up-plus", r, rows)
-                    y_minus = self.quantize(y_minus, "zo-hfl-up-minus", r, rows)
+                    sent = delivered[rows]
+                    y_plus = self.quantize(y_plus, "zo-hfl-up-plus", r, rows, sent)
+                    y_minus = self.quantize(y_minus, "zo-hfl-up-minus", r, rows, sent)
                 f_plus = 0.5 * p.lam * (x_plus - y_plus).double().square().sum(1)
                 f_minus = 0.5 * p.lam * (x_minus - y_minus).double().square().sum(1)
                 diff[rows] = f_plus - f_minus
             if p.payload == "seed":
-                diff, _ = quantize_scalars(diff, self.bits, p.scalar_range,
-                                           keyed_generator(ctx.seed, "zo-hfl-up", r))
+                diff = self.quantize_scalars(diff, p.scalar_range,
+                                             keyed_generator(ctx.seed, "zo-hfl-up", r), delivered)
             mask = torch.as_tensor(delivered, device=self.theta.device)
             w = torch.as_tensor(self.weights, device=self.theta.device) * mask
             a = (w / w.sum()).to(torch.float64)

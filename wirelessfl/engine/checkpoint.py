@@ -22,7 +22,7 @@ import simpy
 from wirelessfl.errors import UserError
 
 CHECKPOINT_NAME = "checkpoint.pkl"
-FORMAT = 1
+FORMAT = 2  # 2: the run context holds the health counters
 
 
 class _Pickler(pickle.Pickler):

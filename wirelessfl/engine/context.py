@@ -15,17 +15,74 @@ from wirelessfl.learning.problems import Problem
 
 
 class Diverged(Exception):
-    """An algorithm's loss or parameters became NaN or infinite."""
+    """An algorithm's loss, parameters or transmitted values became NaN or infinite.
 
-    def __init__(self, round_index: int, last_row: dict | None):
+    ``round_index``: the round that did not complete (or the evaluation point that failed);
+    ``reason``: what was found (default: the model or its test loss)."""
+
+    def __init__(self, round_index: int, last_row: dict | None,
+                 reason: str = "loss or parameters became NaN/inf"):
         self.round_index = round_index
         self.last_row = last_row
+        self.reason = reason
         # args are the constructor's: SimPy re-raises a failed process's exception as
         # type(e)(*e.args).
-        super().__init__(round_index, last_row)
+        super().__init__(round_index, last_row, reason)
 
     def __str__(self) -> str:
-        return f"diverged at round {self.round_index}"
+        return f"diverged at round {self.round_index}: {self.reason}"
+
+
+# The health columns of rounds.parquet kept by the counter (cumulative); ``param_norm`` is
+# measured at each evaluation. docs/results.md, "How to read the health columns".
+HEALTH_COUNTS = ("quantized_up", "clipped_up", "quantized_down", "clipped_down", "empty_rounds",
+                 "nonfinite_uploads")
+
+
+@dataclass
+class HealthCounter:
+    """What shows a run left its valid regime, counted as it runs (one per algorithm's run; it
+    travels with the run context into checkpoints).
+
+    Every quantised payload reports here (``Algorithm.quantize`` and
+    ``Algorithm.quantize_scalars``): uplink values count once per delivered upload, a broadcast
+    once; values sent at full precision (>= 32 bits) are not quantised and not counted. A
+    per-vector-scaled vector never clips; a scalar on a fixed range clips where |x| > range.
+    """
+
+    quantized_up: int = 0
+    clipped_up: int = 0
+    quantized_down: int = 0
+    clipped_down: int = 0
+    empty_rounds: int = 0  # rounds in which devices were asked to upload and nothing arrived
+    nonfinite_uploads: int = 0  # delivered uploads holding a NaN or an infinity
+    asked: bool = False  # this round: some device was asked to upload
+    arrived: bool = False  # this round: some upload arrived
+
+    def quantized(self, direction: str, values: int, clipped: int = 0) -> None:
+        """``values`` quantised values sent ``direction`` ("up" or "down"), ``clipped`` of them
+        at the quantiser's range ends."""
+        if direction == "up":
+            self.quantized_up += values
+            self.clipped_up += clipped
+        else:
+            self.quantized_down += values
+            self.clipped_down += clipped
+
+    def begin_round(self) -> None:
+        self.asked = self.arrived = False
+
+    def collected(self, active: np.ndarray, delivered: np.ndarray) -> None:
+        """One upload phase (or retransmission phase) of the round: who was asked, what came."""
+        self.asked |= bool(np.any(active))
+        self.arrived |= bool(np.any(delivered))
+
+    def end_round(self) -> None:
+        if self.asked and not self.arrived:
+            self.empty_rounds += 1
+
+    def columns(self) -> dict:
+        return {name: int(getattr(self, name)) for name in HEALTH_COUNTS}
 
 
 def device_accuracy_columns(accuracy, worst_fraction: float) -> dict:
@@ -65,6 +122,8 @@ class RunContext:
     worst_fraction: float = 0.1
     # Called with the rounds completed after each round (checkpointing); None: no checkpoints.
     on_checkpoint: Callable[[int], None] | None = None
+    # Clipped and quantised values, empty rounds, non-finite uploads (the health columns).
+    health: HealthCounter = field(default_factory=HealthCounter)
 
     @property
     def num_devices(self) -> int:
@@ -81,11 +140,38 @@ class RunContext:
         metrics = self.evaluator.metrics(theta)
         if not math.isfinite(metrics["test_loss"]):
             raise Diverged(completed, self.rows[-1] if self.rows else None)
-        self.rows.append(self.snapshot(completed, metrics))
+        self.rows.append(self.snapshot(completed, metrics, theta))
 
-    def snapshot(self, completed: int, metrics: dict) -> dict:
+    def check_finite(self, values: torch.Tensor, direction: str, round_index: int,
+                     sent: torch.Tensor | None = None) -> None:
+        """Raise ``Diverged`` when ``values`` about to be sent ``direction`` hold a NaN or an
+        infinity (checked before quantisation, which would hide them). Uploads: [n, ...], one
+        row per device, of which the rows ``sent`` ([n] bool, default all) reach the base
+        station; each non-finite one is counted in ``nonfinite_uploads``."""
+        finite = torch.isfinite(values)
+        rows = finite.reshape(finite.shape[0], -1).all(1) if values.dim() else finite.reshape(1)
+        bad = ~rows if sent is None else ~rows & sent.to(rows.device)
+        if not bool(bad.any()):
+            return
+        if direction == "up":
+            count = int(bad.sum())
+            self.health.nonfinite_uploads += count
+            reason = f"uploads became NaN/inf ({count} device{'s' if count > 1 else ''})"
+        else:
+            reason = "the broadcast aggregate became NaN/inf"
+        raise Diverged(round_index + 1, self.rows[-1] if self.rows else None, reason)
+
+    def stop_row(self, completed: int, theta: torch.Tensor) -> dict:
+        """The row recorded where a run diverged: time, energy and health counters up to the
+        stop, learning metrics NaN (the model is not evaluated)."""
+        nan = {"test_accuracy": math.nan, "test_loss": math.nan, "suboptimality": math.nan,
+               "grad_norm_sq": math.nan}
+        return self.snapshot(completed, nan, theta)
+
+    def snapshot(self, completed: int, metrics: dict, theta: torch.Tensor | None = None) -> dict:
         """One ``rounds.parquet`` row: cumulative time, energy, bits and gradient evaluations at
-        this point, and the problem's ``metrics`` of the global model."""
+        this point, the problem's ``metrics`` of the global model, the parameter norm of
+        ``theta`` and the health counters."""
         settle = getattr(self.net, "settle", None)
         if settle is not None:  # idle time up to now (time spent outside a phase, if any)
             settle()
@@ -119,4 +205,6 @@ class RunContext:
             "suboptimality": float(metrics["suboptimality"]),
             "grad_norm_sq": float(metrics["grad_norm_sq"]),
             **device_accuracy_columns(metrics.get("device_accuracy"), self.worst_fraction),
+            "param_norm": float(theta.double().norm()) if theta is not None else math.nan,
+            **self.health.columns(),
         }

@@ -16,6 +16,7 @@ from wirelessfl.engine.build import World, build_world
 from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint
 from wirelessfl.engine.resources import check_memory
 from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.results.health import manifest_entry
 from wirelessfl.results.records import RunWriter, read_run, write_csv
 from wirelessfl.results.summary import summarize
 from wirelessfl.scenario.loader import resolved_document
@@ -95,7 +96,9 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
             run = run_algorithm(world, params, on_round=on_round, checkpoint_every=every,
                                 checkpoint_path=checkpoint_path, resume=saved)
             info = {"status": run.status, "message": run.message,
-                    "params": params.model_dump(mode="json"), **run.extra}
+                    "params": params.model_dump(mode="json"), **run.extra,
+                    "health": manifest_entry(run.rows, run.status, scenario.health,
+                                             type(params).model_fields)}
             writer.add(run.label, run.rows, run.device_rows(world), info)
             if run.status == "interrupted":
                 writer.finish("interrupted")
@@ -105,8 +108,9 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
                 status = "partial"
                 warn(f"warning: {run.message}; the other algorithms continue")
     writer.finish(status)
-    table = summarize(read_run(out).rounds, scenario.target_accuracy, world.num_devices,
-                      scenario.target_suboptimality)
+    record = read_run(out)
+    table = summarize(record.rounds, scenario.target_accuracy, world.num_devices,
+                      scenario.target_suboptimality, manifest=record.manifest)
     write_csv(Path(out) / "summary.csv", table)
     return status, table
 

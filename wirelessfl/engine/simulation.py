@@ -17,6 +17,7 @@ from wirelessfl.engine.ledger import KIND_INDEX, Ledger
 from wirelessfl.engine.network import ENGINES
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
+from wirelessfl.results.health import step_size_name
 
 
 @dataclass
@@ -121,7 +122,9 @@ def run_algorithm(world: World, params: AlgorithmParams,
         metrics = (f"last finite metrics at round {last['round']}: accuracy "
                    f"{last['test_accuracy']:.4f}, loss {last['test_loss']:.4g}") if last else ""
         run.status = "diverged"
-        run.message = (f"{params.display_name}: loss or parameters became NaN/inf by round "
-                       f"{stop.round_index}; {metrics}; lower its learning rate / step size")
-    run.extra = {k: v for k, v in vars(algorithm).items() if k == "saturated"}
+        run.message = (f"{params.display_name}: {stop.reason} by round {stop.round_index}; "
+                       f"{metrics}; lower its learning rate / step size "
+                       f"({step_size_name(type(params).model_fields)})")
+        ctx.rows.append(ctx.stop_row(stop.round_index, algorithm.theta))
     return run
+

@@ -122,10 +122,20 @@ def sweep_html(sweep_dir: Path, comp: Comparison, figure_paths: list[Path], out:
     return out
 
 
-def run_html(record, table_cells: list[list[str]], figures: list[Path], out: Path) -> Path:
-    """The report of one run folder: summary table, figures, resolved scenario."""
+def run_html(record, table_cells: list[list[str]], figures: list[Path], out: Path,
+             table=None) -> Path:
+    """The report of one run folder: summary table, health (from ``table``, the summary
+    DataFrame, when given), figures, resolved scenario."""
     scenario = record.manifest.get("scenario", {})
-    sections = ["<h2>Summary</h2>", _table(table_cells), "<h2>Figures</h2>",
+    health = []
+    if table is not None:
+        cells = [["algorithm", "healthy", "health"]]
+        cells += [[str(r.algorithm), "yes" if r.healthy else "NO", str(r.health)]
+                  for r in table.itertuples()]
+        health = ["<h2>Health</h2>",
+                  _table(cells, ["" if r.healthy else "failed" for r in table.itertuples()],
+                         message_col=2)]
+    sections = ["<h2>Summary</h2>", _table(table_cells), *health, "<h2>Figures</h2>",
                 *(_figure(p, p.stem.replace("_", " ")) for p in figures),
                 "<h2>Scenario</h2>", _yaml_block("the resolved scenario", scenario, open_=True),
                 _yaml_block("versions", record.manifest.get("versions", {}))]

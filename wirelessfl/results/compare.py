@@ -21,7 +21,9 @@ from wirelessfl.results.summary import summarize, text_table
 CONFIDENCE = 0.95
 SWEEP_MANIFEST = "sweep.json"
 FINISHED = ("complete", "partial")
-IGNORED_KEYS = ("name", "description", "seed")  # differ between runs of one configuration
+# Keys that differ between runs of one configuration, or that do not change the simulation
+# (the health limits only judge it).
+IGNORED_KEYS = ("name", "description", "seed", "health")
 
 
 def mean_ci(values, confidence: float = CONFIDENCE) -> tuple[float, float, int]:
@@ -110,7 +112,8 @@ def compare_records(records: list[RunRecord]) -> Comparison:
         base = flatten({k: v for k, v in scenario.items()
                         if k not in (*IGNORED_KEYS, "algorithms")})
         n = scenario.get("population", {}).get("num_devices", 1)
-        summary = summarize(rec.rounds, rec.target_accuracy, n).set_index("algorithm")
+        summary = summarize(rec.rounds, rec.target_accuracy, n,
+                            manifest=rec.manifest).set_index("algorithm")
         params = {(p.get("label") or p.get("name")): p for p in scenario.get("algorithms", [])}
         for label, s in summary.iterrows():
             f = {**base, **flatten(params.get(label, {}), "algorithm."), "__algorithm": label}
@@ -122,7 +125,8 @@ def compare_records(records: list[RunRecord]) -> Comparison:
                          "energy_to_target_j": s.energy_to_target_j,
                          "time_to_target_s": s.time_to_target_s,
                          "final_accuracy": s.final_accuracy, "energy_j": s.energy_j,
-                         "sim_time_s": s.sim_time_s})
+                         "sim_time_s": s.sim_time_s, "healthy": bool(s.healthy),
+                         "health": s.health})
     keys = _config_keys(flat)
     runs = pd.DataFrame(rows)
     for k in keys:
@@ -134,7 +138,7 @@ def compare_records(records: list[RunRecord]) -> Comparison:
         first = group.iloc[0]
         row = {c: first[c] for c in config}
         row.update(seeds=len(group), reached=int(group.reached.sum()),
-                   target_accuracy=first.target_accuracy)
+                   unhealthy=int((~group.healthy).sum()), target_accuracy=first.target_accuracy)
         for column in ("energy_to_target_j", "time_to_target_s", "final_accuracy", "energy_j"):
             mean, half, _ = mean_ci(group[column])
             row[column], row[f"{column}_ci95"] = mean, half
@@ -158,6 +162,7 @@ def _pm(mean: float, half: float, digits: str = ".4g") -> str:
 def comparison_cells(comp: Comparison) -> list[list[str]]:
     """The table as text cells, header first (terminal and HTML share it)."""
     head = ["algorithm", *(k.split(".")[-1] for k in comp.keys), "seeds", "reached target",
+            "unhealthy",
             "energy to target [J]", "time to target [s]", "final accuracy",
             "energy, whole run [J]"]
     cells = [head]
@@ -165,7 +170,7 @@ def comparison_cells(comp: Comparison) -> list[list[str]]:
         cells.append([str(r.algorithm), *(f"{r[k]:g}" if isinstance(r[k], int | float)
                                           and not isinstance(r[k], bool) else str(r[k])
                                           for k in comp.keys),
-                      str(r.seeds), f"{r.reached}/{r.seeds}",
+                      str(r.seeds), f"{r.reached}/{r.seeds}", f"{r.unhealthy}/{r.seeds}",
                       _pm(r.energy_to_target_j, r.energy_to_target_j_ci95),
                       _pm(r.time_to_target_s, r.time_to_target_s_ci95),
                       _pm(r.final_accuracy, r.final_accuracy_ci95, ".4f"),

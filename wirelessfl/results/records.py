@@ -32,6 +32,8 @@ ROUND_COLUMNS = [
     "hessian_vector_products", "local_steps", "exchanges",
     "test_accuracy", "test_loss", "suboptimality", "grad_norm_sq",
     "mean_device_accuracy", "worst_device_accuracy", "worst_k_device_accuracy", "device_accuracy",
+    "param_norm", "quantized_up", "clipped_up", "quantized_down", "clipped_down", "empty_rounds",
+    "nonfinite_uploads",
 ]
 DEVICE_COLUMNS = [
     "algorithm", "device", "device_class", "distance_m", "mean_snr_db", "energy_j",

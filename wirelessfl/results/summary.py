@@ -7,12 +7,15 @@ import math
 
 import pandas as pd
 
+from wirelessfl.results.health import HEALTH_FIELDS, assess, manifest_health
+
 SUMMARY_COLUMNS = [
     "algorithm", "rounds_to_target", "time_to_target_s", "energy_to_target_j",
     "compute_share", "radio_share", "idle_share", "final_accuracy",
     "final_worst_device_accuracy", "final_suboptimality", "gradient_evaluations_to_target",
     "rounds", "sim_time_s",
     "energy_j", "uplink_bits_per_device_round", "in_time_fraction", "late_uploads",
+    *HEALTH_FIELDS,
 ]
 
 
@@ -31,13 +34,26 @@ def reached_mask(group: pd.DataFrame, target: float | None,
 
 
 def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
-              target_suboptimality: float | None = None) -> pd.DataFrame:
+              target_suboptimality: float | None = None, manifest: dict | None = None
+              ) -> pd.DataFrame:
     """One row per algorithm. The energy split is of the energy to target (of the total if the
-    target was not reached); 'radio' is uplink + downlink, 'idle' the waiting devices' draw."""
+    target was not reached); 'radio' is uplink + downlink, 'idle' the waiting devices' draw.
+
+    The health columns (``healthy``, ``health`` and the numbers behind them, results/health.py)
+    read the run's ``manifest`` for each algorithm's status, parameter names and the scenario's
+    ``health:`` limits; without it the default limits apply and a diverged run is recognised by
+    its last row (NaN test loss)."""
+    limits, algorithms = manifest_health(manifest)
     out = []
     for algorithm, group in rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round")
+        status, fields = algorithms.get(algorithm, (None, None))
+        health = assess(group, status, limits, fields)
+        # a diverged run ends with a row whose learning metrics are NaN: report the last
+        # evaluated model's
+        evaluated = group[group.test_loss.notna()] if "test_loss" in group else group
         last = group.iloc[-1]
+        final = evaluated.iloc[-1] if len(evaluated) else last
         reached = group[reached_mask(group, target, target_suboptimality)]
         at = reached.iloc[0] if len(reached) else None
         basis = at if at is not None else last
@@ -53,10 +69,10 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
             "radio_share": radio / total if total else math.nan,
             # runs recorded before idle power was charged have no such column
             "idle_share": (basis.get("energy_idle_j", 0.0) or 0.0) / total if total else math.nan,
-            "final_accuracy": float(last.test_accuracy),
+            "final_accuracy": float(final.test_accuracy),
             # NaN for problems without accuracy and runs recorded before the column existed
-            "final_worst_device_accuracy": float(last.get("worst_device_accuracy", math.nan)),
-            "final_suboptimality": float(last.get("suboptimality", math.nan)),
+            "final_worst_device_accuracy": float(final.get("worst_device_accuracy", math.nan)),
+            "final_suboptimality": float(final.get("suboptimality", math.nan)),
             # per device on average, cumulative (runs recorded before the column: NaN)
             "gradient_evaluations_to_target": (float(at.get("gradient_evaluations", math.nan))
                                                if at is not None else math.nan),
@@ -67,6 +83,7 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
             "in_time_fraction": float(last.delivered_fraction),
             # runs recorded before deadlines existed have no such column
             "late_uploads": int(last.get("late_uploads", 0) or 0),
+            **health,
         })
     return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
 
@@ -74,6 +91,8 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
 def _fmt(value, kind: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "not reached" if kind in ("int", "time", "energy") else "-"
+    if kind == "bool":
+        return "yes" if value else "NO"
     if kind == "int":
         return f"{int(value):,}"
     if kind == "pct":
@@ -111,7 +130,8 @@ def summary_cells(table: pd.DataFrame) -> list[list[str]]:
             ("rounds", "rounds", "int"),
             ("sim_time_s", "sim time [s]", "time"), ("energy_j", "energy [J]", "energy"),
             ("uplink_bits_per_device_round", "uplink bits/dev/round", "bits"),
-            ("in_time_fraction", "delivered", "pct"), ("late_uploads", "late uploads", "int")]
+            ("in_time_fraction", "delivered", "pct"), ("late_uploads", "late uploads", "int"),
+            ("healthy", "healthy", "bool")]
     if table.final_suboptimality.isna().all():
         head = [h for h in head if h[0] not in ("final_suboptimality",
                                                 "gradient_evaluations_to_target")]
@@ -119,6 +139,13 @@ def summary_cells(table: pd.DataFrame) -> list[list[str]]:
     for _, row in table.iterrows():
         cells.append([str(row[c]) if k == "str" else _fmt(row[c], k) for c, _, k in head])
     return cells
+
+
+def health_lines(table: pd.DataFrame, unhealthy_only: bool = True) -> list[str]:
+    """One line per algorithm (per unhealthy one by default) with its health verdict: the
+    reasons, each with its number, its limit and what to change."""
+    return [f"{row.algorithm}: {'healthy' if row.healthy else 'unhealthy'}: {row.health}"
+            for row in table.itertuples() if not (unhealthy_only and row.healthy)]
 
 
 def format_summary(table: pd.DataFrame, target: float | None,

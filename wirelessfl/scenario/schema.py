@@ -386,6 +386,29 @@ class EngineConfig(_Strict):
                                 "(default: 80 % of the memory available when it starts)")
 
 
+class HealthConfig(_Strict):
+    """Limits beyond which a run counts as unhealthy in the summary (docs/results.md, "How to
+    read the health columns"); defaults [D] that every shipped scenario's healthy runs pass."""
+
+    max_clipped_share: float = Field(
+        0.01, ge=0, le=1, allow_inf_nan=False,
+        description="largest share of the quantised values sent (up and down) that may clip at "
+                    "a fixed quantiser range's ends (DZOFL's [-r, r])")
+    max_loss_growth: float = Field(
+        10.0, gt=1, allow_inf_nan=False,
+        description="largest test loss over the run, as a multiple of its starting value")
+    loss_must_fall: bool = Field(
+        True, description="the final test loss must be below the starting one")
+    max_empty_round_share: float = Field(
+        0.5, ge=0, le=1, allow_inf_nan=False,
+        description="largest share of rounds in which devices were asked to upload and "
+                    "nothing arrived")
+    max_param_norm_growth: float | None = Field(
+        None, gt=1, allow_inf_nan=False,
+        description="largest final / initial parameter norm ||theta||_2 (default: not checked, "
+                    "only reported)")
+
+
 class Scenario(_Strict):
     """A complete, resolved scenario: every profile looked up, every default filled in."""
 
@@ -414,6 +437,7 @@ class Scenario(_Strict):
         0.1, gt=0, le=1, description="worst_k_device_accuracy averages the k = max(1, ceil("
                                      "worst_fraction N)) devices with the lowest accuracy")
     engine: EngineConfig = EngineConfig()
+    health: HealthConfig = HealthConfig()
     algorithms: list[SerializeAsAny[AlgorithmParams]] = Field(min_length=1)
 
     @model_validator(mode="after")
