@@ -108,7 +108,8 @@ def _outcome(folder: Path, entry: dict, label: str, tune: Tune) -> dict:
     scenario = record.manifest.get("scenario", {})
     targets = record.target_accuracy, record.target_suboptimality
     n = scenario.get("population", {}).get("num_devices", 1)
-    row = summarize(rounds, targets[0], n, targets[1]).iloc[0] if len(rounds) else None
+    row = (summarize(rounds, targets[0], n, targets[1], manifest=record.manifest).iloc[0]
+           if len(rounds) else None)
     info = record.manifest.get("algorithms", {}).get(label, {})
     healthy = bool(row.get("healthy", True)) if row is not None else False
     health = str(row.get("health", "ok")) if row is not None else "no evaluated rounds"
