@@ -85,6 +85,22 @@ class HealthCounter:
         return {name: int(getattr(self, name)) for name in HEALTH_COUNTS}
 
 
+class ReachedTarget(Exception):
+    """An algorithm reached the scenario's target with ``stop_at_target`` set: it ends here."""
+
+    def __init__(self, round_index: int):
+        self.round_index = round_index
+        super().__init__(round_index)  # SimPy re-raises as type(e)(*e.args)
+
+
+def target_reached(row: dict, target: float | None, target_suboptimality: float | None) -> bool:
+    """Every given target holds at this rounds row (the summary's rule, results/summary.py)."""
+    if target is None and target_suboptimality is None:
+        return False
+    return ((target is None or row["test_accuracy"] >= target)
+            and (target_suboptimality is None or row["suboptimality"] <= target_suboptimality))
+
+
 def device_accuracy_columns(accuracy, worst_fraction: float) -> dict:
     """The per-device accuracy columns of a rounds row from [N] accuracies (None: a problem
     without accuracy): their mean, the worst, the mean of the k = max(1, ceil(worst_fraction
@@ -122,6 +138,8 @@ class RunContext:
     worst_fraction: float = 0.1
     # Called with the rounds completed after each round (checkpointing); None: no checkpoints.
     on_checkpoint: Callable[[int], None] | None = None
+    # (target accuracy, target f - f*) at which the algorithm ends (stop_at_target), or None.
+    stop_targets: tuple[float | None, float | None] | None = None
     # Clipped and quantised values, empty rounds, non-finite uploads (the health columns).
     health: HealthCounter = field(default_factory=HealthCounter)
 
@@ -141,6 +159,8 @@ class RunContext:
         if not math.isfinite(metrics["test_loss"]):
             raise Diverged(completed, self.rows[-1] if self.rows else None)
         self.rows.append(self.snapshot(completed, metrics, theta))
+        if self.stop_targets is not None and target_reached(self.rows[-1], *self.stop_targets):
+            raise ReachedTarget(completed)
 
     def check_finite(self, values: torch.Tensor, direction: str, round_index: int,
                      sent: torch.Tensor | None = None) -> None:

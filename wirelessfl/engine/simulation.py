@@ -12,7 +12,7 @@ import simpy
 from wirelessfl.algorithms.base import AlgorithmParams, algorithm_class
 from wirelessfl.engine.build import World
 from wirelessfl.engine.checkpoint import restore_algorithm, save_checkpoint
-from wirelessfl.engine.context import Diverged, RunContext
+from wirelessfl.engine.context import Diverged, ReachedTarget, RunContext
 from wirelessfl.engine.ledger import KIND_INDEX, Ledger
 from wirelessfl.engine.network import ENGINES
 from wirelessfl.errors import UserError
@@ -107,13 +107,17 @@ def run_algorithm(world: World, params: AlgorithmParams,
         ctx = RunContext(params.display_name, env, network, ledger, world.evaluator,
                          world.initial(), sc.seed, params.rounds,
                          params.eval_every, on_round, worst_fraction=sc.worst_fraction,
-                         on_checkpoint=save)
+                         on_checkpoint=save,
+                         stop_targets=((sc.target_accuracy, sc.target_suboptimality)
+                                       if sc.stop_at_target else None))
         algorithm = algorithm_class(params.name)(params, ctx)
         start = 0
     run = AlgorithmRun(params.display_name, params, ctx.rows, ctx.ledger)
     env.process(algorithm.process(start))
     try:
         env.run()
+    except ReachedTarget as stop:
+        run.message = f"{params.display_name}: stopped at the target after round {stop.round_index}"
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the rounds evaluated so far
         run.status = "interrupted"
         run.message = f"{params.display_name}: interrupted at round {algorithm.round_index}"

@@ -433,12 +433,24 @@ class Scenario(_Strict):
         None, gt=0, description="gap f - f* that counts as converged in the summary (problems "
                                 "with a known optimum: quadratic, logistic; with "
                                 "target_accuracy too, both must hold)")
+    stop_at_target: bool = Field(
+        False, description="end each algorithm at the first evaluated round where every target "
+                           "holds (what to-target comparisons and tuning need; final-round "
+                           "columns then describe that round)")
     worst_fraction: float = Field(
         0.1, gt=0, le=1, description="worst_k_device_accuracy averages the k = max(1, ceil("
                                      "worst_fraction N)) devices with the lowest accuracy")
     engine: EngineConfig = EngineConfig()
     health: HealthConfig = HealthConfig()
     algorithms: list[SerializeAsAny[AlgorithmParams]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _stop_needs_a_target(self):
+        if self.stop_at_target and self.target_accuracy is None \
+                and self.target_suboptimality is None:
+            raise ValueError("stop_at_target needs target_accuracy or target_suboptimality; "
+                             "set one, or drop stop_at_target")
+        return self
 
     @model_validator(mode="after")
     def _labels_unique(self):
