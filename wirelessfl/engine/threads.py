@@ -8,7 +8,10 @@ OpenMP workers also spin-wait at barriers, so on a busy machine they burn the co
 for (a run 8-20x slower than with one thread). Hence:
 
 * every numeric kernel runs with ONE intra-op thread: ``torch.set_num_threads(1)`` in the
-  calling thread and in every pool thread (OpenMP's and MKL's thread counts are per thread);
+  calling thread and in every pool thread (OpenMP's and MKL's thread counts are per thread),
+  and numpy's and scipy's BLAS limited to one thread too (threadpoolctl for the libraries
+  already loaded, the environment for those loaded later): a float64 reduction in numpy's
+  OpenBLAS changed seed004-quadratic's suboptimality column with OMP_NUM_THREADS;
 * host parallelism comes from ``parallel_map``: a pool of ordinary threads that runs the pieces
   of a fixed partition (devices, fixed sample blocks; never derived from the thread count) and
   returns their results in order, so callers combine them in a fixed order. Torch releases the
@@ -38,14 +41,17 @@ LOAD_SAMPLE_S = 0.1  # how long /proc/stat is watched to measure other processes
 
 
 def single_intra_op() -> None:
-    """One intra-op thread for torch in the calling thread (and, through the environment, in
-    processes started from here). Idempotent; cheap after the first call in a thread."""
+    """One intra-op thread for torch in the calling thread and for the BLAS libraries loaded in
+    this process; through the environment also for libraries loaded later and processes started
+    from here. Idempotent."""
     for name in THREAD_ENV:
         os.environ[name] = "1"
     import torch
+    from threadpoolctl import threadpool_limits
 
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
+    threadpool_limits(limits=1, user_api="blas")
 
 
 def cpu_count() -> int:
