@@ -136,15 +136,17 @@ _lock = threading.Lock()
 _local = threading.local()  # .in_pool: this thread is one of the pool's
 
 
-def configure(requested: int | None = None, used: int | None = None) -> ThreadSetting:
+def configure(requested: int | None = None, used: int | None = None,
+              busy: float | None = None) -> ThreadSetting:
     """Set this process up for a run: one intra-op thread here, a pool of ``used`` threads
-    (default: chosen from ``requested`` and the load, see ``choose``). Returns the setting."""
+    (default: chosen from ``requested`` and the load, see ``choose``; ``busy``: the load seen
+    by whoever chose ``used``). Returns the setting."""
     global _setting
     single_intra_op()
     if used is None:
         setting = choose(requested)
     else:
-        setting = ThreadSetting(requested, max(1, int(used)), 1, cpu_count(), None)
+        setting = ThreadSetting(requested, max(1, int(used)), 1, cpu_count(), busy)
     _resize(setting.used)
     _setting = setting
     return setting

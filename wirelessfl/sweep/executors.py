@@ -23,12 +23,13 @@ def default_workers() -> int:
 
 
 def thread_plan(threads: int | None, workers: int, address: str | None) -> dict:
-    """The threads each run gets: ``threads`` when given, else (on this machine) the available
-    CPUs divided among the ``workers``; with a remote scheduler each worker chooses from its
-    own machine ("used": None)."""
-    if threads is not None or not address:
-        return {"requested": threads, "used": host_threads.choose(threads, workers).used}
-    return {"requested": None, "used": None}
+    """The threads each run gets: ``threads`` when given, else on this machine the available
+    CPUs divided among the ``workers``, and on an existing scheduler's workers 1 (they are
+    started one per core, docs/sweeps.md)."""
+    if threads is None and address:
+        return {"requested": None, "used": 1, "busy": None}
+    setting = host_threads.choose(threads, workers)
+    return {"requested": threads, "used": setting.used, "busy": setting.busy_cpus}
 
 
 def _lost(task: dict, err: BaseException) -> dict:

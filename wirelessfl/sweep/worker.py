@@ -20,11 +20,11 @@ def run_point(task: dict) -> dict:
     """Run one sweep point; never raises: a failure comes back as ``status: failed`` with its
     message, so the sweep records it and carries on.
 
-    ``task["threads"]``: {"requested": N or None, "used": pool size or None}; None for "used"
-    (a remote Dask worker) lets the worker choose from its own machine's available CPUs. One
-    intra-op thread either way (engine/threads.py), so results do not depend on it."""
+    ``task["threads"]``: {"requested": N or None, "used": the pool size, "busy": the load seen}
+    (sweep/executors.py's ``thread_plan``; without it, chosen here). One intra-op thread either way
+    (engine/threads.py), so the results do not depend on it."""
     wanted = task.get("threads") or {}
-    setting = threads.configure(wanted.get("requested"), wanted.get("used"))
+    setting = threads.configure(wanted.get("requested"), wanted.get("used"), wanted.get("busy"))
     import wirelessfl
     from wirelessfl.engine.runner import run_scenario
     from wirelessfl.errors import UserError
