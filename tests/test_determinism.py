@@ -133,6 +133,7 @@ def _cnn_results(ev) -> dict[str, torch.Tensor]:
 
 def test_threaded_evaluator_passes_do_not_depend_on_the_pool_size(pool_of, monkeypatch):
     monkeypatch.setattr("wirelessfl.learning.evaluator.SAMPLE_BLOCK", 2)  # several blocks
+    monkeypatch.setattr("wirelessfl.learning.evaluator.PIECE_SAMPLES", 8)  # and pieces
     results = {}
     for size in (1, 2, 3):
         pool_of(size)
