@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -43,9 +44,13 @@ BYTES_PER_FLOAT = 4
 # Samples per piece when a threaded model's test-set and training-set passes are split over the
 # thread pool: fixed, so the arithmetic never depends on the number of threads.
 SAMPLE_BLOCK = 256
-# Samples per piece of a threaded model's shared-model minibatch passes (DZOFL's queries): whole
-# devices, about this many samples (single-threaded convolutions lose ~25 % at 10 samples).
+# A threaded model's shared-model minibatch passes (DZOFL's queries) split the devices into
+# nearly equal pieces of whole devices, of about this many samples (a single-threaded pass of the
+# seed-002 CNN costs ~1 ms per call on top of its samples) ...
 PIECE_SAMPLES = 128
+# ... and at least this many (10 devices of 10 samples: two pieces of 50, as fast as torch's own
+# two threads on one batch of 100; four pieces were ~20 % slower).
+MIN_PIECES = 2
 # Autograd keeps roughly this many float copies of each activation (output, its gradient, and
 # the saved input of the next layer): a conservative factor for the memory estimate.
 ACTIVATION_COPIES = 3
@@ -225,13 +230,10 @@ class BatchedEvaluator(Problem):
     @torch.no_grad()
     def device_losses(self, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """Per-device minibatch loss at a shared theta [N]: one forward pass per chunk of
-        devices (a threaded model: per piece of about ``PIECE_SAMPLES`` samples, the pieces
-        spread over the thread pool)."""
+        devices (a threaded model: per piece of whole devices, the pieces spread over the
+        thread pool; the pieces depend only on N and the batch size)."""
         start = time.perf_counter()
         n, b = idx.shape
-        size = self.chunk_size(b, own_model=False)
-        if self.threaded:
-            size = min(size, max(1, math.ceil(PIECE_SAMPLES / b)))
 
         def piece(rows: slice) -> torch.Tensor:
             flat_idx = idx[rows].reshape(-1)
@@ -239,8 +241,13 @@ class BatchedEvaluator(Problem):
             losses = F.cross_entropy(logits, self.data.y[flat_idx], reduction="none")
             return losses.view(-1, b).mean(1)
 
-        pieces = [slice(lo, min(lo + size, n)) for lo in range(0, n, size)]
-        out = torch.cat(parallel_map(piece, pieces) if self.threaded else list(map(piece, pieces)))
+        if self.threaded:  # about PIECE_SAMPLES samples a piece, at least MIN_PIECES pieces
+            count = min(n, max(math.ceil(n / self.chunk_size(b, own_model=False)), MIN_PIECES,
+                               math.ceil(n * b / PIECE_SAMPLES)))
+            bounds = [n * k // count for k in range(count + 1)]  # as equal as devices allow
+            out = torch.cat(parallel_map(piece, [slice(lo, hi) for lo, hi in pairwise(bounds)]))
+        else:
+            out = torch.cat([piece(rows) for rows in self.chunks(b, own_model=False)])
         if self.l2:
             out += 0.5 * self.l2 * float(theta.square().sum())
         self.compute_s += time.perf_counter() - start
