@@ -74,7 +74,18 @@ def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 20) -> float:
 
 
 def _loop_round(world, params, k: int) -> float:
-    """(a): the same learning work as one round, device by device, with ordinary autograd."""
+    """(a): the same learning work as one round, device by device, with ordinary autograd and
+    torch's own intra-op threads on every core (as a notebook runs it)."""
+    from wirelessfl.engine.threads import cpu_count
+
+    torch.set_num_threads(cpu_count())
+    try:
+        return _plain_loop(world, params, k)
+    finally:
+        torch.set_num_threads(1)  # back to what the project's rounds use
+
+
+def _plain_loop(world, params, k: int) -> float:
     from wirelessfl.learning.seeds import keyed_generator
 
     ev, flat, model = world.evaluator, world.flat, world.flat.model
@@ -120,6 +131,7 @@ def _project_rounds(world, params) -> tuple[float, float]:
 
 
 def run_case(spec: dict, repeats: int, peak: float) -> dict:
+    from wirelessfl.engine import threads
     from wirelessfl.engine.build import build_world
     from wirelessfl.scenario.loader import scenario_from_document
 
@@ -128,6 +140,7 @@ def run_case(spec: dict, repeats: int, peak: float) -> dict:
            "data": spec["data"], "model": spec["model"], "population": {"num_devices": spec["n"]},
            "algorithms": [algo]}
     scenario = scenario_from_document(doc, spec["case"])
+    threads.configure()  # as `wirelessfl run`: one intra-op thread, a pool on the free CPUs
     world = build_world(scenario)
     params = scenario.algorithms[0]
     _loop_round(world, params, 0)  # warm-up of both paths
@@ -166,10 +179,12 @@ def run_case(spec: dict, repeats: int, peak: float) -> dict:
 def strategy_comparison(repeats: int, peak: float) -> list[dict]:
     """Per-device model strategies (wirelessfl/learning/stacked.py) on one local step of each
     zoo model: the structural choice against torch.func.vmap, interleaved, medians."""
+    from wirelessfl.engine import threads
     from wirelessfl.engine.build import build_world
     from wirelessfl.learning.seeds import keyed_generator
     from wirelessfl.scenario.loader import scenario_from_document
 
+    threads.configure()
     rows = []
     peak = max(peak, matmul_peak_gflops(sizes=(1024,), repeats=5))
     for spec in case_specs(True)[:2]:  # mlp_fedavg (50 devices), cnn_fedavg (10 devices)

@@ -22,9 +22,15 @@ PROFILE_DEFAULTS = {"seed002-cnn": ((1, 28, 28), 2), "mlp": ((64,), 10), "logist
                     "resnet18-cifar": ((3, 32, 32), 10)}
 
 
+def _check_threads(value: int | None) -> None:
+    if value is not None and value < 1:
+        raise UserError(f"--threads: must be a positive number of threads, got {value}")
+
+
 def _cmd_run(args) -> int:
     from tqdm import tqdm
 
+    from wirelessfl.engine import threads
     from wirelessfl.engine.build import build_world
     from wirelessfl.engine.resources import check_memory
     from wirelessfl.engine.runner import run_scenario
@@ -36,6 +42,7 @@ def _cmd_run(args) -> int:
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise UserError(f"--checkpoint-every must be a positive number of rounds, got "
                         f"{args.checkpoint_every}")
+    _check_threads(args.threads)
     done: set[str] = set()
     if args.resume:
         if args.scenario or args.set or args.out:
@@ -53,6 +60,7 @@ def _cmd_run(args) -> int:
         scenario = load_scenario(args.scenario, args.set or [])
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
+    threads.configure(args.threads)  # before any numerics, building the world's included
     world = build_world(scenario)
     check_memory(world)  # before anything is printed or written (run_scenario checks it too)
     d = world.evaluator.d
@@ -70,7 +78,8 @@ def _cmd_run(args) -> int:
         _, table = run_scenario(scenario, out, world, on_round=bar.update,
                                 on_algorithm=bar.set_description,
                                 warn=lambda text: tqdm.write(text, sys.stderr),
-                                resume=bool(args.resume), checkpoint_every=args.checkpoint_every)
+                                resume=bool(args.resume), checkpoint_every=args.checkpoint_every,
+                                threads=args.threads)
     except KeyboardInterrupt as stop:
         bar.close()
         why = f"{stop}; " if str(stop) else ""
@@ -99,6 +108,7 @@ def _cmd_sweep(args) -> int:
     if args.workers is not None and args.workers <= 0:
         raise UserError(f"--workers: must be a positive number of worker processes, "
                         f"got {args.workers}")
+    _check_threads(args.threads)
     if args.address and args.executor != "dask":
         raise UserError("--address is for --executor dask; the local executor runs on this "
                         "machine")
@@ -106,7 +116,8 @@ def _cmd_sweep(args) -> int:
     out = Path(args.out) if args.out else Path("sweeps") / sweep.name
     workers = args.workers or default_workers()
     try:
-        counts = run_sweep(sweep, out, args.executor, workers, args.address, args.quiet)
+        counts = run_sweep(sweep, out, args.executor, workers, args.address, args.quiet,
+                           threads=args.threads)
     except KeyboardInterrupt:
         print(f"interrupted: finished runs are kept in {out}; run the same command again to "
               "finish the rest", file=sys.stderr)
@@ -138,11 +149,12 @@ def _cmd_tune(args) -> int:
     if args.address and args.executor != "dask":
         raise UserError("--address is for --executor dask; the local executor runs on this "
                         "machine")
+    _check_threads(args.threads)
     tune = load_tune(args.tune)
     out = Path(args.out) if args.out else Path("tunes") / tune.name
     try:
         result = run_tune(tune, out, args.executor, args.workers or default_workers(),
-                          args.address, args.quiet)
+                          args.address, args.quiet, threads=args.threads)
     except KeyboardInterrupt:
         print(f"interrupted: finished runs are kept in {out}; run the same command again to "
               "finish the rest", file=sys.stderr)
@@ -430,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="KEY.PATH=VALUE",
                      help="override a scenario key, e.g. --set channel.uplink.tx_power_dbm=10")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--threads", type=int, metavar="N",
+                     help="host threads (default: the CPUs not busy with other work); the "
+                          "results do not depend on it")
     run.add_argument("--no-report", action="store_true", help="do not draw the PNG figures")
     run.add_argument("--checkpoint-every", type=int, metavar="N",
                      help="save the running algorithm's full state every N rounds (atomically, "
@@ -452,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--workers", type=int,
                     help="worker processes (local executor, or the LocalCluster's; default: "
                          "the number of cores)")
+    sw.add_argument("--threads", type=int, metavar="N",
+                    help="host threads per run (default: the CPUs not busy with other work, "
+                         "divided among the workers); the results do not depend on it")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     sw.add_argument("--no-compare", action="store_true",
                     help="do not print the comparison table at the end")
@@ -467,6 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
     tn.add_argument("--address", help="Dask scheduler (default with --executor dask: a "
                                       "LocalCluster on this machine)")
     tn.add_argument("--workers", type=int, help="worker processes (default: the number of cores)")
+    tn.add_argument("--threads", type=int, metavar="N",
+                    help="host threads per run (as for sweep; results do not depend on it)")
     tn.add_argument("--quiet", action="store_true", help="no progress bars")
     tn.set_defaults(func=_cmd_tune)
 

@@ -16,6 +16,7 @@ from wirelessfl.engine.build import World, build_world
 from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint
 from wirelessfl.engine.resources import check_memory
 from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.engine.threads import ensure as ensure_threads
 from wirelessfl.results.health import manifest_entry
 from wirelessfl.results.records import RunWriter, read_run, write_csv
 from wirelessfl.results.summary import summarize
@@ -56,7 +57,8 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
                  on_algorithm: Callable[[str], None] | None = None,
                  warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
                  extra: dict | None = None, resume: bool = False,
-                 checkpoint_every: int | None = None) -> tuple[str, pd.DataFrame]:
+                 checkpoint_every: int | None = None, threads: int | None = None
+                 ) -> tuple[str, pd.DataFrame]:
     """Simulate every algorithm of ``scenario`` into the run folder ``out`` (rounds.parquet,
     devices.parquet, manifest.json, summary.csv); returns the run's status (``complete``, or
     ``partial`` when an algorithm diverged) and its summary table.
@@ -65,7 +67,10 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
     kept, the one that was running continues from its checkpoint (or its start), the rest run.
     ``checkpoint_every``: save the running algorithm's state every that many rounds. The memory
     check runs first. Ctrl-C / SIGTERM record the running algorithm's rounds as ``interrupted``,
-    mark the run ``interrupted`` and re-raise KeyboardInterrupt."""
+    mark the run ``interrupted`` and re-raise KeyboardInterrupt. ``threads``: host threads
+    (engine/threads.py; default: the CPUs available), recorded in the manifest; the results do
+    not depend on it."""
+    setting = ensure_threads(threads)
     world = world or build_world(scenario)
     check_memory(world)
     if resume:
@@ -74,7 +79,8 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
     else:
         writer = RunWriter(out, resolved_document(scenario), scenario.seed,
                            extra={"model": model_facts(world), "problem": world.problem_record(),
-                                  "checkpoint_every": checkpoint_every, **(extra or {})},
+                                  "checkpoint_every": checkpoint_every,
+                                  "threads": setting.record(), **(extra or {})},
                            partition=world.partition_record())
         every = checkpoint_every or 0
     checkpoint_path = Path(out) / CHECKPOINT_NAME

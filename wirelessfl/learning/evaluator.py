@@ -19,11 +19,14 @@ depend on the chunk size or the torch device, so results are the same however th
 
 from __future__ import annotations
 
+import copy
 import math
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -31,12 +34,23 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from wirelessfl.engine.threads import parallel_map
 from wirelessfl.errors import UserError
 from wirelessfl.learning.minibatch import sample_minibatches
 from wirelessfl.learning.problems import Problem
 from wirelessfl.learning.stacked import StackedForward, to_channels_last, uses_convolutions
 
 BYTES_PER_FLOAT = 4
+# Samples per piece when a threaded model's test-set and training-set passes are split over the
+# thread pool: fixed, so the arithmetic never depends on the number of threads.
+SAMPLE_BLOCK = 256
+# A threaded model's shared-model minibatch passes (DZOFL's queries) split the devices into
+# nearly equal pieces of whole devices, of about this many samples (a single-threaded pass of the
+# seed-002 CNN costs ~1 ms per call on top of its samples) ...
+PIECE_SAMPLES = 128
+# ... and at least this many (10 devices of 10 samples: two pieces of 50, as fast as torch's own
+# two threads on one batch of 100; four pieces were ~20 % slower).
+MIN_PIECES = 2
 # Autograd keeps roughly this many float copies of each activation (output, its gradient, and
 # the saved input of the next layer): a conservative factor for the memory estimate.
 ACTIVATION_COPIES = 3
@@ -56,6 +70,21 @@ class FlatModel:
         self._theta0 = torch.cat([p.detach().reshape(-1) for p in params.values()]).float().clone()
         # Convolutions run in channels-last layout (faster on CPU with mkldnn; same values).
         self.channels_last = uses_convolutions(model)
+        # Passes repoint a module's parameters, so each other thread (the run's pool) works on
+        # a private copy of the module: {thread id: copy}.
+        self._owner = threading.get_ident()
+        self._copies: dict[int, nn.Module] = {}
+
+    def module(self) -> nn.Module:
+        """The module this thread may use: the model in the thread that built it, else this
+        thread's own copy (made on first use)."""
+        thread = threading.get_ident()
+        if thread == self._owner:
+            return self.model
+        own = self._copies.get(thread)
+        if own is None:
+            own = self._copies[thread] = copy.deepcopy(self.model)
+        return own
 
     def initial(self) -> torch.Tensor:
         """theta_0 as a flat float32 vector [d] (a fresh copy)."""
@@ -68,22 +97,23 @@ class FlatModel:
 
     def functional(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The model at theta, differentiable in theta; safe under torch.func transforms."""
-        return functional_call(self.model, self.unflatten(theta), (x,))
+        return functional_call(self.module(), self.unflatten(theta), (x,))
 
     def forward(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """As ``functional``, with convolutional models in channels-last layout (not for vmap)."""
         if not self.channels_last:
             return self.functional(theta, x)
         params = {name: to_channels_last(p) for name, p in self.unflatten(theta).items()}
-        return functional_call(self.model, params, (to_channels_last(x),))
+        return functional_call(self.module(), params, (to_channels_last(x),))
 
     @torch.no_grad()
     def predict(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Forward pass without gradients: the module's parameters are pointed at views of theta
         (no copy), which skips functional_call's per-call overhead on the hot no-grad path."""
-        for p, view in zip(self.model.parameters(), self.unflatten(theta).values()):
+        module = self.module()
+        for p, view in zip(module.parameters(), self.unflatten(theta).values()):
             p.data = to_channels_last(view) if self.channels_last else view
-        return self.model(to_channels_last(x) if self.channels_last else x)
+        return module(to_channels_last(x) if self.channels_last else x)
 
     def loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of one minibatch (the f_i(theta, xi) of the specs)."""
@@ -148,6 +178,8 @@ class BatchedEvaluator(Problem):
         # round into learning compute and engine overhead. perf_counter costs ~0.1 us a call.
         self.compute_s = 0.0
         self.stacked = StackedForward(flat)
+        # Per-device and per-block pieces of shared-model passes go to the thread pool.
+        self.threaded = self.stacked.strategy == "per-device" and self.stacked.threaded
         self.l2 = float(l2)
         self.train_metrics = train_metrics
         self.optimum_value: float | None = None
@@ -197,15 +229,25 @@ class BatchedEvaluator(Problem):
     # ---- shared-model work -------------------------------------------------------------------
     @torch.no_grad()
     def device_losses(self, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """Per-device minibatch loss at a shared theta: one forward pass per chunk [N]."""
+        """Per-device minibatch loss at a shared theta [N]: one forward pass per chunk of
+        devices (a threaded model: per piece of whole devices, the pieces spread over the
+        thread pool; the pieces depend only on N and the batch size)."""
         start = time.perf_counter()
         n, b = idx.shape
-        out = torch.empty(n, device=self.device)
-        for rows in self.chunks(b, own_model=False):
+
+        def piece(rows: slice) -> torch.Tensor:
             flat_idx = idx[rows].reshape(-1)
             logits = self.flat.predict(theta, self.data.x[flat_idx])
             losses = F.cross_entropy(logits, self.data.y[flat_idx], reduction="none")
-            out[rows] = losses.view(-1, b).mean(1)
+            return losses.view(-1, b).mean(1)
+
+        if self.threaded:  # about PIECE_SAMPLES samples a piece, at least MIN_PIECES pieces
+            count = min(n, max(math.ceil(n / self.chunk_size(b, own_model=False)), MIN_PIECES,
+                               math.ceil(n * b / PIECE_SAMPLES)))
+            bounds = [n * k // count for k in range(count + 1)]  # as equal as devices allow
+            out = torch.cat(parallel_map(piece, [slice(lo, hi) for lo, hi in pairwise(bounds)]))
+        else:
+            out = torch.cat([piece(rows) for rows in self.chunks(b, own_model=False)])
         if self.l2:
             out += 0.5 * self.l2 * float(theta.square().sum())
         self.compute_s += time.perf_counter() - start
@@ -227,32 +269,29 @@ class BatchedEvaluator(Problem):
     def stacked_gradients(self, models: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """Gradient of each device's minibatch loss at its own model: models [n, d], idx [n, b]
         (global sample indices) -> [n, d]. One autograd call for all n devices."""
-        y = self.data.y[idx]
-
-        def device_losses(logits: torch.Tensor) -> torch.Tensor:
-            losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-            return losses.view(y.shape).mean(1)
-
-        grads = self.stacked.gradients(models, self.data.x[idx], device_losses)
+        _, grads = self._minibatch_pass(models, idx)
         return grads + self.l2 * models if self.l2 else grads
 
     def stacked_losses_and_gradients(self, models: torch.Tensor, idx: torch.Tensor
                                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """``stacked_losses`` and ``stacked_gradients`` from one forward and one backward pass."""
-        y = self.data.y[idx]
-        seen: list[torch.Tensor] = []
-
-        def device_losses(logits: torch.Tensor) -> torch.Tensor:
-            losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-            out = losses.view(y.shape).mean(1)
-            seen.append(out.detach())
-            return out
-
-        grads = self.stacked.gradients(models, self.data.x[idx], device_losses)
-        losses = seen[0]
+        losses, grads = self._minibatch_pass(models, idx)
         if self.l2:
             return losses + 0.5 * self.l2 * models.square().sum(1), grads + self.l2 * models
         return losses, grads
+
+    def _minibatch_pass(self, models: torch.Tensor, idx: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(minibatch loss [n], its gradient [n, d]) of each device at its own model, without
+        the l2 term."""
+        y = self.data.y[idx]
+
+        def device_losses(logits: torch.Tensor, rows: slice) -> torch.Tensor:
+            target = y[rows]
+            losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
+            return losses.view(target.shape).mean(1)
+
+        return self.stacked.losses_and_gradients(models, self.data.x[idx], device_losses)
 
     # ---- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
@@ -289,7 +328,7 @@ class BatchedEvaluator(Problem):
         hits = torch.zeros(classes, dtype=torch.float64, device=self.device)
         loss_sum = 0.0
         for start in range(0, len(y), batch):
-            logits = self.flat.predict(theta, x[start:start + batch])
+            logits = self._predict(theta, x[start:start + batch])
             target = y[start:start + batch]
             loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
             right = (logits.argmax(1) == target).double()
@@ -304,6 +343,14 @@ class BatchedEvaluator(Problem):
         with np.errstate(invalid="ignore", divide="ignore"):
             devices = np.where(mass > 0, self.label_mix @ per_class / mass, np.nan)
         return float(hits_np.sum()) / n, loss if math.isfinite(loss) else float("nan"), devices
+
+    def _predict(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``flat.predict(theta, x)``; for a threaded model in blocks of ``SAMPLE_BLOCK`` samples
+        spread over the thread pool, concatenated in order."""
+        if not self.threaded or len(x) <= SAMPLE_BLOCK:
+            return self.flat.predict(theta, x)
+        return torch.cat(parallel_map(lambda lo: self.flat.predict(theta, x[lo:lo + SAMPLE_BLOCK]),
+                                      range(0, len(x), SAMPLE_BLOCK)))
 
     @cached_property
     def label_mix(self) -> np.ndarray:
@@ -326,27 +373,35 @@ class BatchedEvaluator(Problem):
 
     def _train_pass(self, theta: torch.Tensor, with_gradient: bool
                     ) -> tuple[float, torch.Tensor | None]:
-        """(sum_s w_s loss_s, its gradient or None) over the training set, chunked by samples."""
+        """(sum_s w_s loss_s, its gradient or None) over the training set, chunked by samples
+        (a threaded model: each chunk in blocks of ``SAMPLE_BLOCK`` samples spread over the
+        thread pool), the blocks' sums added in sample order."""
         start = time.perf_counter()
         total, grad = 0.0, torch.zeros_like(theta) if with_gradient else None
         size, count = self._samples_per_chunk(), len(self.data.y)
+        block = min(size, SAMPLE_BLOCK) if self.threaded else size
         weights = self._weights.to(self.device)
-        for lo in range(0, count, size):
-            x, y = self.data.x[lo:lo + size], self.data.y[lo:lo + size]
-            w = weights[lo:lo + size]
-            if with_gradient:
-                with torch.enable_grad():
-                    leaf = theta.detach().requires_grad_(True)
-                    losses = F.cross_entropy(self.flat.forward(leaf, x), y, reduction="none")
-                    value = (losses.double() * w).sum()
-                    (g,) = torch.autograd.grad(value, leaf)
-                grad += g
-                value = value.detach()
-            else:
+
+        def one(lo: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+            x, y = self.data.x[lo:lo + block], self.data.y[lo:lo + block]
+            w = weights[lo:lo + block]
+            if not with_gradient:
                 with torch.no_grad():
                     losses = F.cross_entropy(self.flat.predict(theta, x), y, reduction="none")
-                    value = (losses.double() * w).sum()
-            total += float(value)
+                    return (losses.double() * w).sum(), None
+            with torch.enable_grad():
+                leaf = theta.detach().requires_grad_(True)
+                losses = F.cross_entropy(self.flat.forward(leaf, x), y, reduction="none")
+                value = (losses.double() * w).sum()
+                (g,) = torch.autograd.grad(value, leaf)
+            return value.detach(), g
+
+        for lo in range(0, count, size):
+            blocks = range(lo, min(lo + size, count), block)
+            for value, g in parallel_map(one, blocks) if self.threaded else map(one, blocks):
+                total += float(value)
+                if grad is not None:
+                    grad += g
         self.compute_s += time.perf_counter() - start
         return total, grad
 
@@ -383,11 +438,14 @@ class BatchedEvaluator(Problem):
                 weight = (valid / m[:, None]).to(device=self.device, dtype=theta.dtype)
                 y = self.data.y[idx]
 
-                def device_losses(logits, y=y, weight=weight):
-                    losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-                    return (losses.view(y.shape) * weight).sum(1)
+                def device_losses(logits, rows, y=y, weight=weight):
+                    target = y[rows]
+                    losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(),
+                                             reduction="none")
+                    return (losses.view(target.shape) * weight[rows]).sum(1)
 
-                total += self.stacked.gradients(models, self.data.x[idx], device_losses)
+                total += self.stacked.losses_and_gradients(models, self.data.x[idx],
+                                                           device_losses)[1]
             out[rows] = total
         if self.l2:
             out += self.l2 * theta

@@ -1,16 +1,19 @@
 """Forward passes of n devices' own models at once: device i's parameters are row i of [n, d].
 
 Per-device gradients then come from ONE autograd call on the sum of the per-device losses (device
-i's loss depends only on row i, so d(sum)/d(row i) is device i's gradient). Which kernels run is
-chosen from the model's structure, never from timings, so a scenario always takes the same
-arithmetic path (same seed, same numbers):
+i's loss depends only on row i, so d(sum)/d(row i) is device i's gradient), or from one per device.
+Which kernels run is chosen from the model's structure, never from timings or thread counts, so
+a scenario always takes the same arithmetic path (same seed, same numbers):
 
 * ``linear``: a chain of Flatten / Linear / ReLU (the zoo's mlp and logistic, through their
   ``layers()``) becomes one batched matrix product per layer for all devices (torch.baddbmm);
-* ``per-device``: models with 2-D convolutions run device after device in channels-last layout.
+* ``per-device``: models with 2-D convolutions run device by device in channels-last layout.
   Each device's pass is large (the seed-002 CNN: 10^7 MACs per sample), so the Python loop is
   negligible, and mkldnn's channels-last convolutions beat the grouped convolution that vmap
-  produces (measured in benchmarks/README.md, "per-device model strategies");
+  produces (measured in benchmarks/README.md, "per-device model strategies"). Each device's
+  forward (and backward) is one task of the run's thread pool (engine/threads.py) when the
+  model holds no buffers (its private copy per thread then computes exactly what the original
+  would); results are stacked in device order, so they never depend on the thread count;
 * ``vmap``: any other model, torch.func.vmap of functional_call.
 """
 
@@ -23,6 +26,8 @@ import torch
 from torch import nn
 from torch.func import vmap
 
+from wirelessfl.engine.threads import parallel_map
+
 if TYPE_CHECKING:  # evaluator imports this module
     from wirelessfl.learning.evaluator import FlatModel
 
@@ -32,6 +37,12 @@ CHANNELS_LAST = torch.channels_last
 def uses_convolutions(model: nn.Module) -> bool:
     """True when the model has 2-D convolutions (they run faster in channels-last layout)."""
     return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+def thread_safe_copies(model: nn.Module) -> bool:
+    """True when private copies of the model compute what it computes: no buffers (a copy's
+    batch-norm running statistics, say, would drift apart from the original's)."""
+    return next(model.buffers(), None) is None
 
 
 def to_channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -76,33 +87,48 @@ class StackedForward:
             self.strategy = "per-device"
         else:
             self.strategy = "vmap"
+        # Per-device passes go to the thread pool (each on a private copy of the module).
+        self.threaded = thread_safe_copies(flat.model)
         self._vmapped = vmap(flat.functional)
+
+    def _each_device(self, fn: Callable[[int], torch.Tensor | tuple], n: int) -> list:
+        return parallel_map(fn, range(n)) if self.threaded else [fn(i) for i in range(n)]
 
     def __call__(self, models: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if self.strategy == "linear":
             return self._linear(models, x)
         if self.strategy == "per-device":
-            return torch.stack([self.flat.forward(models[i], x[i]) for i in range(len(models))])
+            return torch.stack(self._each_device(lambda i: self.flat.forward(models[i], x[i]),
+                                                 len(models)))
         return self._vmapped(models, x)
 
-    def gradients(self, models: torch.Tensor, x: torch.Tensor,
-                  device_losses: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """d(device_losses(logits)[i]) / d(models[i]) for every i, in one autograd call: [n, d].
+    def losses_and_gradients(self, models: torch.Tensor, x: torch.Tensor,
+                             device_losses: Callable[[torch.Tensor, slice], torch.Tensor]
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(device_losses(logits, all rows) [n], d(loss i)/d(models[i]) [n, d]) for every i.
 
-        ``device_losses`` maps logits [n, b, C] to per-device losses [n]. The per-device strategy
-        differentiates with respect to one leaf per device: rows of a single [n, d] leaf would
-        make autograd zero-fill and add an [n, d] buffer per device (n^2 d work).
+        ``device_losses(logits, rows)`` maps the logits [m, b, C] of the devices ``rows`` (a
+        slice of 0..n) to their losses [m]. The batched strategies take one autograd call on
+        the sum of the losses (device i's loss depends only on row i, so d(sum)/d(row i) is
+        device i's gradient); the per-device strategy takes one forward and backward per device
+        (one leaf each: rows of a single [n, d] leaf would make autograd zero-fill and add an
+        [n, d] buffer per device, n^2 d work), spread over the thread pool.
         """
+        if self.strategy == "per-device":
+            def one(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+                with torch.enable_grad():
+                    leaf = models[i].detach().requires_grad_(True)
+                    loss = device_losses(self.flat.forward(leaf, x[i])[None], slice(i, i + 1))
+                    (grad,) = torch.autograd.grad(loss.sum(), leaf)
+                return loss.detach(), grad
+
+            results = self._each_device(one, len(models))
+            return torch.cat([r[0] for r in results]), torch.stack([r[1] for r in results])
         with torch.enable_grad():
-            if self.strategy == "per-device":
-                leaves = [row.detach().requires_grad_(True) for row in models]
-                logits = torch.stack([self.flat.forward(leaf, x[i])
-                                      for i, leaf in enumerate(leaves)])
-                grads = torch.autograd.grad(device_losses(logits).sum(), leaves)
-                return torch.stack(grads)
             leaf = models.detach().requires_grad_(True)
-            (grad,) = torch.autograd.grad(device_losses(self(leaf, x)).sum(), leaf)
-            return grad
+            losses = device_losses(self(leaf, x), slice(0, len(models)))
+            (grad,) = torch.autograd.grad(losses.sum(), leaf)
+        return losses.detach(), grad
 
     def _linear(self, models: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n, b = x.shape[:2]

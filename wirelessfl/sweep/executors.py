@@ -1,27 +1,35 @@
 """Where a sweep's runs execute: local worker processes (default) or a Dask distributed cluster
 (a LocalCluster, or an existing scheduler: a workstation, several machines, dask-jobqueue on
-SLURM). Both yield each run's result as it finishes; results do not depend on the executor."""
+SLURM). Both yield each run's result as it finishes; results do not depend on the executor, nor
+on the threads each run gets (engine/threads.py)."""
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
+from wirelessfl.engine import threads as host_threads
 from wirelessfl.errors import UserError
-from wirelessfl.sweep.worker import limit_threads, run_point
+from wirelessfl.sweep.worker import run_point
 
 EXECUTORS = ("local", "dask")
 
 
 def default_workers() -> int:
     """The cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return host_threads.cpu_count()
+
+
+def thread_plan(threads: int | None, workers: int, address: str | None) -> dict:
+    """The threads each run gets: ``threads`` when given, else on this machine the available
+    CPUs divided among the ``workers``, and on an existing scheduler's workers 1 (they are
+    started one per core, docs/sweeps.md)."""
+    if threads is None and address:
+        return {"requested": None, "used": 1, "busy": None}
+    setting = host_threads.choose(threads, workers)
+    return {"requested": threads, "used": setting.used, "busy": setting.busy_cpus}
 
 
 def _lost(task: dict, err: BaseException) -> dict:
@@ -33,7 +41,7 @@ def _lost(task: dict, err: BaseException) -> dict:
 
 def run_local(tasks: list[dict], workers: int) -> Iterator[dict]:
     """Worker processes on this machine ('spawn': a fresh interpreter each, one torch thread)."""
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=limit_threads,
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=host_threads.single_intra_op,
                                mp_context=multiprocessing.get_context("spawn"))
     futures = {pool.submit(run_point, task): task for task in tasks}
     try:
@@ -84,10 +92,13 @@ def run_dask(tasks: list[dict], workers: int, address: str | None) -> Iterator[d
 
 
 def execute(tasks: list[dict], executor: str, workers: int,
-            address: str | None = None) -> Iterator[dict]:
-    """Each task's result (run_point's dict), in the order they finish."""
+            address: str | None = None, threads: int | None = None) -> Iterator[dict]:
+    """Each task's result (run_point's dict), in the order they finish. ``threads``: host
+    threads per run (default: chosen by ``thread_plan``)."""
     if not tasks:
         return iter(())
+    plan = thread_plan(threads, workers, address)
+    tasks = [{**task, "threads": plan} for task in tasks]
     if executor == "dask":
         return run_dask(tasks, workers, address)
     return run_local(tasks, workers)

@@ -85,10 +85,12 @@ def _write(out: Path, sweep: Sweep, entries: list[dict], executor: dict) -> None
 
 
 def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str | None = None,
-              quiet: bool = False) -> SweepCounts:
+              quiet: bool = False, threads: int | None = None) -> SweepCounts:
     """Run every unfinished point of ``sweep`` into ``out``; the table is rewritten (atomically)
     after every run, so a kill loses at most the runs in flight. A second sweep on the same
-    folder while this one runs is refused (the folder's lock file)."""
+    folder while this one runs is refused (the folder's lock file). ``threads``: host threads
+    per run (default: the available CPUs divided among the workers; results do not depend on
+    it)."""
     runs_dir = Path(out) / RUNS
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
@@ -96,13 +98,14 @@ def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str
         raise UserError(f"--out {out}: cannot create the sweep folder ({err.strerror})") from None
     lock = acquire_lock(Path(out))
     try:
-        return _run_unfinished(sweep, Path(out), runs_dir, executor, workers, address, quiet)
+        return _run_unfinished(sweep, Path(out), runs_dir, executor, workers, address, quiet,
+                               threads)
     finally:
         lock.unlink(missing_ok=True)
 
 
 def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, workers: int,
-                    address: str | None, quiet: bool) -> SweepCounts:
+                    address: str | None, quiet: bool, threads: int | None) -> SweepCounts:
     from tqdm import tqdm
 
     _clean_leftovers(runs_dir)
@@ -134,7 +137,7 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
                                     "values": point.values, "file": str(sweep.path)}})
         entries.append(entry)
     by_run = {e["run"]: e for e in entries}
-    info = {"kind": executor, "workers": workers, "address": address}
+    info = {"kind": executor, "workers": workers, "address": address, "threads": threads}
     _write(Path(out), sweep, entries, info)
     skipped = len(entries) - len(tasks)
     retried = sum(by_run[t["run_id"]]["status"] == "failed" for t in tasks)
@@ -148,7 +151,8 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
                disable=True if quiet else None, dynamic_ncols=True, mininterval=0.5)
     bar.set_postfix_str(f"failed 0, remaining {len(tasks)}")
     try:
-        for k, result in enumerate(execute(tasks, executor, workers, address), start=1):
+        for k, result in enumerate(execute(tasks, executor, workers, address, threads),
+                                   start=1):
             entry = by_run[result["run_id"]]
             if result["files"]:
                 try:

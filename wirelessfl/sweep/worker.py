@@ -13,25 +13,18 @@ import tempfile
 import time
 from pathlib import Path
 
-# Oversubscription: several torch processes each using every core made tiny ops ~1000x slower on
-# a 2-core machine (team measurement); one thread per worker process, set before torch starts.
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
-def limit_threads() -> None:
-    """One compute thread in this process (idempotent; local pool initializer and Dask task)."""
-    for name in THREAD_ENV:
-        os.environ[name] = "1"
-    import torch
-
-    if torch.get_num_threads() != 1:
-        torch.set_num_threads(1)
+from wirelessfl.engine import threads
 
 
 def run_point(task: dict) -> dict:
     """Run one sweep point; never raises: a failure comes back as ``status: failed`` with its
-    message, so the sweep records it and carries on."""
-    limit_threads()
+    message, so the sweep records it and carries on.
+
+    ``task["threads"]``: {"requested": N or None, "used": the pool size, "busy": the load seen}
+    (sweep/executors.py's ``thread_plan``; without it, chosen here). One intra-op thread either way
+    (engine/threads.py), so the results do not depend on it."""
+    wanted = task.get("threads") or {}
+    setting = threads.configure(wanted.get("requested"), wanted.get("used"), wanted.get("busy"))
     import wirelessfl
     from wirelessfl.engine.runner import run_scenario
     from wirelessfl.errors import UserError
@@ -47,7 +40,8 @@ def run_point(task: dict) -> dict:
         with tempfile.TemporaryDirectory(prefix="wirelessfl-sweep-") as tmp:
             out = Path(tmp) / "run"
             status, _ = run_scenario(scenario, out, warn=warnings.append,
-                                     extra={"sweep": task["sweep"]})
+                                     extra={"sweep": task["sweep"]},
+                                     threads=setting.requested)
             result["files"] = folder_files(out)
         result.update(status=status, message="; ".join(warnings))
     except UserError as err:
