@@ -213,3 +213,30 @@ def test_every_shipped_comparison_says_untuned_or_has_a_tune_file():
         algorithms = doc.get("algorithms") if isinstance(doc, dict) else None
         if isinstance(algorithms, list) and len(algorithms) > 1:
             assert "untuned" in doc.get("description", ""), path.name
+
+
+def test_stop_at_target_ends_each_algorithm_at_its_first_row_at_target(tmp_path):
+    """The stopped run's rows are the full run's rows up to the first one at the target."""
+    from wirelessfl.engine.runner import run_scenario
+    from wirelessfl.results.records import read_run
+    from wirelessfl.scenario.loader import load_scenario
+
+    sets = ["population.num_devices=10", "target_accuracy=0.6", "algorithms.DZOFL.rounds=200",
+            "algorithms.DZOFL.eval_every=50", "algorithms.FedSGD.rounds=30",
+            "algorithms.FedAvg.rounds=10"]
+    full, stopped = tmp_path / "full", tmp_path / "stopped"
+    run_scenario(load_scenario("quickstart", sets), full, warn=lambda _: None)
+    run_scenario(load_scenario("quickstart", [*sets, "stop_at_target=true"]), stopped,
+                 warn=lambda _: None)
+    a, b = read_run(full), read_run(stopped)
+    early = set()
+    for label, rows in a.rounds.groupby("algorithm", sort=False):
+        at = rows.index[rows.test_accuracy >= 0.6]
+        expected = rows.loc[: at[0]] if len(at) else rows
+        got = b.rounds[b.rounds.algorithm == label]
+        pd.testing.assert_frame_equal(got.reset_index(drop=True),
+                                      expected.reset_index(drop=True))
+        message = b.manifest["algorithms"][label]["message"]
+        assert ("stopped at the target" in message) == bool(len(at) and at[0] != rows.index[-1])
+        early |= {label} if len(got) < len(rows) else set()
+    assert early  # the case stops something early

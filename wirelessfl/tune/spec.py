@@ -87,6 +87,10 @@ class TuneFile(BaseModel):
                                   "confidence interval); disjoint from tuning_seeds")
     search: dict[str, dict[str, list[Any] | Range]] = Field(
         description="algorithm label: {parameter: [values] or {log|linear: [lo, hi], num: n}}")
+    stop_at_target: bool | None = Field(
+        None, description="tuning runs end at the target (default: yes for a to-target "
+                          "objective, whose score is read there; evaluation runs go on to "
+                          "their last round)")
     compare_untuned: bool = Field(
         True, description="also evaluate every algorithm at the scenario's own (untuned) "
                           "setting, beside the tuned one")
@@ -124,6 +128,11 @@ class Tune:
     def objective(self):
         return OBJECTIVES[self.spec.objective]
 
+    @property
+    def stop_tuning_at_target(self) -> bool:
+        stop = self.spec.stop_at_target
+        return self.objective.to_target if stop is None else stop
+
     def entry(self, label: str) -> dict:
         """The scenario's own entry of the algorithm ``label`` (a copy)."""
         for entry in self.base["algorithms"]:
@@ -133,10 +142,12 @@ class Tune:
         raise KeyError(label)
 
     def scenario(self, label: str, values: dict, seed: int, shown: str | None = None,
-                 where: str = "") -> dict:
+                 where: str = "", stop_at_target: bool = False) -> dict:
         """The resolved scenario of one run: the base with only ``label``'s algorithm, its
         parameters set to ``values``, shown as ``shown`` (default: its label)."""
         doc = copy.deepcopy(self.base)
+        if stop_at_target:
+            doc["stop_at_target"] = True
         entry = self.entry(label)
         entry.update(values)
         entry["label"] = shown or label

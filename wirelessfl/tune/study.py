@@ -72,7 +72,8 @@ def tuning_plan(tune: Tune) -> list[tuple[dict, dict, int, object]]:
         for config in tune.grids.get(label, []):
             for seed in tune.spec.tuning_seeds:
                 where = f"search.{label} (configuration {config.values})"
-                scenario = tune.scenario(label, config.values, seed, where=where)
+                scenario = tune.scenario(label, config.values, seed, where=where,
+                                         stop_at_target=tune.stop_tuning_at_target)
                 plan.append(({"algorithm": label, **config.values}, scenario, seed, config))
     return plan
 
