@@ -6,7 +6,7 @@ non-editable install must still find them, so they are mapped into the package h
 
 from setuptools import find_packages, setup
 
-CATALOGS = ("channels", "energy", "scenarios")
+CATALOGS = ("channels", "energy", "scenarios", "reproductions")
 
 setup(
     packages=find_packages(include=["wirelessfl", "wirelessfl.*"])

@@ -3,6 +3,7 @@
     python benchmarks/record_scenarios.py              # every run below, one after another
     python benchmarks/record_scenarios.py --only quickstart
     python benchmarks/record_scenarios.py --list
+    python benchmarks/record_scenarios.py --only quickstart-tune   # the tuning study (minutes)
 
 Each run is ``wirelessfl run SCENARIO --set ...`` in a child process with OMP_NUM_THREADS=1, into
 a temporary folder. Kept under ``docs/data/<key>/``: the run's ``summary.csv`` and ``facts.json``
@@ -223,13 +224,44 @@ def record_profile(key: str, args: list[str]) -> None:
     (out_dir / "profile.json").write_text(json.dumps(profile, indent=1) + "\n")
 
 
+# Tuning studies (wirelessfl tune) whose tables the docs quote: key -> tune file.
+TUNES = {"quickstart-tune": "quickstart-tune"}
+TUNE_FILES = ("tune.json", "tuning.csv", "evaluation.csv")
+
+
+def record_tune(key: str, name: str) -> dict:
+    """Run ``wirelessfl tune NAME`` (2 local workers) and keep its small tables."""
+    out_dir = DATA / key
+    with tempfile.TemporaryDirectory(prefix="wfl-record-") as tmp:
+        study = Path(tmp) / "study"
+        cmd = [sys.executable, "-m", "wirelessfl", "tune", name, "--out", str(study),
+               "--quiet", "--workers", "2"]
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        host_s = time.perf_counter() - start
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        out_dir.mkdir(parents=True)
+        for file in TUNE_FILES:
+            shutil.copyfile(study / file, out_dir / file)
+    manifest = json.loads((out_dir / "tune.json").read_text())
+    facts = {"command": f"wirelessfl tune {name} --workers 2",
+             "recorded": datetime.date.today().isoformat(), "host_s": round(host_s, 1),
+             "cpus": os.cpu_count(), "versions": manifest["versions"],
+             "status": "complete" if not any(r["failed"] for r in manifest["runs"].values())
+             else "failed runs"}
+    (out_dir / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
+    return facts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="a run key or a scenario name (all its runs); repeatable")
     parser.add_argument("--list", action="store_true", help="print the run keys and exit")
     args = parser.parse_args(argv)
-    keys = list(RUNS) + list(PROFILES)
+    keys = list(RUNS) + list(PROFILES) + list(TUNES)
     if args.list:
         for key in keys:
             spec = RUNS.get(key)
@@ -243,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         keys = [k for k in keys if k in wanted or RUNS.get(k, {}).get("scenario") in wanted]
     total = time.perf_counter()
     for key in keys:
+        if key in TUNES:
+            facts = record_tune(key, TUNES[key])
+            print(f"{key}: {facts['status']}, {facts['host_s']:.1f} s", flush=True)
+            continue
         if key in PROFILES:
             record_profile(key, PROFILES[key])
             print(f"{key}: profile recorded", flush=True)

@@ -11,14 +11,21 @@ from wirelessfl.scenario.loader import apply_override, load_scenario, scenario_f
 
 
 def test_every_shipped_scenario_validates():
-    from wirelessfl.scenario.loader import is_sweep_document
+    from wirelessfl.scenario.loader import is_sweep_document, is_tune_document
     from wirelessfl.sweep.spec import load_sweep
+    from wirelessfl.tune.spec import load_tune
+    from wirelessfl.tune.study import tuning_plan
 
     names = list(catalog.entries("scenarios"))
-    assert {"quickstart", "seed002-digits28", "seed002-fashionmnist", "sweep-power"} <= set(names)
+    assert {"quickstart", "seed002-digits28", "seed002-fashionmnist", "sweep-power",
+            "quickstart-tune", "seed002-tune"} <= set(names)
     for name in names:
-        if is_sweep_document(catalog.read_yaml(catalog.entries("scenarios")[name], "scenario")):
+        doc = catalog.read_yaml(catalog.entries("scenarios")[name], "scenario")
+        if is_sweep_document(doc):
             assert load_sweep(name).points  # every point's scenario validates
+            continue
+        if is_tune_document(doc):
+            assert tuning_plan(load_tune(name))  # every configuration's scenario validates
             continue
         scenario = load_scenario(name)
         assert scenario.algorithms

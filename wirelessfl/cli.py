@@ -180,6 +180,54 @@ def _cmd_tune(args) -> int:
     return 0
 
 
+def _cmd_reproduce(args) -> int:
+    from wirelessfl.results.summary import text_table
+    from wirelessfl.sweep.executors import default_workers
+    from wirelessfl.tune.reproduce import (
+        load_reproduction,
+        run_reproduction,
+        shipped,
+        verdict_cells,
+    )
+
+    if args.list:
+        from wirelessfl.scenario import catalog
+
+        for name, path in shipped().items():
+            doc = catalog.read_yaml(path, "reproduction file")
+            print(f"{name:<16} {doc.get('title', '') if isinstance(doc, dict) else ''}")
+        return 0
+    if not args.name:
+        raise UserError("reproduce: give a reproduction's name (wirelessfl reproduce --list)")
+    _check_threads(args.threads)
+    if args.address and args.executor != "dask":
+        raise UserError("--address is for --executor dask; the local executor runs on this "
+                        "machine")
+    repro = load_reproduction(args.name)
+    out = Path(args.out) if args.out else Path("reproduced") / repro.name
+    try:
+        outcome = run_reproduction(repro, out, args.executor, args.workers or default_workers(),
+                                   args.address, args.quiet, threads=args.threads)
+    except KeyboardInterrupt:
+        print(f"interrupted: finished runs are kept in {out}; run the same command again to "
+              "finish the rest", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"{repro.spec.title}\n{repro.spec.paper}")
+    print(text_table(verdict_cells(outcome.verdicts)))
+    for warning in outcome.tuning.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    from wirelessfl.report.tune_html import reproduce_html, tune_html
+
+    tune_html(repro.tune, outcome.tuning, out / "tune" / "report.html")
+    print(f"wrote {reproduce_html(repro, outcome, out / 'report.html')}", file=sys.stderr)
+    failed = sum(c.failed for c in outcome.tuning.counts.values())
+    if failed:
+        print(f"{failed} runs failed; run the same command again to retry them",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_validate(args) -> int:
     from wirelessfl.scenario import catalog
     from wirelessfl.scenario.loader import is_sweep_document, is_tune_document, load_scenario
@@ -489,6 +537,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="host threads per run (as for sweep; results do not depend on it)")
     tn.add_argument("--quiet", action="store_true", help="no progress bars")
     tn.set_defaults(func=_cmd_tune)
+
+    rp = sub.add_parser("reproduce", help="run a paper's experiment shipped in reproductions/ "
+                                          "(tuned methods, fresh seeds) and judge its claims")
+    rp.add_argument("name", nargs="?", help="a shipped reproduction (see --list) or a file")
+    rp.add_argument("--list", action="store_true", help="list the shipped reproductions")
+    rp.add_argument("--out", help="folder (default: reproduced/<name>); re-running skips "
+                                  "finished runs")
+    rp.add_argument("--executor", choices=["local", "dask"], default="local")
+    rp.add_argument("--address", help="Dask scheduler (with --executor dask)")
+    rp.add_argument("--workers", type=int, help="worker processes (default: the number of cores)")
+    rp.add_argument("--threads", type=int, metavar="N", help="host threads per run")
+    rp.add_argument("--quiet", action="store_true", help="no progress bars")
+    rp.set_defaults(func=_cmd_reproduce)
 
     val = sub.add_parser("validate", help="check a scenario file without running it")
     val.add_argument("scenario")

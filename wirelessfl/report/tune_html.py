@@ -1,4 +1,4 @@
-"""One self-contained HTML file for a tuning study: the verdict, the choices with their warnings,
+"""One self-contained HTML file for a tuning study (or a reproduction): the verdict, the choices with their warnings,
 the evaluation table, every configuration tried, and the figures (report/html.py's page)."""
 
 from __future__ import annotations
@@ -15,6 +15,39 @@ from wirelessfl.tune.tables import choice_cells, evaluation_cells, tuning_cells
 def tune_html(tune, result, out: Path) -> Path:
     """Write ``out`` for ``result`` (a wirelessfl.tune.study.TuneResult) of ``tune``; the
     comparison figures of the evaluation runs are drawn into the study folder first."""
+    meta = (f"objective {html.escape(tune.spec.objective)}, tuning seeds "
+            f"{html.escape(str(tune.spec.tuning_seeds))}, evaluation seeds "
+            f"{html.escape(str(tune.spec.evaluation_seeds))}, {html.escape(str(result.out))}")
+    out.write_text(_page(f"Tuning {tune.name}", meta, tune_sections(tune, result)),
+                   encoding="utf-8")
+    return out
+
+
+def reproduce_html(repro, outcome, out: Path) -> Path:
+    """The reproduction's page: the verdict per claim, every evaluation run's health, then the
+    tuning study's sections."""
+    from wirelessfl.tune.reproduce import verdict_cells
+
+    runs = outcome.runs
+    health = [["method", "seed", "healthy", "health"]] + [
+        [str(r.method), str(r.seed), "yes" if r.healthy else "no", str(r.health)]
+        for r in runs.itertuples()]
+    sections = [f"<p>{html.escape(repro.spec.paper)}</p>",
+                f"<p>{html.escape(repro.spec.description or '')}</p>",
+                "<h2>Claims and verdicts</h2>",
+                ("<p>Holds / does not hold: the 95 % confidence intervals over the evaluation "
+                 "seeds of the tuned settings do not overlap, in the paper's direction or the "
+                 "other way; inconclusive: they overlap, or a compared run was unhealthy.</p>"),
+                _table(verdict_cells(outcome.verdicts), message_col=2),
+                "<h2>Health of every evaluation run</h2>", _table(health, message_col=3),
+                *tune_sections(repro.tune, outcome.tuning)]
+    meta = f"{html.escape(repro.name)}, {html.escape(str(outcome.out))}"
+    out.write_text(_page(f"Reproduction: {repro.spec.title}", meta, sections), encoding="utf-8")
+    return out
+
+
+def tune_sections(tune, result) -> list[str]:
+    """The HTML sections of a tuning study (shared by the tune and reproduce reports)."""
     title = tune.objective.title
     evaluation_dir = result.out / "evaluation"
     comparison = draw_comparison(compare_dirs([evaluation_dir]), result.out)
@@ -41,9 +74,4 @@ def tune_html(tune, result, out: Path) -> Path:
         sections += [f"<h3>{html.escape(label)}</h3>",
                      _table(tuning_cells(result.tuning, label, list(spaces), title),
                             message_col=len(spaces) + 4)]
-    sections += [_yaml_block("the tune file", tune.document, open_=True)]
-    meta = (f"objective {html.escape(tune.spec.objective)}, tuning seeds "
-            f"{html.escape(str(tune.spec.tuning_seeds))}, evaluation seeds "
-            f"{html.escape(str(tune.spec.evaluation_seeds))}, {html.escape(str(result.out))}")
-    out.write_text(_page(f"Tuning {tune.name}", meta, sections), encoding="utf-8")
-    return out
+    return [*sections, _yaml_block("the tune file", tune.document, open_=True)]

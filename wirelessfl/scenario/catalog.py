@@ -14,7 +14,7 @@ import yaml
 
 from wirelessfl.errors import UserError
 
-KINDS = ("channels", "energy", "scenarios")
+KINDS = ("channels", "energy", "scenarios", "reproductions")
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 

@@ -50,6 +50,8 @@ class TuneResult:
     warnings: list[str] = field(default_factory=list)
     counts: dict[str, SweepCounts] = field(default_factory=dict)
     figures: list[Path] = field(default_factory=list)
+    # (setting, seed, outcome) of every evaluation run: what claims are judged from
+    evaluated: list[tuple[dict, int, dict]] = field(default_factory=list)
 
 
 def _phase_sweep(tune: Tune, phase: str, plan: list[tuple[dict, dict, int]]) -> Sweep:
@@ -117,7 +119,8 @@ def _outcome(folder: Path, entry: dict, label: str, tune: Tune) -> dict:
     if info.get("status") == "diverged":
         healthy, health = False, f"diverged: {info.get('message', '')}".strip()
     result = score(tune.objective, rounds, *targets)
-    result.update(healthy=healthy, health=health, rounds=rounds, summary=row)
+    result.update(healthy=healthy, health=health, rounds=rounds, summary=row, targets=targets,
+                  run=str(folder))
     return result
 
 
@@ -173,7 +176,8 @@ def run_tune(tune: Tune, out: Path, executor: str, workers: int, address: str | 
         scored.append((setting, seed, got))
     evaluation = evaluation_table(tune, scored)
     verdict = decide(evaluation, objective)
-    result = TuneResult(out, table, choices, evaluation, verdict, warnings, counts)
+    result = TuneResult(out, table, choices, evaluation, verdict, warnings, counts,
+                        evaluated=scored)
     write_outputs(tune, result, outcomes)
     return result
 

@@ -1,0 +1,121 @@
+"""wirelessfl reproduce: claim verdicts against intervals worked by hand, bad reproduction files
+as one error line, and a small reproduction end to end (verdicts recomputed from its runs)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+from scipy import stats
+
+from wirelessfl.cli import main
+from wirelessfl.tune.claims import FAILS, HOLDS, INCONCLUSIVE, Claim, judge
+
+
+def _cli(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _runs(values, healthy=True):
+    return [{"value": v, "reached": math.isfinite(v), "healthy": healthy} for v in values]
+
+
+PAIR = Claim(id="e", statement="A uses less energy than B", metric="energy_to_target",
+             winner="A", loser="B")
+
+
+def test_pair_claims_follow_the_intervals_worked_by_hand():
+    # A: 1, 2, 3 -> mean 2, half-width t(0.975, 2) * 1 / sqrt(3) = 2.484; B likewise around 10
+    half = stats.t.ppf(0.975, 2) / math.sqrt(3)
+    v = judge(PAIR, {"A": _runs([1, 2, 3]), "B": _runs([9, 10, 11])})
+    assert v["verdict"] == HOLDS and v["measured"]["A"]["ci95"] == pytest.approx(half)
+    assert v["ratio"] == pytest.approx(5.0)
+    # B within reach: 2.484 + 2.484 > 10 - 6 ... overlap
+    assert judge(PAIR, {"A": _runs([1, 2, 3]), "B": _runs([5, 6, 7])})["verdict"] == INCONCLUSIVE
+    assert judge(PAIR, {"A": _runs([9, 10, 11]), "B": _runs([1, 2, 3])})["verdict"] == FAILS
+    # "higher is better" turns it round
+    higher = PAIR.model_copy(update={"better": "higher"})
+    assert judge(higher, {"A": _runs([9, 10, 11]), "B": _runs([1, 2, 3])})["verdict"] == HOLDS
+
+
+def test_to_target_claims_with_missed_targets_and_unhealthy_runs():
+    nan = math.nan
+    holds = judge(PAIR, {"A": _runs([1, 2]), "B": _runs([nan, nan])})
+    assert holds["verdict"] == HOLDS and "B never reached" in holds["reason"]
+    assert judge(PAIR, {"A": _runs([nan, nan]), "B": _runs([1, 2])})["verdict"] == FAILS
+    assert judge(PAIR, {"A": _runs([1, nan]), "B": _runs([5, 6])})["verdict"] == INCONCLUSIVE
+    sick = judge(PAIR, {"A": _runs([1, 2, 3], healthy=False), "B": _runs([9, 10, 11])})
+    assert sick["verdict"] == INCONCLUSIVE and "unhealthy runs of A" in sick["reason"]
+
+
+def test_claims_against_a_constant():
+    claim = Claim(id="c", statement="mostly compute", metric="compute_share", algorithm="A",
+                  above=0.5)
+    assert judge(claim, {"A": _runs([0.9, 0.91, 0.92])})["verdict"] == HOLDS
+    assert judge(claim, {"A": _runs([0.1, 0.11, 0.12])})["verdict"] == FAILS
+    assert judge(claim, {"A": _runs([0.3, 0.9, 0.6])})["verdict"] == INCONCLUSIVE
+    below = claim.model_copy(update={"above": None, "below": 0.5})
+    assert judge(below, {"A": _runs([0.1, 0.11, 0.12])})["verdict"] == HOLDS
+
+
+def _tune_file(tmp_path):
+    doc = {"name": "small", "scenario": "quickstart", "objective": "energy_to_target",
+           "set": {"target_accuracy": 0.6, "population.num_devices": 10,
+                   "algorithms.FedSGD.rounds": 30, "algorithms.FedAvg.rounds": 8},
+           "tuning_seeds": [100], "evaluation_seeds": [0, 1, 2], "compare_untuned": False,
+           "search": {"FedSGD": {"lr": [0.5, 1.0]}, "FedAvg": {"lr": [0.2, 0.4]}}}
+    (tmp_path / "small-tune.yaml").write_text(yaml.safe_dump(doc))
+
+
+CLAIMS = [{"id": "energy", "statement": "FedAvg needs less energy than FedSGD",
+           "where": "test", "metric": "energy_to_target", "winner": "FedAvg", "loser": "FedSGD"},
+          {"id": "radio", "statement": "FedSGD's energy is mostly radio",
+           "metric": "radio_share", "algorithm": "FedSGD", "above": 0.5}]
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"claims": []}, "claims"),
+    ({"claims": [{**CLAIMS[0], "winner": "DZOFL"}]}, "'DZOFL' is not tuned by small-tune.yaml"),
+    ({"claims": [{**CLAIMS[0], "metric": "joules"}]}, "unknown metric 'joules'"),
+    ({"claims": [{**CLAIMS[1], "above": None}]}, "give either 'winner' and 'loser'"),
+    ({"claims": [CLAIMS[0], CLAIMS[0]]}, "two claims share an id"),
+    ({"tune": "nowhere.yaml"}, "file 'nowhere.yaml' not found"),
+])
+def test_bad_reproduction_files_are_one_error_line(tmp_path, capsys, change, expected):
+    _tune_file(tmp_path)
+    doc = {"title": "t", "paper": "p", "tune": "small-tune.yaml", "claims": CLAIMS, **change}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, out, err = _cli(capsys, "reproduce", path, "--out", tmp_path / "out")
+    assert code == 2 and out == "" and err.count("\n") == 1 and expected in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_small_reproduction_end_to_end(tmp_path, capsys):
+    _tune_file(tmp_path)
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump({"title": "small", "paper": "none", "tune":
+                                    "small-tune.yaml", "claims": CLAIMS}))
+    out = tmp_path / "out"
+    code, stdout, err = _cli(capsys, "reproduce", path, "--out", out, "--workers", "2",
+                             "--quiet")
+    assert code == 0, err
+    claims = pd.read_csv(out / "claims.csv")
+    runs = pd.read_csv(out / "runs.csv")
+    assert set(runs.method) == {"FedSGD", "FedAvg"} and len(runs) == 6
+    # the verdicts recomputed from runs.csv with the same rules
+    for claim in (Claim(**c) for c in CLAIMS):
+        by = {m: _runs(list(g[claim.metric]), healthy=bool(g.healthy.all()))
+              for m, g in runs.groupby("method")}
+        assert claims[claims.claim == claim.id].verdict.iloc[0] == judge(claim, by)["verdict"]
+    assert "radio" in stdout and claims[claims.claim == "radio"].verdict.iloc[0] == HOLDS
+    assert (out / "report.html").is_file() and (out / "tune" / "report.html").is_file()
+
+
+def test_reproduce_list_names_what_ships(capsys):
+    code, out, _ = _cli(capsys, "reproduce", "--list")
+    assert code == 0 and "seed002" in out
