@@ -425,8 +425,8 @@ def test_resends_to_stale_devices_are_charged_to_the_base_station(mode, monkeypa
     base-station energy = sum over every downlink transmission of draw x airtime."""
     recorder = _DownlinkRecorder()
     monkeypatch.setattr(Downlink, "transmit", recorder.transmit)
-    sc, world, run = _run(["channel.downlink.loss=true", "channel.downlink.tx_power_dbm=0",
-                           f"engine.mode={mode}"])
+    _sc, world, run = _run(["channel.downlink.loss=true", "channel.downlink.tx_power_dbm=0",
+                            f"engine.mode={mode}"])
     resends = [c for c in recorder.calls if not c[1].all()]
     assert resends, "the setting must make some device stale"
     assert all(bits == world.flat.d * 32 for bits, *_ in resends)
