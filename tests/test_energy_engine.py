@@ -24,10 +24,13 @@ from wirelessfl.engine.build import build_world
 from wirelessfl.engine.ledger import KIND_INDEX, KINDS
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.errors import UserError
+from wirelessfl.report import plots
 from wirelessfl.report.plots import draw_report
 from wirelessfl.results.records import RunWriter, read_run
+from wirelessfl.results.summary import format_summary, summarize
 from wirelessfl.scenario import catalog
 from wirelessfl.scenario.loader import load_scenario, resolved_document, scenario_from_document
+from wirelessfl.tune.objectives import OBJECTIVES, score
 
 IDLE = KIND_INDEX["idle"]
 ONE_ROUND = ["algorithms.fedsgd.rounds=1", "algorithms.fedsgd.eval_every=1"]
@@ -469,6 +472,59 @@ def test_paper_accounting_charges_dzofl_one_forward_pass_per_iteration():
         pd.testing.assert_frame_equal(
             pd.DataFrame(run_algorithm(world, physical.algorithms[index]).rows),
             pd.DataFrame(run_algorithm(build_world(paper), paper.algorithms[index]).rows))
+
+
+def test_summary_tuning_and_breakdown_carry_the_system_energy(tmp_path, monkeypatch):
+    """The summary's system energy to target and in total are the devices' + the base
+    station's at the same rows, the tuning objective reads it, and the energy-breakdown figure
+    writes the base station's share above each bar; a run recorded before the base station's
+    columns still summarises (system energy NaN, left out of the printed table) and draws."""
+    sc = small_scenario(ONE_ROUND)
+    world = build_world(sc)
+    writer = RunWriter(tmp_path, resolved_document(sc), sc.seed)
+    for params in sc.algorithms[1:]:
+        run = run_algorithm(world, params)
+        writer.add(run.label, run.rows, run.device_rows(world), {})
+    writer.finish()
+    record = read_run(tmp_path)
+    rounds = record.rounds
+    # a target first met after round 0, by at least one algorithm
+    target = float(rounds[rounds["round"] > 0].test_accuracy.max())
+    assert target > rounds[rounds["round"] == 0].test_accuracy.max()
+    table = summarize(rounds, target, world.num_devices).set_index("algorithm")
+    last = rounds.groupby("algorithm").tail(1).set_index("algorithm")
+    first = rounds[rounds.test_accuracy >= target].groupby("algorithm").head(1)
+    first = first.set_index("algorithm")
+    for name in table.index:
+        assert table.loc[name, "energy_system_j"] == (last.loc[name, "energy_j"]
+                                                      + last.loc[name, "energy_bs_j"])
+        scored = score(OBJECTIVES["system_energy_to_target"], rounds[rounds.algorithm == name],
+                       target, None)["value"]
+        if name not in first.index:
+            assert math.isnan(table.loc[name, "system_energy_to_target_j"]) and math.isnan(scored)
+            continue
+        assert table.loc[name, "system_energy_to_target_j"] == pytest.approx(
+            first.loc[name, "energy_j"] + first.loc[name, "energy_bs_j"], rel=1e-15)
+        assert table.loc[name, "system_energy_to_target_j"] > table.loc[name, "energy_to_target_j"]
+        assert scored == table.loc[name, "system_energy_to_target_j"]
+    assert len(first) >= 1
+    assert "system energy [J]" in format_summary(table.reset_index(), target)
+
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)
+    plots.energy_breakdown(record, tmp_path / "breakdown.png")
+    texts = sorted(t.get_text() for t in figures[-1].axes[0].texts)
+    want = sorted(f"BS {100 * r.energy_bs_j / (r.energy_j + r.energy_bs_j):.1f}%"
+                  for r in last.itertuples())
+    assert texts == want and all(t != "BS 0.0%" for t in texts)
+
+    old = ["energy_bs_j", "energy_system_j", "bs_airtime_s"]
+    record.rounds = rounds.drop(columns=old)
+    before = summarize(record.rounds, target, world.num_devices)
+    assert before.energy_system_j.isna().all() and before.system_energy_to_target_j.isna().all()
+    assert "system" not in format_summary(before, target)
+    plots.energy_breakdown(record, tmp_path / "old.png")
+    assert not figures[-1].axes[0].texts
 
 
 def test_energy_accounting_rejects_other_values():
