@@ -311,15 +311,20 @@ def test_class_overrides_and_the_resolved_scenario_round_trip():
     assert (build_world(sc).device_class == world.device_class).all()
 
 
-def test_heterogeneous_run_records_classes_and_draws_lifetime_and_device_figures(tmp_path):
-    sc = small_scenario(BATTERY)
+def _record_run(sc, folder):
+    """(world, run record) of the scenario's algorithms but the first, written to ``folder``."""
     world = build_world(sc)
-    writer = RunWriter(tmp_path, resolved_document(sc), sc.seed)
+    writer = RunWriter(folder, resolved_document(sc), sc.seed)
     for params in sc.algorithms[1:]:
         run = run_algorithm(world, params)
         writer.add(run.label, run.rows, run.device_rows(world), {})
     writer.finish()
-    record = read_run(tmp_path)
+    return world, read_run(folder)
+
+
+def test_heterogeneous_run_records_classes_and_draws_lifetime_and_device_figures(tmp_path):
+    sc = small_scenario(BATTERY)
+    _world, record = _record_run(sc, tmp_path)
     devices = record.devices
     assert set(devices.device_class) == {"smartphone-soc", "mcu-iot"}
     np.testing.assert_allclose(devices.energy_j, devices.energy_compute_j + devices.energy_uplink_j
@@ -480,13 +485,7 @@ def test_summary_tuning_and_breakdown_carry_the_system_energy(tmp_path, monkeypa
     writes the base station's share above each bar; a run recorded before the base station's
     columns still summarises (system energy NaN, left out of the printed table) and draws."""
     sc = small_scenario(ONE_ROUND)
-    world = build_world(sc)
-    writer = RunWriter(tmp_path, resolved_document(sc), sc.seed)
-    for params in sc.algorithms[1:]:
-        run = run_algorithm(world, params)
-        writer.add(run.label, run.rows, run.device_rows(world), {})
-    writer.finish()
-    record = read_run(tmp_path)
+    world, record = _record_run(sc, tmp_path)
     rounds = record.rounds
     # a target first met after round 0, by at least one algorithm
     target = float(rounds[rounds["round"] > 0].test_accuracy.max())
