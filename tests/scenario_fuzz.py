@@ -62,7 +62,7 @@ KEYS = ["name", "seed", "channel", "energy", "population", "data", "partition", 
         "quantization_bits", "target_accuracy", "target_suboptimality", "engine", "algorithms",
         "rounds", "lr", "num_devices", "alpha", "scheme", "label", "bits", "uplink", "profile",
         "tx_power_dbm", "classes", "battery_j", "hidden", "dimension", "p", "eta", "unknown_key",
-        "health", "max_clipped_share", "loss_must_fall"]
+        "health", "max_clipped_share", "loss_must_fall", "energy_accounting", "circuit_power_w"]
 
 
 def _paths(node, prefix=()):

@@ -63,7 +63,8 @@ def test_ledger_bits_equal_declared_payloads(name, bits):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_energies_non_negative_and_add_up(name):
-    _, run = _run(_scenario(name))
+    sc = _scenario(name)
+    _, run = _run(sc)
     rows = pd.DataFrame(run.rows)
     assert (run.ledger.energy_j >= 0).all()
     np.testing.assert_allclose(rows.energy_j, rows.energy_compute_j + rows.energy_uplink_j
@@ -72,6 +73,14 @@ def test_energies_non_negative_and_add_up(name):
                                + rows.energy_compute_backward_j, rtol=1e-12)
     assert (np.diff(rows.energy_j) > 0).all() and (np.diff(rows.sim_time_s) > 0).all()
     assert rows.energy_j.iloc[-1] == pytest.approx(run.ledger.energy_j.sum(), rel=1e-12)
+    # the base station is on air every round (its transmit power x its airtime), kept beside
+    # the devices' energy: system = devices + base station
+    np.testing.assert_allclose(rows.energy_system_j, rows.energy_j + rows.energy_bs_j,
+                               rtol=1e-15)
+    assert (np.diff(rows.energy_bs_j) > 0).all() and (np.diff(rows.bs_airtime_s) > 0).all()
+    draw_w = 10 ** ((sc.channel.downlink.tx_power_dbm - 30) / 10) + \
+        sc.channel.downlink.circuit_power_w
+    np.testing.assert_allclose(rows.energy_bs_j, draw_w * rows.bs_airtime_s, rtol=1e-12)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -8,6 +8,7 @@ the code they check."""
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pandas as pd
@@ -18,14 +19,18 @@ from hypothesis import strategies as st
 from tests.conftest import algorithm_scenario, small_scenario
 from tests.test_radio_engine import SETTINGS
 from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
+from wirelessfl.channel.link import Downlink
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.ledger import KIND_INDEX, KINDS
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.errors import UserError
+from wirelessfl.report import plots
 from wirelessfl.report.plots import draw_report
 from wirelessfl.results.records import RunWriter, read_run
+from wirelessfl.results.summary import format_summary, summarize
 from wirelessfl.scenario import catalog
 from wirelessfl.scenario.loader import load_scenario, resolved_document, scenario_from_document
+from wirelessfl.tune.objectives import OBJECTIVES, score
 
 IDLE = KIND_INDEX["idle"]
 ONE_ROUND = ["algorithms.fedsgd.rounds=1", "algorithms.fedsgd.eval_every=1"]
@@ -306,15 +311,20 @@ def test_class_overrides_and_the_resolved_scenario_round_trip():
     assert (build_world(sc).device_class == world.device_class).all()
 
 
-def test_heterogeneous_run_records_classes_and_draws_lifetime_and_device_figures(tmp_path):
-    sc = small_scenario(BATTERY)
+def _record_run(sc, folder):
+    """(world, run record) of the scenario's algorithms but the first, written to ``folder``."""
     world = build_world(sc)
-    writer = RunWriter(tmp_path, resolved_document(sc), sc.seed)
+    writer = RunWriter(folder, resolved_document(sc), sc.seed)
     for params in sc.algorithms[1:]:
         run = run_algorithm(world, params)
         writer.add(run.label, run.rows, run.device_rows(world), {})
     writer.finish()
-    record = read_run(tmp_path)
+    return world, read_run(folder)
+
+
+def test_heterogeneous_run_records_classes_and_draws_lifetime_and_device_figures(tmp_path):
+    sc = small_scenario(BATTERY)
+    _world, record = _record_run(sc, tmp_path)
     devices = record.devices
     assert set(devices.device_class) == {"smartphone-soc", "mcu-iot"}
     np.testing.assert_allclose(devices.energy_j, devices.energy_compute_j + devices.energy_uplink_j
@@ -332,6 +342,193 @@ def test_shipped_heterogeneous_scenario_validates():
     assert set(sc.population.classes) == {"smartphone-soc", "mcu-iot"}
     assert sc.population.classes["mcu-iot"].energy.battery_j is not None
     assert {a.name for a in sc.algorithms} == {"fedavg", "dzofl"}
+
+
+# ---- the base station's transmit energy ----
+
+def _dbm_to_w(dbm):
+    return 10 ** ((dbm - 30) / 10)
+
+
+class _DownlinkRecorder:
+    """Wraps ``Downlink.transmit``: every downlink transmission's receivers, airtime [s] and
+    the base station's draw while on air [W] from the profile's own fields."""
+
+    def __init__(self):
+        self.calls = []
+        original = Downlink.transmit
+
+        def transmit(link, bits, receivers, rng=None, now_s=0.0):
+            out = original(link, bits, receivers, rng=rng, now_s=now_s)
+            down = link.config.downlink
+            self.calls.append((bits, np.array(receivers, dtype=bool), out.airtime_s,
+                               _dbm_to_w(down.tx_power_dbm) + down.circuit_power_w))
+            return out
+
+        self.transmit = transmit  # a function, so that it binds as a method of Downlink
+
+    def energy_j(self):
+        return math.fsum(air * draw for _, _, air, draw in self.calls)
+
+    def airtime_s(self):
+        return math.fsum(air for _, _, air, _ in self.calls)
+
+
+SEED002_CNN_AT_500_M = ["population.num_devices=2", "population.distances_m=[100, 500]",
+                        "channel.fading=none", "data.name=digits28", "data.classes=[6, 7]",
+                        "model.name=seed002-cnn", "algorithms.dzofl.rounds=1",
+                        "algorithms.dzofl.eval_every=1", *ONE_ROUND]
+
+
+@pytest.mark.parametrize("mode", ["vectorized", "processes"])
+def test_one_fedsgd_broadcast_costs_the_base_station_46_dbm_times_its_airtime(mode):
+    """Seed 002's CNN (d = 45,362) in the seed002-cell profile, the weakest device at 500 m, by
+    hand: one FedSGD broadcast is d 16-bit values + a 32-bit scale = 725,824 bits at
+    2 MHz x log2(1 + SNR), SNR = 46 - (128.1 + 37.6 log10 0.5) - (-173 + 10 log10 2e6) = 39.21 dB,
+    i.e. 26.05 Mbit/s: 223 slots of 0.125 ms on air, at 10^((46 - 30)/10) W = 39.8 W, 1.1097 J.
+    A DZOFL broadcast (one 16-bit scalar) is one slot: 4.98 mJ. The devices' energy_j is not
+    touched; the system's is the sum."""
+    sc = small_scenario([*SEED002_CNN_AT_500_M, f"engine.mode={mode}"])
+    world = build_world(sc)
+    assert world.evaluator.d == 45_362  # dzofl.md sec. 5
+    bits = 45_362 * 16 + 32
+    noise_dbm = -173 + 10 * math.log10(2e6)
+    snr_db = 46 - (128.1 + 37.6 * math.log10(0.5)) - noise_dbm
+    assert snr_db == pytest.approx(39.21, abs=5e-3)
+    rate = 2e6 * math.log2(1 + 10 ** (snr_db / 10))
+    slots = math.ceil(bits / (rate * 0.125e-3))
+    assert slots == 223
+    want = _dbm_to_w(46) * slots * 0.125e-3
+    assert want == pytest.approx(1.1097, abs=1e-4)
+
+    row = run_algorithm(world, sc.algorithms[1]).rows[-1]  # FedSGD, one round
+    assert row["bs_airtime_s"] == pytest.approx(slots * 0.125e-3, rel=1e-12)
+    assert row["energy_bs_j"] == pytest.approx(want, rel=1e-12)
+    assert row["energy_system_j"] == row["energy_j"] + row["energy_bs_j"]
+    # the devices still pay only for listening: 0.1 W x the same airtime each
+    assert row["energy_downlink_j"] == pytest.approx(2 * 0.1 * slots * 0.125e-3, rel=1e-12)
+
+    row = run_algorithm(world, sc.algorithms[0]).rows[-1]  # DZOFL, one iteration
+    assert row["energy_bs_j"] == pytest.approx(_dbm_to_w(46) * 0.125e-3, rel=1e-12)
+    assert row["energy_bs_j"] == pytest.approx(4.976e-3, abs=1e-6)
+
+
+def test_base_station_draws_its_circuit_power_and_is_on_air_for_every_unicast_packet():
+    """Unicast: one packet per device at its own mean-SNR rate, back to back; the base station
+    draws transmit + circuit power for the sum of their airtimes."""
+    sc, world, run = _run(TWO_DEVICES + ONE_ROUND + ["channel.downlink.mode=unicast",
+                                                     "channel.downlink.circuit_power_w=5"])
+    packet = world.flat.d * 16 + 32
+    air = _broadcast_airtime(sc, packet, 100) + _broadcast_airtime(sc, packet, 400)
+    row = run.rows[-1]
+    assert row["bs_airtime_s"] == pytest.approx(air, rel=1e-12)
+    assert row["energy_bs_j"] == pytest.approx((_dbm_to_w(46) + 5) * air, rel=1e-12)
+    assert run.ledger.bs_energy_j == row["energy_bs_j"]
+
+
+@pytest.mark.parametrize("mode", ["vectorized", "processes"])
+def test_resends_to_stale_devices_are_charged_to_the_base_station(mode, monkeypatch):
+    """With downlink loss, devices that missed a packet are resent the model (d float32 values,
+    Algorithm.resync) to themselves only; each resend is on air and charged like a broadcast:
+    base-station energy = sum over every downlink transmission of draw x airtime."""
+    recorder = _DownlinkRecorder()
+    monkeypatch.setattr(Downlink, "transmit", recorder.transmit)
+    _sc, world, run = _run(["channel.downlink.loss=true", "channel.downlink.tx_power_dbm=0",
+                            f"engine.mode={mode}"])
+    resends = [c for c in recorder.calls if not c[1].all()]
+    assert resends, "the setting must make some device stale"
+    assert all(bits == world.flat.d * 32 for bits, *_ in resends)
+    assert run.ledger.broadcasts_missed.sum() > 0
+    row = run.rows[-1]
+    assert row["energy_bs_j"] == pytest.approx(recorder.energy_j(), rel=1e-12)
+    assert row["bs_airtime_s"] == pytest.approx(recorder.airtime_s(), rel=1e-12)
+    assert math.fsum(c[2] for c in resends) > 0
+
+
+def test_paper_accounting_charges_dzofl_one_forward_pass_per_iteration():
+    """energy_accounting: paper (seed 002, Sec. III-C "E_FP x T", Sec. III-B one forward
+    computation per iteration): DZOFL's compute energy and compute time are exactly half of
+    physical's two queries, every iteration; the radio is unchanged; gradient methods (E_FP +
+    E_BP per iteration under both) are unchanged; the manifest's scenario records it."""
+    physical, paper = small_scenario(), small_scenario(["energy_accounting=paper"])
+    assert resolved_document(physical)["energy_accounting"] == "physical"
+    assert resolved_document(paper)["energy_accounting"] == "paper"
+    world = build_world(physical)
+    a = run_algorithm(world, physical.algorithms[0])
+    b = run_algorithm(build_world(paper), paper.algorithms[0])
+    fwd, bwd = KIND_INDEX["compute_forward"], KIND_INDEX["compute_backward"]
+    iterations = physical.algorithms[0].rounds
+    one_pass_j = world.compute_model(16).forward_energy_j(10)  # E_FP of a batch of 10
+    one_pass_s = world.compute_model(16).forward_time_s(10)
+    np.testing.assert_allclose(a.ledger.energy_j[:, fwd], 2 * iterations * one_pass_j, rtol=1e-12)
+    np.testing.assert_allclose(b.ledger.energy_j[:, fwd], iterations * one_pass_j, rtol=1e-12)
+    np.testing.assert_array_equal(b.ledger.energy_j[:, fwd], a.ledger.energy_j[:, fwd] / 2)
+    np.testing.assert_array_equal(b.ledger.busy_s[:, fwd], a.ledger.busy_s[:, fwd] / 2)
+    assert (a.ledger.energy_j[:, bwd] == 0).all() and (b.ledger.energy_j[:, bwd] == 0).all()
+    for kind in ("uplink", "downlink"):
+        np.testing.assert_array_equal(a.ledger.energy_j[:, KIND_INDEX[kind]],
+                                      b.ledger.energy_j[:, KIND_INDEX[kind]])
+    assert a.ledger.bs_energy_j == b.ledger.bs_energy_j
+    ra, rb = pd.DataFrame(a.rows), pd.DataFrame(b.rows)
+    np.testing.assert_allclose(ra.sim_time_s - rb.sim_time_s, ra["round"] * one_pass_s,
+                               rtol=1e-9, atol=1e-15)
+    np.testing.assert_array_equal(ra.test_accuracy, rb.test_accuracy)  # same numerics
+    for index in (1, 2):  # FedSGD, FedAvg: the passes they make under both
+        pd.testing.assert_frame_equal(
+            pd.DataFrame(run_algorithm(world, physical.algorithms[index]).rows),
+            pd.DataFrame(run_algorithm(build_world(paper), paper.algorithms[index]).rows))
+
+
+def test_summary_tuning_and_breakdown_carry_the_system_energy(tmp_path, monkeypatch):
+    """The summary's system energy to target and in total are the devices' + the base
+    station's at the same rows, the tuning objective reads it, and the energy-breakdown figure
+    writes the base station's share above each bar; a run recorded before the base station's
+    columns still summarises (system energy NaN, left out of the printed table) and draws."""
+    sc = small_scenario(ONE_ROUND)
+    world, record = _record_run(sc, tmp_path)
+    rounds = record.rounds
+    # a target first met after round 0, by at least one algorithm
+    target = float(rounds[rounds["round"] > 0].test_accuracy.max())
+    assert target > rounds[rounds["round"] == 0].test_accuracy.max()
+    table = summarize(rounds, target, world.num_devices).set_index("algorithm")
+    last = rounds.groupby("algorithm").tail(1).set_index("algorithm")
+    first = rounds[rounds.test_accuracy >= target].groupby("algorithm").head(1)
+    first = first.set_index("algorithm")
+    for name in table.index:
+        assert table.loc[name, "energy_system_j"] == (last.loc[name, "energy_j"]
+                                                      + last.loc[name, "energy_bs_j"])
+        scored = score(OBJECTIVES["system_energy_to_target"], rounds[rounds.algorithm == name],
+                       target, None)["value"]
+        if name not in first.index:
+            assert math.isnan(table.loc[name, "system_energy_to_target_j"]) and math.isnan(scored)
+            continue
+        assert table.loc[name, "system_energy_to_target_j"] == pytest.approx(
+            first.loc[name, "energy_j"] + first.loc[name, "energy_bs_j"], rel=1e-15)
+        assert table.loc[name, "system_energy_to_target_j"] > table.loc[name, "energy_to_target_j"]
+        assert scored == table.loc[name, "system_energy_to_target_j"]
+    assert len(first) >= 1
+    assert "system energy [J]" in format_summary(table.reset_index(), target)
+
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)
+    plots.energy_breakdown(record, tmp_path / "breakdown.png")
+    texts = sorted(t.get_text() for t in figures[-1].axes[0].texts)
+    want = sorted(f"BS {100 * r.energy_bs_j / (r.energy_j + r.energy_bs_j):.1f}%"
+                  for r in last.itertuples())
+    assert texts == want and all(t != "BS 0.0%" for t in texts)
+
+    old = ["energy_bs_j", "energy_system_j", "bs_airtime_s"]
+    record.rounds = rounds.drop(columns=old)
+    before = summarize(record.rounds, target, world.num_devices)
+    assert before.energy_system_j.isna().all() and before.system_energy_to_target_j.isna().all()
+    assert "system" not in format_summary(before, target)
+    plots.energy_breakdown(record, tmp_path / "old.png")
+    assert not figures[-1].axes[0].texts
+
+
+def test_energy_accounting_rejects_other_values():
+    with pytest.raises(UserError, match="energy_accounting"):
+        small_scenario(["energy_accounting=papers"])
 
 
 # ---- conservation over random small scenarios ----
@@ -383,8 +580,21 @@ def test_energy_is_conserved_over_random_scenarios(case):
     overrides, algorithm = case
     sc = algorithm_scenario(algorithm, overrides)
     world = build_world(sc)
-    run = run_algorithm(world, sc.algorithms[0])
+    recorder = _DownlinkRecorder()
+    with mock.patch.object(Downlink, "transmit", recorder.transmit):
+        run = run_algorithm(world, sc.algorithms[0])
     led, rows = run.ledger, pd.DataFrame(run.rows)
+    # the base station: every downlink transmission (broadcasts, unicasts, resends) at its draw
+    # x airtime, beside the devices' energy; the system's = devices' + base station's
+    assert recorder.calls and led.bs_energy_j > 0
+    assert led.bs_energy_j == pytest.approx(recorder.energy_j(), rel=1e-12)
+    assert rows.energy_bs_j.iloc[-1] == led.bs_energy_j
+    assert rows.bs_airtime_s.iloc[-1] == pytest.approx(recorder.airtime_s(), rel=1e-12)
+    np.testing.assert_allclose(rows.energy_system_j, rows.energy_j + rows.energy_bs_j,
+                               rtol=1e-15)
+    assert led.system_energy_j() == pytest.approx(led.energy_j.sum() + recorder.energy_j(),
+                                                  rel=1e-12)
+    assert (np.diff(rows.energy_bs_j) >= 0).all()
     total = led.energy_j.sum()
     assert (led.energy_j >= 0).all() and (led.busy_s >= 0).all()
     assert total == pytest.approx(sum(led.energy_by_kind().values()), rel=1e-12, abs=1e-300)

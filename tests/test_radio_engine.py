@@ -44,6 +44,8 @@ def test_engines_agree_under_radio_settings(setting, index):
     np.testing.assert_allclose(a.sim_time_s, b.sim_time_s, rtol=1e-12, atol=0)
     np.testing.assert_allclose(a.queue_wait_s, b.queue_wait_s, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(vec.ledger.energy_j, proc.ledger.energy_j, rtol=1e-9, atol=1e-15)
+    station = ["energy_bs_j", "bs_airtime_s", "energy_system_j"]
+    np.testing.assert_allclose(a[station], b[station], rtol=1e-12, atol=0)
     cols = ["transmissions", "late_uploads", "broadcasts_missed", "delivered_fraction",
             "bits_up", "bits_down", "test_accuracy", "test_loss"]
     pd.testing.assert_frame_equal(a[cols], b[cols])

@@ -84,7 +84,8 @@ class DZOFL(Algorithm):
         diff = (ctx.evaluator.device_losses(self.theta + gamma * phi, idx)
                 - ctx.evaluator.device_losses(self.theta - gamma * phi, idx))
         scalar, _ = self.declared_payloads(self.theta.numel(), self.bits)
-        result = yield from self.collect(Cost(forward_passes=2, batch_size=p.batch_size), scalar)
+        cost = Cost(forward_passes=2, paper_forward_passes=1, batch_size=p.batch_size)
+        result = yield from self.collect(cost, scalar)
         delivered = torch.as_tensor(result.delivered, device=diff.device)
         q_up = self.quantize_scalars(diff, p.scalar_range, keyed_generator(ctx.seed, "dzofl-up", k),
                                      delivered)

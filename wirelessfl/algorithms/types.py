@@ -55,12 +55,19 @@ class Cost:
     device) or arrays of length N (per-device counts, e.g. heterogeneous local steps);
     ``batch_size`` is one sample count or N of them (full local gradients:
     ``Problem.full_batch_sizes()``).
+
+    ``paper_forward_passes``: the forward passes seed 002's accounting counts for this work, where
+    it differs from the passes made (None: the same). The paper charges DZOFL E_FP once per
+    iteration (Sec. III-C, "E_FP x T"; its Sec. III-B times one forward computation per
+    iteration) although an iteration makes two queries; gradient methods E_FP + E_BP per
+    iteration, which is the passes made. Priced under ``energy_accounting: paper`` only.
     """
 
     forward_passes: int | np.ndarray = 0
     backward_passes: int | np.ndarray = 0
     batch_size: int | np.ndarray = 1
     hvp_passes: int | np.ndarray = 0
+    paper_forward_passes: int | np.ndarray | None = None
 
     def per_device(self, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward pass counts (gradient evaluations) as float arrays of length N."""
@@ -72,9 +79,14 @@ class Cost:
         """Hessian-vector products as a float array of length N."""
         return np.broadcast_to(np.asarray(self.hvp_passes, dtype=float), (num_devices,))
 
-    def priced_passes(self, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
-        """Forward and backward passes the energy models price, [N] each: the passes plus each
-        Hessian-vector product as HVP_FORWARD_PASSES forward + HVP_BACKWARD_PASSES backward."""
+    def priced_passes(self, num_devices: int, accounting: str = "physical"
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward passes the energy and time models price, [N] each: the passes
+        plus each Hessian-vector product as HVP_FORWARD_PASSES forward + HVP_BACKWARD_PASSES
+        backward. ``accounting`` ``paper``: ``paper_forward_passes`` forward passes where given."""
         fwd, bwd = self.per_device(num_devices)
+        if accounting == "paper" and self.paper_forward_passes is not None:
+            fwd = np.broadcast_to(np.asarray(self.paper_forward_passes, dtype=float),
+                                  (num_devices,))
         hvp = self.hvp_per_device(num_devices)
         return fwd + HVP_FORWARD_PASSES * hvp, bwd + HVP_BACKWARD_PASSES * hvp

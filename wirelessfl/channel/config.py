@@ -168,6 +168,9 @@ class DownlinkConfig(_Strict):
     efficiency: float = Field(
         1.0, gt=0, le=1, description="rate = efficiency * B log2(1 + mean SNR)")
     header_bits: NonNegativeInt = Field(0, description="bits added to every transmission [bit]")
+    circuit_power_w: NonNegativeFloat = Field(
+        0.0, description="[D] base-station transmitter circuit power while on air [W], added to "
+                         "the transmit power in the base station's energy (energy_bs_j)")
 
     @field_validator("tx_power_dbm")
     @classmethod

@@ -186,6 +186,16 @@ class Downlink(_FadingOwner):
         return float(dbm_to_w(self.config.downlink.tx_power_dbm))
 
     @property
+    def circuit_power_w(self) -> float:
+        """Base-station transmitter circuit power while on air [W] (profile value; 0 by default)."""
+        return float(self.config.downlink.circuit_power_w)
+
+    @property
+    def draw_w(self) -> float:
+        """What the base station draws while on air [W]: transmit + circuit power."""
+        return self.tx_power_w + self.circuit_power_w
+
+    @property
     def rate_bps(self) -> float:
         """Broadcast rate to every device [bit/s]: efficiency * B log2(1 + min_i mean SNR_i)."""
         down = self.config.downlink

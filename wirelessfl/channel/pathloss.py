@@ -2,7 +2,8 @@
 
 ``path_loss.model`` picks one of:
 
-* ``log-distance-km``: PL = A + B log10(d [km]), the 3GPP TR 36.814 Table A.2.1.1-2 form (seed 002);
+* ``log-distance-km``: PL = A + B log10(d [km]), the 3GPP TR 36.814 Table A.2.1.1-2 form (our [D]
+  choice for the seed-002 profiles: seed 002 states no path-loss model);
 * ``free-space``: Friis, PL = 20 log10(4 pi d f_c / c);
 * ``log-distance``: PL = PL(d0) + 10 n log10(d / d0), PL(d0) = free space at d0 unless given;
 * ``3gpp-uma``, ``3gpp-umi``, ``3gpp-inh``: 3GPP TR 38.901 V17.0.0 Table 7.4.1-1 (UMa, UMi-Street

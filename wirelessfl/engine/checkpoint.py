@@ -22,7 +22,7 @@ import simpy
 from wirelessfl.errors import UserError
 
 CHECKPOINT_NAME = "checkpoint.pkl"
-FORMAT = 2  # 2: the run context holds the health counters
+FORMAT = 3  # 2: the run context holds the health counters; 3: the ledger the base station's
 
 
 class _Pickler(pickle.Pickler):

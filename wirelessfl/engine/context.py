@@ -197,17 +197,22 @@ class RunContext:
             settle()
         by_kind = self.ledger.energy_by_kind()
         compute = by_kind["compute_forward"] + by_kind["compute_backward"]
+        devices = compute + by_kind["uplink"] + by_kind["downlink"] + by_kind["idle"]
+        base_station = float(self.ledger.bs_energy_j)
         return {
             "algorithm": self.algorithm,
             "round": completed,
             "sim_time_s": float(self.env.now),
-            "energy_j": compute + by_kind["uplink"] + by_kind["downlink"] + by_kind["idle"],
+            "energy_j": devices,
             "energy_compute_j": compute,
             "energy_compute_forward_j": by_kind["compute_forward"],
             "energy_compute_backward_j": by_kind["compute_backward"],
             "energy_uplink_j": by_kind["uplink"],
             "energy_downlink_j": by_kind["downlink"],
             "energy_idle_j": by_kind["idle"],
+            "energy_bs_j": base_station,
+            "energy_system_j": devices + base_station,
+            "bs_airtime_s": float(self.ledger.bs_airtime_s),
             "bits_up": float(self.ledger.bits_up.sum()),
             "bits_down": float(self.ledger.bits_down.sum()),
             "delivered_fraction": self.ledger.delivered_fraction(),

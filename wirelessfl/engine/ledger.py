@@ -6,6 +6,10 @@ one vector operation; totals are exact sums of the entries (conservation is test
 The kinds are exclusive in time: at every simulated instant a device that still has energy is
 computing, sending, receiving or idle (waiting), so per device the ``busy_s`` of the five kinds
 add up to the time it was alive (``alive_s``); the engine charges ``idle`` as the rest.
+
+The base station's own transmit energy is kept beside the devices' accounts, not in them
+(``bs_energy_j``, ``bs_airtime_s``): seed 002 counts "both the uplink and downlink" transmission
+energies (Sec. III-C), so the system's energy is the devices' plus the base station's.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ class Ledger:
     # Upload phases (collects) so far: a round with a gradient all-reduce before its model
     # exchange counts two (fedred.md Sec. 3.1, `exchanges`).
     exchanges: int = field(init=False, default=0)
+    # The base station: energy it drew while on air [J] (transmit + circuit power x airtime of
+    # every downlink transmission, resends included) and that airtime [s], cumulative.
+    bs_energy_j: float = field(init=False, default=0.0)
+    bs_airtime_s: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         n = self.num_devices
@@ -64,6 +72,16 @@ class Ledger:
         k = KIND_INDEX[kind]
         self.energy_j[devices, k] += energy_j
         self.busy_s[devices, k] += busy_s
+
+    def charge_base_station(self, draw_w: float, airtime_s: float) -> None:
+        """Add one downlink transmission of the base station: ``draw_w`` [W] for ``airtime_s``
+        [s] on air."""
+        self.bs_energy_j += draw_w * airtime_s
+        self.bs_airtime_s += airtime_s
+
+    def system_energy_j(self) -> float:
+        """Devices' energy (every kind) + the base station's [J]."""
+        return self.total_energy_j() + self.bs_energy_j
 
     def energy_by_kind(self) -> dict[str, float]:
         """Network-wide energy per kind [J]."""

@@ -17,6 +17,14 @@ device busy + idle time equals the simulated time it was alive. A device whose c
 reaches its battery budget completes the phase it is in (its last phase may overshoot the
 budget), is marked depleted at the phase's end, and from then on neither computes, sends,
 listens nor idles: it is left out of every collect and broadcast.
+
+Every downlink transmission also charges the base station (``Ledger.charge_base_station``): its
+draw (the downlink's transmit + circuit power) x the time it is on air, a broadcast's airtime or
+the sum of a unicast's packets. Uplink ARQ retries carry no acknowledgement or request in the
+model, so the base station spends nothing on them.
+
+``accounting`` picks how many forward passes a ``Cost`` is priced at (time and energy):
+``physical`` every pass the algorithm makes, ``paper`` seed 002's count (``Cost.priced_passes``).
 """
 
 from __future__ import annotations
@@ -87,10 +95,12 @@ class Network:
 
     def __init__(self, env: simpy.Environment, ledger: Ledger, uplink, downlink, compute,
                  power: DevicePower | float, rng: np.random.Generator,
-                 downlink_rng: np.random.Generator | None = None):
+                 downlink_rng: np.random.Generator | None = None,
+                 accounting: str = "physical"):
         """``power``: every device's draws and budget (``DevicePower``), or a receive power [W]
         alone for devices that draw the channel's transmit + circuit power while sending and
-        nothing while idle, with no battery limit."""
+        nothing while idle, with no battery limit. ``accounting``: ``physical`` or ``paper``
+        (the scenario's ``energy_accounting``)."""
         self.env = env
         self.ledger = ledger
         self.uplink = uplink
@@ -117,6 +127,7 @@ class Network:
         self.scheduler = up.spectrum.scheduler or "round-robin"
         self.phase = 0  # upload phases so far: rotates the round-robin order
         self.pf_average_bps: np.ndarray | None = None  # proportional-fair served-rate average
+        self.accounting = accounting
 
     @property
     def alive(self) -> np.ndarray:
@@ -175,7 +186,7 @@ class Network:
         engines): fading is drawn at each device's ready time, the deadline cuts late uploads."""
         start = self.env.now
         on = active.astype(float)
-        fwd, bwd = cost.priced_passes(self.num_devices)
+        fwd, bwd = cost.priced_passes(self.num_devices, self.accounting)
         fwd, bwd = fwd * on, bwd * on
         gradients = cost.per_device(self.num_devices)[1] * on
         hvps = cost.hvp_per_device(self.num_devices) * on
@@ -252,6 +263,7 @@ class Network:
         receivers = self._active(receivers)
         out = self.downlink.transmit(payload.bits, receivers, rng=self.downlink_rng,
                                      now_s=self.env.now)
+        self.ledger.charge_base_station(self.downlink.draw_w, out.airtime_s)
         return alive, receivers, self.env.now, out
 
     def _record_downlink(self, payload: Payload, out, receivers, devices) -> None:

@@ -103,7 +103,8 @@ def run_algorithm(world: World, params: AlgorithmParams,
                                           world.compute_model(params.bits),
                                           world.device_power(uplink),
                                           keyed_rng(sc.seed, "fading"),
-                                          keyed_rng(sc.seed, "downlink"))
+                                          keyed_rng(sc.seed, "downlink"),
+                                          accounting=sc.energy_accounting)
         ctx = RunContext(params.display_name, env, network, ledger, world.evaluator,
                          world.initial(), sc.seed, params.rounds,
                          params.eval_every, on_round, worst_fraction=sc.worst_fraction,

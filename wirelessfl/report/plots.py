@@ -92,7 +92,9 @@ def optimization_progress(record: RunRecord, path: Path) -> Path | None:
 
 
 def energy_breakdown(record: RunRecord, path: Path) -> Path:
-    """Stacked bars of each algorithm's total energy by kind, at its last round."""
+    """Stacked bars of each algorithm's total energy by kind, at its last round: the devices'
+    kinds, then the base station's transmit energy (hatched, its share of the system's energy
+    written above the bar) where the run recorded it."""
     last = record.rounds.sort_values("round").groupby("algorithm", sort=False).tail(1)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     bottom = [0.0] * len(last)
@@ -103,7 +105,18 @@ def energy_breakdown(record: RunRecord, path: Path) -> Path:
         values = list(last[column])
         ax.bar(names, values, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_ylabel("energy over the whole run [J] (all devices)")
+    who = "all devices"
+    if "energy_bs_j" in last and last.energy_bs_j.notna().any():
+        station = list(last.energy_bs_j.fillna(0.0))
+        ax.bar(names, station, bottom=bottom, label="base station (transmit)", color="0.75",
+               hatch="//", edgecolor="0.35")
+        for name, devices, bs in zip(names, bottom, station):
+            total = devices + bs
+            ax.annotate(f"BS {100 * bs / total:.1f}%" if total else "", (name, total),
+                        ha="center", va="bottom", fontsize="x-small")
+        bottom = [b + v for b, v in zip(bottom, station)]
+        who = "devices + base station"
+    ax.set_ylabel(f"energy over the whole run [J] ({who})")
     ax.set_yscale("log" if max(bottom, default=0) / max(min(bottom, default=1), 1e-30) > 100
                   else "linear")
     ax.legend()

@@ -27,9 +27,9 @@ from wirelessfl.learning.partition import mean_tv_distance
 ROUND_COLUMNS = [
     "algorithm", "round", "sim_time_s", "energy_j", "energy_compute_j", "energy_compute_forward_j",
     "energy_compute_backward_j", "energy_uplink_j", "energy_downlink_j", "energy_idle_j",
-    "bits_up", "bits_down", "delivered_fraction", "transmissions", "late_uploads",
-    "queue_wait_s", "broadcasts_missed", "alive_devices", "gradient_evaluations",
-    "hessian_vector_products", "local_steps", "exchanges",
+    "energy_bs_j", "energy_system_j", "bs_airtime_s", "bits_up", "bits_down",
+    "delivered_fraction", "transmissions", "late_uploads", "queue_wait_s", "broadcasts_missed",
+    "alive_devices", "gradient_evaluations", "hessian_vector_products", "local_steps", "exchanges",
     "test_accuracy", "test_loss", "suboptimality", "grad_norm_sq",
     "mean_device_accuracy", "worst_device_accuracy", "worst_k_device_accuracy", "device_accuracy",
     "param_norm", "quantized_up", "clipped_up", "quantized_down", "clipped_down", "empty_rounds",

@@ -11,10 +11,10 @@ from wirelessfl.results.health import HEALTH_FIELDS, assess, manifest_health
 
 SUMMARY_COLUMNS = [
     "algorithm", "rounds_to_target", "time_to_target_s", "energy_to_target_j",
-    "compute_share", "radio_share", "idle_share", "final_accuracy",
+    "system_energy_to_target_j", "compute_share", "radio_share", "idle_share", "final_accuracy",
     "final_worst_device_accuracy", "final_suboptimality", "gradient_evaluations_to_target",
-    "rounds", "sim_time_s",
-    "energy_j", "uplink_bits_per_device_round", "in_time_fraction", "late_uploads",
+    "rounds", "sim_time_s", "energy_j", "energy_system_j", "uplink_bits_per_device_round",
+    "in_time_fraction", "late_uploads",
     *HEALTH_FIELDS,
 ]
 
@@ -36,8 +36,10 @@ def reached_mask(group: pd.DataFrame, target: float | None,
 def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
               target_suboptimality: float | None = None, manifest: dict | None = None
               ) -> pd.DataFrame:
-    """One row per algorithm. The energy split is of the energy to target (of the total if the
-    target was not reached); 'radio' is uplink + downlink, 'idle' the waiting devices' draw.
+    """One row per algorithm. The energy split is of the devices' energy to target (of the total
+    if the target was not reached); 'radio' is uplink + downlink, 'idle' the waiting devices'
+    draw. The system energy adds the base station's transmit energy (NaN for runs recorded
+    before it was kept).
 
     The health columns (``healthy``, ``health`` and the numbers behind them, results/health.py)
     read the run's ``manifest`` for each algorithm's status, parameter names and the scenario's
@@ -65,6 +67,7 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
             "rounds_to_target": int(at["round"]) if at is not None else None,
             "time_to_target_s": float(at.sim_time_s) if at is not None else math.nan,
             "energy_to_target_j": float(at.energy_j) if at is not None else math.nan,
+            "system_energy_to_target_j": (_system_energy(at) if at is not None else math.nan),
             "compute_share": basis.energy_compute_j / total if total else math.nan,
             "radio_share": radio / total if total else math.nan,
             # runs recorded before idle power was charged have no such column
@@ -79,6 +82,7 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
             "rounds": int(last["round"]),
             "sim_time_s": float(last.sim_time_s),
             "energy_j": float(last.energy_j),
+            "energy_system_j": _system_energy(last),
             "uplink_bits_per_device_round": float(last.bits_up) / (num_devices * completed),
             "in_time_fraction": float(last.delivered_fraction),
             # runs recorded before deadlines existed have no such column
@@ -86,6 +90,13 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
             **health,
         })
     return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
+
+
+def _system_energy(row: pd.Series) -> float:
+    """Devices + base station [J] at ``row``; NaN for a run recorded before the base station's
+    energy was kept."""
+    value = row.get("energy_system_j", math.nan)
+    return math.nan if value is None else float(value)
 
 
 def _fmt(value, kind: str) -> str:
@@ -121,6 +132,7 @@ def summary_cells(table: pd.DataFrame) -> list[list[str]]:
             ("rounds_to_target", "rounds to target", "int"),
             ("time_to_target_s", "time to target [s]", "time"),
             ("energy_to_target_j", "energy to target [J]", "energy"),
+            ("system_energy_to_target_j", "system to target [J]", "energy"),
             ("compute_share", "compute", "pct"), ("radio_share", "radio", "pct"),
             ("idle_share", "idle", "pct"),
             ("final_accuracy", "final acc.", "acc"),
@@ -129,12 +141,15 @@ def summary_cells(table: pd.DataFrame) -> list[list[str]]:
             ("gradient_evaluations_to_target", "grads to target", "int"),
             ("rounds", "rounds", "int"),
             ("sim_time_s", "sim time [s]", "time"), ("energy_j", "energy [J]", "energy"),
+            ("energy_system_j", "system energy [J]", "energy"),
             ("uplink_bits_per_device_round", "uplink bits/dev/round", "bits"),
             ("in_time_fraction", "delivered", "pct"), ("late_uploads", "late uploads", "int"),
             ("healthy", "healthy", "bool")]
     if table.final_suboptimality.isna().all():
         head = [h for h in head if h[0] not in ("final_suboptimality",
                                                 "gradient_evaluations_to_target")]
+    if table.energy_system_j.isna().all():  # recorded before the base station's energy
+        head = [h for h in head if h[0] not in ("system_energy_to_target_j", "energy_system_j")]
     cells = [[title for _, title, _ in head]]
     for _, row in table.iterrows():
         cells.append([str(row[c]) if k == "str" else _fmt(row[c], k) for c, _, k in head])

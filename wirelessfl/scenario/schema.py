@@ -440,6 +440,10 @@ class Scenario(_Strict):
     worst_fraction: float = Field(
         0.1, gt=0, le=1, description="worst_k_device_accuracy averages the k = max(1, ceil("
                                      "worst_fraction N)) devices with the lowest accuracy")
+    energy_accounting: Literal["physical", "paper"] = Field(
+        "physical", description="how many forward passes a zeroth-order iteration is charged "
+                                "(time and energy): physical, the two queries it makes [D]; "
+                                "paper, seed 002's E_FP once per iteration (Sec. III-C)")
     engine: EngineConfig = EngineConfig()
     health: HealthConfig = HealthConfig()
     algorithms: list[SerializeAsAny[AlgorithmParams]] = Field(min_length=1)

@@ -32,6 +32,8 @@ class Objective:
 
 OBJECTIVES = {o.name: o for o in (
     Objective("energy_to_target", "energy_j", "min", True, "energy to target [J]"),
+    Objective("system_energy_to_target", "energy_system_j", "min", True,
+              "system energy (devices + base station) to target [J]"),
     Objective("time_to_target", "sim_time_s", "min", True, "time to target [s]"),
     Objective("rounds_to_target", "round", "min", True, "rounds to target"),
     Objective("exchanges_to_target", "exchanges", "min", True, "exchanges to target"),
