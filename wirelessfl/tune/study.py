@@ -34,6 +34,7 @@ MANIFEST = "tune.json"
 TUNING, EVALUATION = "tuning", "evaluation"
 # Columns of the evaluation table that every objective reports beside its own.
 STANDARD = (("energy_to_target_j", "energy to target [J]"),
+            ("system_energy_to_target_j", "system energy to target [J]"),
             ("time_to_target_s", "time to target [s]"),
             ("final_accuracy", "final accuracy"), ("energy_j", "energy, whole run [J]"))
 
