@@ -27,6 +27,18 @@ def _check_threads(value: int | None) -> None:
         raise UserError(f"--threads: must be a positive number of threads, got {value}")
 
 
+def _check_executor(args) -> None:
+    """--workers, --address and --threads of the commands that run many runs (sweep, tune,
+    reproduce)."""
+    if args.workers is not None and args.workers <= 0:
+        raise UserError(f"--workers: must be a positive number of worker processes, "
+                        f"got {args.workers}")
+    if args.address and args.executor != "dask":
+        raise UserError("--address is for --executor dask; the local executor runs on this "
+                        "machine")
+    _check_threads(args.threads)
+
+
 def _cmd_run(args) -> int:
     from tqdm import tqdm
 
@@ -105,13 +117,7 @@ def _cmd_sweep(args) -> int:
     from wirelessfl.sweep.spec import load_sweep
     from wirelessfl.sweep.study import run_sweep
 
-    if args.workers is not None and args.workers <= 0:
-        raise UserError(f"--workers: must be a positive number of worker processes, "
-                        f"got {args.workers}")
-    _check_threads(args.threads)
-    if args.address and args.executor != "dask":
-        raise UserError("--address is for --executor dask; the local executor runs on this "
-                        "machine")
+    _check_executor(args)
     sweep = load_sweep(args.sweep)
     out = Path(args.out) if args.out else Path("sweeps") / sweep.name
     workers = args.workers or default_workers()
@@ -143,13 +149,7 @@ def _cmd_tune(args) -> int:
     from wirelessfl.tune.study import run_tune
     from wirelessfl.tune.tables import choice_cells, evaluation_cells
 
-    if args.workers is not None and args.workers <= 0:
-        raise UserError(f"--workers: must be a positive number of worker processes, "
-                        f"got {args.workers}")
-    if args.address and args.executor != "dask":
-        raise UserError("--address is for --executor dask; the local executor runs on this "
-                        "machine")
-    _check_threads(args.threads)
+    _check_executor(args)
     tune = load_tune(args.tune)
     out = Path(args.out) if args.out else Path("tunes") / tune.name
     try:
@@ -199,10 +199,7 @@ def _cmd_reproduce(args) -> int:
         return 0
     if not args.name:
         raise UserError("reproduce: give a reproduction's name (wirelessfl reproduce --list)")
-    _check_threads(args.threads)
-    if args.address and args.executor != "dask":
-        raise UserError("--address is for --executor dask; the local executor runs on this "
-                        "machine")
+    _check_executor(args)
     repro = load_reproduction(args.name)
     out = Path(args.out) if args.out else Path("reproduced") / repro.name
     try:
