@@ -199,8 +199,10 @@ def quantize_rows(matrix: torch.Tensor, bits: int,
         raise ValueError(f"quantize_rows expects a 2-D [rows, values] tensor, got {matrix.dim()}-D")
     exact = matrix.abs().amax(dim=1) if matrix.shape[1] else matrix.new_zeros(matrix.shape[0])
     scales = exact.float()
-    # A float64 max can round down to float32; step up one ulp so the row stays inside the grid.
-    scales = torch.where(scales.to(exact.dtype) < exact, torch.nextafter(scales, scales + 1), scales)
+    # A float64 max can round down to float32; step up one ulp so the row stays inside the grid
+    # (towards +inf: ``scales + 1`` would be ``scales`` itself above 2^24).
+    up = torch.nextafter(scales, torch.full_like(scales, math.inf))
+    scales = torch.where(scales.to(exact.dtype) < exact, up, scales)
     if bits >= FULL_PRECISION_BITS:
         return matrix, scales
     q, _ = stochastic_round(matrix, bits, scales.to(matrix.dtype)[:, None], generator)
