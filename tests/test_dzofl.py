@@ -11,6 +11,7 @@ import torch
 
 from tests.conftest import small_scenario
 from wirelessfl.algorithms.dzofl import DZOFL, aggregate_delivered
+from wirelessfl.cli import main
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.context import RunContext
 from wirelessfl.engine.network import VectorNetwork
@@ -144,3 +145,27 @@ def test_quickstart_at_8_bits_learns_like_the_unquantised_method():
     verdict = assess(pd.DataFrame(run8.rows), run8.status, sc.health,
                      type(sc.algorithms[0]).model_fields)
     assert verdict["healthy"], verdict["health"]
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["algorithms.DZOFL.scalar_range=4"], "scalar_range is the range of scalar_format: fixed"),
+    (["quantization_bits=1"], "the float scalar format needs M >= 2"),
+    (["algorithms.DZOFL.scalar_format=posit"], "scalar_format"),
+])
+def test_scalar_format_mistakes_are_one_error_line(overrides, needle, capsys):
+    args = [a for o in overrides for a in ("--set", o)]
+    assert main(["validate", "quickstart", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and needle in err[0], err
+    assert "algorithms" in err[0]
+
+
+def test_the_fixed_format_keeps_its_range_and_one_bit_scalars():
+    def params(*overrides):
+        return load_scenario("quickstart", list(overrides)).algorithms[0]
+
+    assert params().scalar_format == "float" and params().fixed_range() is None
+    assert params("algorithms.DZOFL.scalar_format=fixed").fixed_range() == 1.0
+    fixed = params("algorithms.DZOFL.scalar_format=fixed", "algorithms.DZOFL.scalar_range=4",
+                   "quantization_bits=1")
+    assert (fixed.fixed_range(), fixed.bits) == (4.0, 1)
