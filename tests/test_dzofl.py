@@ -5,17 +5,21 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from tests.conftest import small_scenario
 from wirelessfl.algorithms.dzofl import DZOFL, aggregate_delivered
+from wirelessfl.cli import main
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.context import RunContext
 from wirelessfl.engine.network import VectorNetwork
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.learning.quantize import quantize_scalars
 from wirelessfl.learning.seeds import keyed_generator
+from wirelessfl.results.health import assess
+from wirelessfl.scenario.loader import load_scenario
 
 
 def _rademacher(d, t):
@@ -115,3 +119,53 @@ def test_perturbation_is_regenerated_not_stored(world):
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert set(torch.unique(a * math.sqrt(world.flat.d)).tolist()) == {-1.0, 1.0}
     assert float(a @ a) == pytest.approx(1.0)  # alpha_3 = 1: ||Phi|| = 1
+
+
+def _quickstart_dzofl(*overrides):
+    sc = load_scenario("quickstart", ["algorithms.DZOFL.rounds=1500",
+                                      "algorithms.DZOFL.eval_every=1500", *overrides])
+    assert sc.algorithms[0].name == "dzofl" and sc.target_accuracy == 0.9
+    run = run_algorithm(build_world(sc), sc.algorithms[0])
+    return pd.DataFrame(run.rows).iloc[-1], run, sc
+
+
+def test_quickstart_at_8_bits_learns_like_the_unquantised_method():
+    """The README's ``--set quantization_bits=8``: with the stochastic float scalars (1 sign, 6
+    exponent, 1 mantissa bit; sigma = 1/24) DZOFL's first 1,500 quickstart iterations reach the
+    accuracy of the same iterations sent unquantised (M = 32, the same seeds) to within 0.03
+    [D], and at least 0.8 [D] (the 0.9 target needs more iterations: docs/algorithms.md), with
+    nothing clipped. (On the old fixed range [-1, 1], ``scalar_format: fixed``, the 8-bit step
+    dwarfs the uploaded differences: issue 18.)"""
+    last8, run8, sc = _quickstart_dzofl("quantization_bits=8")
+    last32, _, _ = _quickstart_dzofl("quantization_bits=32")
+    assert run8.status == "complete"
+    assert last8.test_accuracy >= 0.8
+    assert abs(last8.test_accuracy - last32.test_accuracy) <= 0.03
+    assert last8.quantized_up > 0 and last8.clipped_up == last8.clipped_down == 0
+    verdict = assess(pd.DataFrame(run8.rows), run8.status, sc.health,
+                     type(sc.algorithms[0]).model_fields)
+    assert verdict["healthy"], verdict["health"]
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["algorithms.DZOFL.scalar_range=4"], "scalar_range is the range of scalar_format: fixed"),
+    (["quantization_bits=1"], "the float scalar format needs M >= 2"),
+    (["algorithms.DZOFL.scalar_format=posit"], "scalar_format"),
+])
+def test_scalar_format_mistakes_are_one_error_line(overrides, needle, capsys):
+    args = [a for o in overrides for a in ("--set", o)]
+    assert main(["validate", "quickstart", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and needle in err[0], err
+    assert "algorithms" in err[0]
+
+
+def test_the_fixed_format_keeps_its_range_and_one_bit_scalars():
+    def params(*overrides):
+        return load_scenario("quickstart", list(overrides)).algorithms[0]
+
+    assert params().scalar_format == "float" and params().fixed_range() is None
+    assert params("algorithms.DZOFL.scalar_format=fixed").fixed_range() == 1.0
+    fixed = params("algorithms.DZOFL.scalar_format=fixed", "algorithms.DZOFL.scalar_range=4",
+                   "quantization_bits=1")
+    assert (fixed.fixed_range(), fixed.bits) == (4.0, 1)

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from tests.conftest import algorithm_scenario, small_scenario
 from wirelessfl.cli import main
@@ -43,12 +44,14 @@ def _frame(run) -> pd.DataFrame:
 
 def test_seed002_digits28_at_alpha0_400_is_flagged_with_a_hand_counted_clipped_share(
         monkeypatch):
-    """The audit's case, shortened to 10 iterations (50 devices: the aggregate's N / |S| factor
+    """The audit's case on the old fixed range [-1, 1] (``scalar_format: fixed``), shortened to
+    10 iterations (50 devices: the aggregate's N / |S| factor
     is what makes the steps blow up; with 20 devices nothing clips in 10 iterations). The
     uploaded differences Delta f_i are re-derived from the evaluator's own losses, and the
     clipped count recomputed in numpy: |Delta f_i| > r = 1 over the delivered uploads."""
     sc = load_scenario("seed002-digits28", ["algorithms.DZOFL.rounds=10",
-                                            "algorithms.DZOFL.eval_every=5"])
+                                            "algorithms.DZOFL.eval_every=5",
+                                            "algorithms.DZOFL.scalar_format=fixed"])
     assert sc.algorithms[0].alpha0 == 400.0 and sc.population.num_devices == 50
     losses = []
     original = BatchedEvaluator.device_losses
@@ -156,7 +159,8 @@ def test_quantised_counts_equal_the_payload_sizes(bits):
 
 
 def test_every_value_clips_on_a_tiny_range_and_the_health_section_sets_the_limit():
-    doc_overrides = [*ALL_DELIVERED, "algorithms.0.scalar_range=1e-9"]
+    doc_overrides = [*ALL_DELIVERED, "algorithms.0.scalar_format=fixed",
+                     "algorithms.0.scalar_range=1e-9"]
     sc = small_scenario(doc_overrides, algorithms=[{"name": "dzofl", "rounds": 5,
                                                     "eval_every": 5}])
     run = run_algorithm(build_world(sc), sc.algorithms[0])
@@ -171,6 +175,35 @@ def test_every_value_clips_on_a_tiny_range_and_the_health_section_sets_the_limit
     assert relaxed.health.max_clipped_share == 1.0
     verdict = assess(_frame(run), run.status, relaxed.health, fields)
     assert verdict["healthy"] and verdict["health"] == "ok"
+
+
+def test_float_scalars_clip_only_beyond_the_format_s_largest_level(monkeypatch):
+    """DZOFL's default scalar format at M = 8 (largest level (2 - 2^-1) 2^31 = 3221225472):
+    uploads of +-5e9 and -4e9 clip and are counted, 3.2e9 and small values do not; the
+    broadcast aggregate, 8/8 (-3221225472 + Q(3.2e9) + ~6) ~ -2e7, does not. The devices'
+    loss differences are set by hand: the + pass returns them, the - pass returns zeros."""
+    diffs = [5e9, -5e9, 3.2e9, 1.0, 0.0, -4e9, 2.0, 3.0]
+    calls = []
+
+    def device_losses(self, theta, idx):
+        calls.append(None)
+        values = diffs if len(calls) % 2 else [0.0] * len(diffs)
+        return torch.tensor(values, dtype=theta.dtype, device=theta.device)
+
+    monkeypatch.setattr(BatchedEvaluator, "device_losses", device_losses)
+    rounds = 3
+    sc = small_scenario(ALL_DELIVERED, algorithms=[{"name": "dzofl", "rounds": rounds,
+                                                    "eval_every": rounds, "bits": 8,
+                                                    "alpha0": 1e-12}])
+    assert sc.algorithms[0].scalar_format == "float"
+    run = run_algorithm(build_world(sc), sc.algorithms[0])
+    assert run.status == "complete" and len(calls) == 2 * rounds
+    last = _frame(run).iloc[-1]
+    largest = (2 - 2**-1) * 2.0**31
+    per_round = sum(abs(d) > largest for d in diffs)
+    assert per_round == 3
+    assert (last.quantized_up, last.clipped_up) == (8 * rounds, per_round * rounds)
+    assert (last.quantized_down, last.clipped_down) == (rounds, 0)
 
 
 def test_loss_limits_from_the_health_section():
@@ -235,8 +268,8 @@ def test_run_warns_once_per_unhealthy_algorithm_and_report_and_compare_show_it(
     from wirelessfl.results.records import read_run
 
     algos = [{"name": "fedavg", "rounds": 2, "eval_every": 1, "lr": 1e38, "label": "blows up"},
-             {"name": "dzofl", "rounds": 4, "eval_every": 2, "scalar_range": 1e-9,
-              "label": "clips"},
+             {"name": "dzofl", "rounds": 4, "eval_every": 2, "scalar_format": "fixed",
+              "scalar_range": 1e-9, "label": "clips"},
              {"name": "fedavg", "rounds": 2, "eval_every": 1, "local_steps": 2, "label": "fine"}]
     out = tmp_path / "run"
     assert main(["run", str(scenario_file(small_doc(algorithms=algos))), "--out", str(out),

@@ -4,11 +4,15 @@ import numpy as np
 import pytest
 import torch
 
+from wirelessfl.algorithms.dzofl import DZOFL
+from wirelessfl.algorithms.zo_hfl import ZOHFL
 from wirelessfl.learning.quantize import (
+    FloatFormat,
     payload_bits_scalar,
     payload_bits_vector,
     quantize_rows,
     quantize_scalars,
+    stochastic_float,
     stochastic_round,
 )
 
@@ -151,3 +155,207 @@ def test_cpu_and_cuda_agree():
     a, _ = stochastic_round(x, 6, 2.0, gen(12))
     b, _ = stochastic_round(x.cuda(), 6, 2.0, gen(12))
     assert torch.allclose(a, b.cpu(), atol=1e-6)
+
+
+# --- The stochastic float scalar format (seed 002, Assumption IV.5) -------------------------------
+# Statistical checks use 5 standard errors: a two-sided normal tail of 5.7e-7 per check, so the
+# few hundred checks below fail by chance with probability below 2e-4 (Bonferroni) [D].
+Z = 5.0
+
+
+def float_levels(bits: int) -> np.ndarray:
+    """Every non-negative value of the M-bit float format, decoded from its bit fields (1 sign,
+    E = min(6, M - 1) exponent, m = M - 1 - E mantissa bits; exponent field 0: zero and the
+    subnormals k 2^(1 - bias - m); field f > 0: (1 + k 2^-m) 2^(f - bias), bias = 2^(E-1)),
+    written independently of the code under test. Sorted; 2^(M-1) codes."""
+    e_bits = min(6, bits - 1)
+    m_bits = bits - 1 - e_bits
+    bias = 2 ** (e_bits - 1)
+    values = []
+    for field in range(2**e_bits):
+        for k in range(2**m_bits):
+            if field == 0:
+                values.append(k * 2.0 ** (1 - bias - m_bits))
+            else:
+                values.append((1 + k * 2.0**-m_bits) * 2.0 ** (field - bias))
+    return np.array(values)
+
+
+def float_sigma(bits: int) -> float:
+    """sigma(M) = h^2 / (4 (1 + h)), h = 2^-m: the docstring's closed form."""
+    h = 2.0 ** -(bits - 1 - min(6, bits - 1))
+    return h * h / (4 * (1 + h))
+
+
+def neighbours(levels: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) levels around |x| (equal when |x| is a level); |x| inside the table."""
+    a = np.abs(x)
+    j = np.searchsorted(levels, a, side="right") - 1
+    lo = levels[j]
+    hi = np.where(lo == a, lo, levels[np.minimum(j + 1, len(levels) - 1)])
+    return lo, hi
+
+
+def wide_inputs(seed: int) -> np.ndarray:
+    """1e-9, 1e9 and 36 magnitudes log-uniform between them, both signs, and zero."""
+    rng = np.random.default_rng(seed)
+    mags = 10.0 ** np.concatenate([[-9.0, 9.0], rng.uniform(-9, 9, 36)])
+    return np.concatenate([mags, -mags, [0.0]])
+
+
+def test_float_format_has_2_to_the_m_codes_and_its_closed_form_range():
+    for bits in (2, 5, 8, 12, 16):
+        levels = float_levels(bits)
+        assert len(np.unique(levels)) == len(levels) == 2 ** (bits - 1)  # sign + the rest: M bits
+        fmt = FloatFormat(bits)
+        assert fmt.exponent_bits + fmt.mantissa_bits + 1 == bits
+        assert fmt.largest == levels.max() and levels[0] == 0
+        assert fmt.smallest_normal == levels[2**fmt.mantissa_bits]  # field 1, mantissa 0
+        assert fmt.sigma == float_sigma(bits)
+    assert (FloatFormat(8).exponent_bits, FloatFormat(8).mantissa_bits) == (6, 1)
+    assert (FloatFormat(16).exponent_bits, FloatFormat(16).mantissa_bits) == (6, 9)
+    assert FloatFormat(16).smallest_normal == 2.0**-31 and FloatFormat(16).largest == (
+        2 - 2**-9) * 2.0**31
+    with pytest.raises(ValueError, match="needs 2 to 31 bits"):
+        FloatFormat(1)
+
+
+@pytest.mark.parametrize("bits", [5, 8, 12, 16])
+def test_sigma_is_the_sup_of_the_exact_relative_variance(bits):
+    """Over a dense sweep of two binades (and at the closed-form worst point), the exact
+    conditional variance (lo, hi from the decoded table) never exceeds sigma x^2 and reaches it."""
+    levels, sigma = float_levels(bits), float_sigma(bits)
+    h = 2.0 ** -(bits - 1 - min(6, bits - 1))
+    half = 2 ** (min(6, bits - 1) - 1)
+    for e in (1 - half, 0, half - 2):  # the lowest two binades, two in the middle, the top two
+        x = 2.0**e * np.concatenate([np.linspace(1, 4, 200_001)[:-1],
+                                     [2 * (1 + h) / (2 + h)]])
+        lo, hi = neighbours(levels, x)
+        ratio = (x - lo) * (hi - x) / x**2
+        assert ratio.max() <= sigma * (1 + 1e-12)
+        assert ratio[-1] == pytest.approx(sigma, rel=1e-9)
+
+
+@pytest.mark.parametrize("bits", [5, 8, 12, 16])
+def test_float_scalars_unbiased_with_relative_variance_below_sigma_from_1e_minus_9_to_1e9(bits):
+    n = 20_000
+    x = wide_inputs(bits)
+    levels, sigma = float_levels(bits), float_sigma(bits)
+    fmt = FloatFormat(bits)
+    inside = (np.abs(x) >= fmt.smallest_normal) & (np.abs(x) <= fmt.largest)
+    x = x[inside | (x == 0)]
+    assert (np.abs(x) > 0).sum() == 76 or bits == 5  # M >= 7: every input in range
+    q, clipped = stochastic_float(torch.tensor(x).repeat(n, 1), bits, gen(bits))
+    q = q.numpy()
+    assert not clipped.any()
+    lo, hi = neighbours(levels, x)
+    # Every output is one of the two neighbouring levels of x, with x's sign; zero stays zero.
+    assert ((np.abs(q) == lo) | (np.abs(q) == hi)).all()
+    assert ((np.sign(q) == np.sign(x)) | (q == 0)).all()
+    assert (q[:, x == 0] == 0).all()
+    var = (np.abs(x) - lo) * (hi - np.abs(x))  # Bernoulli between lo and hi
+    assert (var <= sigma * x**2 * (1 + 1e-12)).all()
+    se = np.sqrt(var / n)
+    assert (np.abs(q.mean(0) - x) <= Z * se + 1e-15 * np.abs(x)).all()
+    # The sample variance of a two-point law: Var(s^2) ~ (mu4 - var^2) / n, mu4 = var (hi-lo)^2
+    # - 3 var^2 for a Bernoulli scaled by (hi - lo).
+    mu4 = var * (hi - lo) ** 2 - 3 * var**2
+    se_var = np.sqrt(np.maximum(mu4 - var**2, 0) / n)
+    assert (np.abs(q.var(0) - var) <= Z * se_var + 1e-12 * var + 1e-300).all()
+    assert (q.var(0) <= sigma * x**2 + Z * se_var).all()
+
+
+def test_float_scalars_at_the_format_s_range_ends_and_below_it():
+    fmt = FloatFormat(8)
+    top, bottom = fmt.largest, fmt.smallest_normal
+    x = torch.tensor([0.0, bottom, top, -top, np.nextafter(top, np.inf), -1e12, 1e300, 1e-12],
+                     dtype=torch.float64)
+    q, clipped = stochastic_float(x, 8, gen(1))
+    assert clipped.tolist() == [False, False, False, False, True, True, True, False]
+    assert q[:4].tolist() == [0.0, bottom, top, -top]  # levels are exact
+    assert q[4:7].tolist() == [top, -top, top]  # saturated to the largest level
+    # Below the smallest normal the subnormal grid (step 2^(-31 - m)) keeps Q unbiased.
+    step = 2.0 ** (-31 - fmt.mantissa_bits)
+    n = 200_000
+    tiny = torch.full((n,), 1e-12, dtype=torch.float64)
+    qt, ct = stochastic_float(tiny, 8, gen(2))
+    assert not ct.any() and set(qt.unique().tolist()) <= {0.0, step}
+    f = 1e-12 / step
+    assert abs(qt.mean().item() - 1e-12) <= Z * step * np.sqrt(f * (1 - f) / n)
+
+
+def test_float_format_is_identity_at_32_bits_and_keeps_the_dtype():
+    x = torch.randn(50, generator=gen(3)) * 1e20
+    q, clipped = stochastic_float(x, 32, gen(0))
+    assert torch.equal(q, x) and not clipped.any()
+    x32 = torch.tensor([0.7, -3e-5, 0.0], dtype=torch.float32)
+    q32, _ = stochastic_float(x32, 16, gen(4))
+    assert q32.dtype == torch.float32
+    levels = float_levels(16)
+    assert np.isin(np.abs(q32.numpy().astype(np.float64)), levels).all()
+    a, _ = quantize_scalars(x32.numpy(), 16, None, gen(4))
+    assert np.array_equal(a, q32.numpy())  # numpy in, numpy out, same draws
+
+
+def test_scalar_payload_bits_by_hand():
+    """Both scalar formats fit in M bits: no header on the air."""
+    for bits in (8, 16):
+        assert payload_bits_scalar(bits) == bits
+        up, down = DZOFL.declared_payloads(650, bits)
+        assert (up.bits, down.bits) == (bits, bits)
+        zo_up, _ = ZOHFL.declared_payloads(650, bits, participants=3, payload="seed")
+        assert zo_up.bits == bits
+
+
+# --- Vector payloads: sigma = d / (2^M - 1)^2 ----------------------------------------------------
+
+def row_neighbours(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) levels of each entry on its row's grid linspace(-s, s, 2^M), s = max |x|,
+    in numpy; s is the float32 header rounded up, as it travels."""
+    exact = np.abs(x).max(axis=1, keepdims=True)
+    s = exact.astype(np.float32)
+    s = np.where(s < exact, np.nextafter(s, np.float32(np.inf)), s).astype(np.float64)
+    step = 2 * s / (2**bits - 1)
+    j = np.clip(np.floor((x + s) / step), 0, 2**bits - 2)
+    return j * step - s, (j + 1) * step - s
+
+
+@pytest.mark.parametrize("d,bits", [(1, 2), (3, 2), (50, 4), (400, 8), (1000, 3)])
+def test_vectors_unbiased_with_relative_variance_below_d_over_levels_squared(d, bits):
+    reps = max(2000, 400_000 // d)
+    rng = np.random.default_rng(d + bits)
+    rows = np.stack([rng.standard_normal(d) * 1e-9, rng.standard_normal(d) * 1e9,
+                     np.eye(1, d)[0] * -3.0,  # one-hot: the bound's nearly attained case
+                     np.where(rng.uniform(size=d) < 0.5, 0.0, rng.standard_normal(d))])
+    rows = rows[np.abs(rows).max(1) > 0]
+    n = len(rows)
+    q, _ = quantize_rows(torch.tensor(rows).repeat(reps, 1), bits, gen(d * bits))
+    q = q.numpy().reshape(reps, n, d)
+    lo, hi = row_neighbours(rows, bits)
+    assert ((np.isclose(q, lo, rtol=1e-12, atol=0)) | np.isclose(q, hi, rtol=1e-12, atol=0)).all()
+    assert (lo <= rows).all() and (rows <= hi).all()  # the float32 header keeps rows inside
+    var = (rows - lo) * (hi - rows)  # per entry
+    se = np.sqrt(var / reps)
+    assert (np.abs(q.mean(0) - rows) <= Z * se + 1e-12 * np.abs(rows).max(1, keepdims=True)).all()
+    bound = d / (2**bits - 1) ** 2 * (rows**2).sum(1)
+    exact = var.sum(1)
+    assert (exact <= bound * (1 + 1e-6)).all()
+    err = ((q - rows) ** 2).sum(2)  # [reps, n]: ||Q(x) - x||^2
+    # Entries round independently: Var ||Q(x) - x||^2 = sum_i p_i (1 - p_i) (e_hi^2 - e_lo^2)^2.
+    p_up = (rows - lo) / (hi - lo)
+    var_err = (p_up * (1 - p_up) * ((hi - rows) ** 2 - (rows - lo) ** 2) ** 2).sum(1)
+    assert (np.abs(err.mean(0) - exact) <= Z * np.sqrt(var_err / reps) + 1e-12 * exact).all()
+    # The one-hot row: E||Q(x) - x||^2 = (d - 1) s^2 / (2^M - 1)^2, by hand (zeros sit mid-step).
+    assert exact[2] == pytest.approx((d - 1) * 9.0 / (2**bits - 1) ** 2, rel=1e-12)
+
+
+def test_a_row_header_above_2_to_the_24_is_rounded_up_not_down():
+    """float32(3e9 + 1) rounds down to 3e9 (float32's step there is 256); the header must round
+    up instead, or the row's largest entry would lie outside its grid and clip (a regression:
+    the old step towards ``scales + 1`` stayed put above 2^24)."""
+    row = torch.tensor([[3e9 + 1.0, -5.0]], dtype=torch.float64)
+    assert float(torch.tensor(3e9 + 1.0).float()) < 3e9 + 1.0
+    q, scales = quantize_rows(row, 8, gen(5))
+    assert scales.item() >= 3e9 + 1.0 and scales.item() == np.nextafter(
+        np.float32(3e9 + 1.0), np.float32(np.inf))
+    assert q.abs().max().item() <= scales.item()

@@ -15,11 +15,11 @@ collects and broadcasts by the network itself.
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from wirelessfl.algorithms.types import Payload
 from wirelessfl.errors import UserError
@@ -49,6 +49,49 @@ class AlgorithmParams(BaseModel):
     @property
     def display_name(self) -> str:
         return self.label or self.name
+
+    def bits_problem(self) -> str | None:
+        """Why these parameters cannot send values of ``bits`` bits (checked by the loader once
+        bits holds the scenario's quantization_bits), or None."""
+        return None
+
+
+# The fixed format's range when scalar_format is fixed and no scalar_range is given [D].
+DEFAULT_SCALAR_RANGE = 1.0
+
+
+class ScalarFormatParams(AlgorithmParams):
+    """Parameters of algorithms that send quantised scalars (DZOFL, ZO-HFL's seed mode): the
+    scalar format (wirelessfl.learning.quantize; docs/algorithms.md, "The scalar quantiser")."""
+
+    scalar_format: Literal["float", "fixed"] = Field(
+        "float", description="float: stochastic float (1 sign, min(6, M-1) exponent, the rest "
+                             "mantissa bits), unbiased at every input with relative error; "
+                             "fixed: 2^M levels on [-scalar_range, scalar_range] (clips beyond)")
+    scalar_range: float | None = Field(
+        None, gt=0, description="scalar_format fixed only: the range r of the uploaded scalars "
+                                f"[-r, r] (default {DEFAULT_SCALAR_RANGE:g})")
+
+    @model_validator(mode="after")
+    def _range_needs_fixed_format(self):
+        if self.scalar_format == "float" and self.scalar_range is not None:
+            raise ValueError("scalar_range is the range of scalar_format: fixed; the default "
+                             "float format needs none: remove scalar_range, or set "
+                             "scalar_format: fixed to keep the fixed range")
+        return self
+
+    def bits_problem(self) -> str | None:
+        if self.scalar_format == "float" and self.bits is not None and self.bits < 2:
+            return (f"bits: the float scalar format needs M >= 2 (a sign and an exponent bit), "
+                    f"got M = {self.bits} (bits or quantization_bits); set scalar_format: fixed "
+                    "for 1-bit scalars")
+        return None
+
+    def fixed_range(self) -> float | None:
+        """r of the fixed format, or None for the float format (quantize_scalars' ``scale``)."""
+        if self.scalar_format == "float":
+            return None
+        return self.scalar_range if self.scalar_range is not None else DEFAULT_SCALAR_RANGE
 
 
 class Algorithm:
@@ -158,12 +201,14 @@ class Algorithm:
         noise = device_uniform(self.ctx.seed, stream, k, rows, vectors.shape[1], vectors.device)
         return quantize_rows(vectors, self.bits, noise)[0]
 
-    def quantize_scalars(self, values: torch.Tensor, scale: float, generator: torch.Generator,
+    def quantize_scalars(self, values: torch.Tensor, scale: float | None,
+                         generator: torch.Generator,
                          delivered: torch.Tensor | np.ndarray | None = None,
                          direction: str = "up") -> torch.Tensor:
-        """M-bit quantisation of one scalar per device (or one broadcast scalar) on the fixed
-        range [-scale, scale] (quantize_scalars): like ``quantize``, the delivered values are
-        checked for NaN/inf and counted, with those that clip at the range's ends."""
+        """M-bit quantisation of one scalar per device (or one broadcast scalar) in the stochastic
+        float format (``scale`` None) or on the fixed range [-scale, scale] (quantize_scalars):
+        like ``quantize``, the delivered values are checked for NaN/inf and counted, with those
+        that clip (beyond the fixed range, or beyond the float format's largest level)."""
         keep = self._sent(values, delivered)
         self.ctx.check_finite(values, direction, self.round_index, keep)
         q, clipped = quantize_scalars(values, self.bits, scale, generator)

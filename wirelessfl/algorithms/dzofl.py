@@ -14,18 +14,16 @@ from __future__ import annotations
 import torch
 from pydantic import Field, model_validator
 
-from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
+from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams, register
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator
 
 
-class DZOFLParams(AlgorithmParams):
+class DZOFLParams(ScalarFormatParams):
     alpha0: float = Field(2.0, gt=0, description="alpha_0, step size scale")
     gamma0: float = Field(0.05, gt=0, description="gamma_0, perturbation radius scale")
     v1: float = Field(0.26, ge=0, description="alpha_k decay exponent")
     v2: float = Field(0.26, ge=0, description="gamma_k decay exponent")
-    scalar_range: float = Field(
-        1.0, gt=0, description="uplink quantiser range [-r, r]; the broadcast uses [-N r, N r]")
     check_schedule: bool = Field(
         True, description="enforce the paper's step-size conditions on v1, v2 (seed 002, Thm. 1)")
 
@@ -87,13 +85,15 @@ class DZOFL(Algorithm):
         cost = Cost(forward_passes=2, paper_forward_passes=1, batch_size=p.batch_size)
         result = yield from self.collect(cost, scalar)
         delivered = torch.as_tensor(result.delivered, device=diff.device)
-        q_up = self.quantize_scalars(diff, p.scalar_range, keyed_generator(ctx.seed, "dzofl-up", k),
+        fixed = p.fixed_range()  # None: the stochastic float format, relative error
+        q_up = self.quantize_scalars(diff, fixed, keyed_generator(ctx.seed, "dzofl-up", k),
                                      delivered)
         aggregate = aggregate_delivered(q_up, delivered)
         yield from self.broadcast(scalar)
         if aggregate is None:  # S_k empty: the model stays as it is
             return
-        q_down = self.quantize_scalars(aggregate.reshape(1), n * p.scalar_range,
+        # fixed format: |aggregate| <= (N / |S|) |S| r = N r, the broadcast's range
+        q_down = self.quantize_scalars(aggregate.reshape(1), None if fixed is None else n * fixed,
                                        keyed_generator(ctx.seed, "dzofl-down", k),
                                        direction="down")
         self.theta = self.theta - alpha * phi * q_down[0]

@@ -26,14 +26,14 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
+from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams, register
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator
 
 SEED_BITS = 32  # a direction travels as the seed of its generator in mode "seed" [D]
 
 
-class ZOHFLParams(AlgorithmParams):
+class ZOHFLParams(ScalarFormatParams):
     batch_size: int = Field(32, gt=0, description="client minibatch B (zo_hfl.md A7: 32)")
     server_batch_size: int = Field(32, gt=0, description="server minibatch B_s (A7: 32)")
     gamma0: float = Field(0.01, gt=0, description="server step gamma_r = gamma0/sqrt(r+1) "
@@ -52,8 +52,6 @@ class ZOHFLParams(AlgorithmParams):
                               "F+ - F- (v from a shared seed)")
     common_batches: bool = Field(False, description="the + and - solves reuse one minibatch "
                                                     "sequence (A8, 'CRN'; the paper: independent)")
-    scalar_range: float = Field(1.0, gt=0, description="seed mode: F+ - F- is quantised on "
-                                                       "[-range, range]")
     max_local_steps: int = Field(1000, gt=0, description="cap on H_{i,r} [D]")
 
 
@@ -140,7 +138,7 @@ class ZOHFL(Algorithm):
                 f_minus = 0.5 * p.lam * (x_minus - y_minus).double().square().sum(1)
                 diff[rows] = f_plus - f_minus
             if p.payload == "seed":
-                diff = self.quantize_scalars(diff, p.scalar_range,
+                diff = self.quantize_scalars(diff, p.fixed_range(),
                                              keyed_generator(ctx.seed, "zo-hfl-up", r), delivered)
             mask = torch.as_tensor(delivered, device=self.theta.device)
             w = torch.as_tensor(self.weights, device=self.theta.device) * mask

@@ -1,19 +1,45 @@
-"""Unbiased M-bit stochastic rounding: seed 002's quantiser Q (spec dzofl.md, section 2).
+"""Unbiased M-bit quantisers: seed 002's Q (spec dzofl.md, section 2; seed 002, Assumption IV.5:
+E[Q(x) | x] = x and E[||Q(x) - x||^2 | x] <= sigma ||x||^2).
 
-The grid has L = 2^M levels evenly spaced on [-s, s], step Delta = 2 s / (L - 1). A value x in
-[-s, s] with neighbours g_j <= x < g_{j+1} becomes g_{j+1} with probability (x - g_j) / Delta and
-g_j otherwise, so E[Q(x) | x] = x and E[(Q(x) - x)^2 | x] = (x - g_j)(g_{j+1} - x) <= Delta^2 / 4.
-Values outside [-s, s] saturate to the nearest end (that bias is reported, never hidden).
-M >= 32 means full precision: floats are sent as they are and Q is the identity.
+Three formats, all stochastically rounded (x between neighbouring levels g_j <= x < g_{j+1}
+becomes g_{j+1} with probability (x - g_j) / (g_{j+1} - g_j), else g_j, so E[Q(x) | x] = x and
+E[(Q(x) - x)^2 | x] = (x - g_j)(g_{j+1} - x)):
+
+* Scalars, stochastic float (``stochastic_float``, the default for DZOFL and ZO-HFL's seed mode):
+  1 sign bit, E = min(6, M - 1) exponent bits, m = M - 1 - E mantissa bits (M = 8: 1 + 6 + 1;
+  M = 16: 1 + 6 + 9) [D]. Levels: 0, the subnormals k 2^(e_min - m) (k < 2^m) and the normals
+  (1 + k 2^-m) 2^e for e_min <= e <= e_max, e_min = 1 - 2^(E-1), e_max = 2^(E-1) - 1 (E = 6:
+  e = -31..31, the normal range [2^-31, (2 - 2^-m) 2^31] ~ [4.7e-10, 3.2e9] at M = 8). Nothing is
+  carried beside the M bits. For |x| in the normal range, sigma(M) = h^2 / (4 (1 + h)), h = 2^-m
+  (the worst x is 2 (1 + h) / (2 + h) 2^e, in a binade's first step): M = 8: 1/24; M = 16:
+  2^-18 / (4 (1 + 2^-9)) ~ 9.5e-7. Below 2^e_min the subnormal grid keeps Q unbiased with
+  E[(Q(x) - x)^2] <= (2^(e_min - m))^2 / 4; zero is exact. Above the largest level Q saturates
+  (biased): the only clipping left, flagged and counted by the run's health.
+* Scalars on a fixed range [-s, s] (``stochastic_round`` with a float scale; ``scalar_format:
+  fixed``): 2^M levels evenly spaced, step Delta = 2 s / (2^M - 1), no zero level, absolute error
+  E[(Q(x) - x)^2] <= Delta^2 / 4; values beyond [-s, s] saturate (biased, flagged).
+* Vectors (``quantize_rows``): each row on its own grid over [-s_i, s_i], s_i = max_j |x_ij| sent
+  as a float32 header, so nothing clips; since s_i <= ||x_i||, sigma = d / (2^M - 1)^2 for a
+  d-vector (nearly attained when one entry dominates and the others sit mid-step).
+
+The uniforms are float32 (resolution 2^-24), so a rounding probability is exact to 2^-24: a bias
+below 2^-24 of one step. M >= 32 means full precision: floats are sent as they are and Q is the
+identity.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 FULL_PRECISION_BITS = 32  # at or above this, values travel as float32: no quantisation, no header
 SCALE_HEADER_BITS = 32  # a per-vector scale travels as one float32 in front of the vector
+# [D] Exponent bits of the stochastic float scalar format: 63 binades, 2^-31 to 2^31, so that a
+# loss difference of any realistic magnitude keeps its relative precision (fewer at M < 7).
+SCALAR_EXPONENT_BITS = 6
 
 Noise = torch.Generator | torch.Tensor | None
 
@@ -66,25 +92,100 @@ def _round_fixed_range(work: torch.Tensor, bits: int, scale: float, generator: N
     return ((low + up) * step - scale).to(dtype), saturated
 
 
+@dataclass(frozen=True)
+class FloatFormat:
+    """The stochastic float scalar format of M = ``bits`` bits (module docstring): 1 sign bit,
+    ``exponent_bits`` E and ``mantissa_bits`` m."""
+
+    bits: int
+
+    def __post_init__(self):
+        if not 2 <= self.bits < FULL_PRECISION_BITS:
+            raise ValueError(f"a float scalar format needs 2 to {FULL_PRECISION_BITS - 1} bits "
+                             f"(1 sign + at least 1 exponent bit), got {self.bits}")
+
+    @property
+    def exponent_bits(self) -> int:
+        return min(SCALAR_EXPONENT_BITS, self.bits - 1)
+
+    @property
+    def mantissa_bits(self) -> int:
+        return self.bits - 1 - self.exponent_bits
+
+    @property
+    def min_exponent(self) -> int:
+        """e_min = 1 - 2^(E-1): exponent field 1 (field 0 holds zero and the subnormals)."""
+        return 1 - 2 ** (self.exponent_bits - 1)
+
+    @property
+    def max_exponent(self) -> int:
+        """e_max = 2^(E-1) - 1: exponent field 2^E - 1 (no code is kept for inf or NaN)."""
+        return 2 ** (self.exponent_bits - 1) - 1
+
+    @property
+    def smallest_normal(self) -> float:
+        """2^e_min [unit of x]: from here up the relative bound sigma holds."""
+        return math.ldexp(1.0, self.min_exponent)
+
+    @property
+    def largest(self) -> float:
+        """(2 - 2^-m) 2^e_max [unit of x]: beyond it values saturate (clip)."""
+        return math.ldexp(2.0 - math.ldexp(1.0, -self.mantissa_bits), self.max_exponent)
+
+    @property
+    def sigma(self) -> float:
+        """sigma(M) = h^2 / (4 (1 + h)), h = 2^-m: sup of E[(Q(x) - x)^2] / x^2 over the normal
+        range (seed 002, Assumption IV.5)."""
+        h = math.ldexp(1.0, -self.mantissa_bits)
+        return h * h / (4 * (1 + h))
+
+
+def stochastic_float(x: torch.Tensor, bits: int,
+                     generator: Noise = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q(x) in the M = ``bits`` stochastic float format (FloatFormat); returns (values, clipped
+    mask: |x| beyond the largest level, saturated to it). ``generator`` as in stochastic_round.
+    """
+    if bits >= FULL_PRECISION_BITS:
+        return x, torch.zeros_like(x, dtype=torch.bool)
+    fmt = FloatFormat(bits)
+    work = x.double()  # float64: every level of M <= 31 is exact, so is the rounding probability
+    magnitude = work.abs()
+    clipped = magnitude > fmt.largest
+    magnitude = magnitude.clamp(max=fmt.largest)
+    _, exponent = torch.frexp(magnitude)  # magnitude = f 2^exponent, f in [0.5, 1)
+    # floor(log2 |x|) = exponent - 1; the subnormals share the lowest binade's step.
+    binade = (exponent - 1).clamp(min=fmt.min_exponent)
+    step = torch.ldexp(torch.ones_like(magnitude), binade - fmt.mantissa_bits)
+    position = magnitude / step  # exact: a division by a power of two
+    low = position.floor()
+    up = _uniforms(generator, work) < (position - low)
+    return torch.copysign((low + up) * step, work).to(x.dtype), clipped
+
+
 def _uniforms(generator: Noise, like: torch.Tensor) -> torch.Tensor:
     if isinstance(generator, torch.Tensor):
         return generator.to(like.device, like.dtype).expand_as(like)
     return torch.rand(like.shape, generator=generator, dtype=torch.float32).to(like.device, like.dtype)
 
 
-def quantize_scalars(values: np.ndarray | torch.Tensor, bits: int, scale: float,
+def quantize_scalars(values: np.ndarray | torch.Tensor, bits: int, scale: float | None,
                      generator: Noise = None) -> tuple[np.ndarray | torch.Tensor,
                                                        np.ndarray | torch.Tensor]:
-    """DZOFL's uploaded scalars on the fixed range [-scale, scale] known to devices and server.
+    """Uploaded or broadcast scalars: the stochastic float format (``scale`` None, the default
+    for DZOFL and ZO-HFL's seed mode) or the fixed range [-scale, scale] known to both ends.
 
-    No header is sent (the range is agreed beforehand). Returns (values, saturated mask) of the
-    input's kind: numpy in, numpy out; torch in, torch out.
+    No header is sent in either format. Returns (values, clipped mask) of the input's kind:
+    numpy in, numpy out; torch in, torch out.
     """
+    tensor = values if isinstance(values, torch.Tensor) else torch.as_tensor(
+        np.asarray(values, np.float64))
+    if scale is None:
+        q, clipped = stochastic_float(tensor, bits, generator)
+    else:
+        q, clipped = stochastic_round(tensor, bits, float(scale), generator)
     if isinstance(values, torch.Tensor):
-        return stochastic_round(values, bits, scale, generator)
-    q, saturated = stochastic_round(torch.as_tensor(np.asarray(values, np.float64)), bits, scale,
-                                    generator)
-    return q.numpy(), saturated.numpy()
+        return q, clipped
+    return q.numpy(), clipped.numpy()
 
 
 def quantize_rows(matrix: torch.Tensor, bits: int,
@@ -98,8 +199,10 @@ def quantize_rows(matrix: torch.Tensor, bits: int,
         raise ValueError(f"quantize_rows expects a 2-D [rows, values] tensor, got {matrix.dim()}-D")
     exact = matrix.abs().amax(dim=1) if matrix.shape[1] else matrix.new_zeros(matrix.shape[0])
     scales = exact.float()
-    # A float64 max can round down to float32; step up one ulp so the row stays inside the grid.
-    scales = torch.where(scales.to(exact.dtype) < exact, torch.nextafter(scales, scales + 1), scales)
+    # A float64 max can round down to float32; step up one ulp so the row stays inside the grid
+    # (towards +inf: ``scales + 1`` would be ``scales`` itself above 2^24).
+    up = torch.nextafter(scales, torch.full_like(scales, math.inf))
+    scales = torch.where(scales.to(exact.dtype) < exact, up, scales)
     if bits >= FULL_PRECISION_BITS:
         return matrix, scales
     q, _ = stochastic_round(matrix, bits, scales.to(matrix.dtype)[:, None], generator)
@@ -115,5 +218,5 @@ def payload_bits_vector(length: int, bits: int, header_bits: int = SCALE_HEADER_
 
 
 def payload_bits_scalar(bits: int) -> int:
-    """Size [bit] of one quantised scalar on a pre-agreed range: no header."""
+    """Size [bit] of one quantised scalar, in either scalar format: no header."""
     return bits

@@ -229,6 +229,9 @@ def _validate_algorithms(doc: dict, source: str) -> list:
             raise UserError(format_validation_error(err, source, ("algorithms", i))) from None
         if p.bits is None and isinstance(bits, int):
             p.bits = bits
+        problem = p.bits_problem()
+        if problem:
+            raise UserError(f"{where}.{problem}")
         params.append(p)
     return params
 

@@ -393,7 +393,8 @@ class HealthConfig(_Strict):
     max_clipped_share: float = Field(
         0.01, ge=0, le=1, allow_inf_nan=False,
         description="largest share of the quantised values sent (up and down) that may clip at "
-                    "a fixed quantiser range's ends (DZOFL's [-r, r])")
+                    "a quantiser range's ends (scalars beyond the float format's largest level "
+                    "or a fixed format's [-r, r])")
     max_loss_growth: float = Field(
         10.0, gt=1, allow_inf_nan=False,
         description="largest test loss over the run, as a multiple of its starting value")
