@@ -85,7 +85,7 @@ def test_seed002_digits28_at_alpha0_400_is_flagged_with_a_hand_counted_clipped_s
     assert not verdict["healthy"]
     text = verdict["health"]
     assert f"{100 * share:.1f} % of the quantised values sent clipped" in text
-    assert "lower alpha0 or widen scalar_range" in text
+    assert "lower alpha0 (with scalar_format: fixed, or widen scalar_range)" in text
     assert f"test loss grew from {loss[0]:.3g} to {loss.max():.3g} (limit 10x" in text
 
 
@@ -284,7 +284,7 @@ def test_run_warns_once_per_unhealthy_algorithm_and_report_and_compare_show_it(
     assert last.clipped_up == last.quantized_up > 0 and last.clipped_down == 0
     assert warnings[1].startswith(f"warning: clips: unhealthy: {100 * share:.1f} % of the "
                                   "quantised values sent clipped")
-    assert "lower alpha0 or widen scalar_range" in warnings[1]
+    assert "lower alpha0 (with scalar_format: fixed, or widen scalar_range)" in warnings[1]
     manifest = json.loads((out / "manifest.json").read_text())
     assert [manifest["algorithms"][a]["health"]["healthy"] for a in ("blows up", "clips", "fine")
             ] == [False, False, True]

@@ -89,7 +89,8 @@ def assess(group: pd.DataFrame, status: str | None = None, limits: HealthConfig 
         clipped_share = clipped / sent if sent else math.nan
         empty_share = float(last.empty_rounds) / max(int(last["round"]), 1)
     if clipped_share > limits.max_clipped_share:
-        widen = " or widen scalar_range" if fields is None or "scalar_range" in set(fields) else ""
+        widen = (" (with scalar_format: fixed, or widen scalar_range)"
+                 if fields is None or "scalar_range" in set(fields) else "")
         reasons.append(f"{100 * clipped_share:.1f} % of the quantised values sent clipped at the "
                        f"quantiser's range ends (limit {100 * limits.max_clipped_share:g} %): "
                        f"lower {step}{widen}")
