@@ -51,7 +51,8 @@ def test_seed002_digits28_at_alpha0_400_is_flagged_with_a_hand_counted_clipped_s
     clipped count recomputed in numpy: |Delta f_i| > r = 1 over the delivered uploads."""
     sc = load_scenario("seed002-digits28", ["algorithms.DZOFL.rounds=10",
                                             "algorithms.DZOFL.eval_every=5",
-                                            "algorithms.DZOFL.scalar_format=fixed"])
+                                            "algorithms.DZOFL.scalar_format=fixed",
+                                            "algorithms.DZOFL.alpha0=400"])
     assert sc.algorithms[0].alpha0 == 400.0 and sc.population.num_devices == 50
     losses = []
     original = BatchedEvaluator.device_losses
