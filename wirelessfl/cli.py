@@ -225,6 +225,32 @@ def _cmd_reproduce(args) -> int:
     return 0
 
 
+def _cmd_crossover(args) -> int:
+    import numpy as np
+
+    from wirelessfl.results.summary import text_table
+    from wirelessfl.tune.crossover import SIDES, run_crossover, summary_lines
+
+    out = Path(args.out) if args.out else Path(args.study) / "crossover"
+    result, figure = run_crossover(Path(args.study), out, args.method, args.throughput,
+                                   args.rate, args.points)
+    print("\n".join(summary_lines(result)))
+    rows = [["rate [bit/s]", "against", "time: equal at [MAC/s]", "time", "device energy",
+             "system energy"]]
+    for j in np.linspace(0, len(result.rate) - 1, min(len(result.rate), 5)).astype(int):
+        for b in result.baselines:
+            theta, side = result.boundary[b]
+            rows.append([f"{result.rate[j]:.4g}", b,
+                         f"{theta[j]:.4g}" if np.isfinite(theta[j]) else "-",
+                         SIDES[int(side[j])],
+                         "less" if result.wins["energy"][b][0, j] else "more",
+                         "less" if result.wins["system"][b][0, j] else "more"])
+    print(text_table(rows))
+    print(f"wrote {out}/crossover_grid.csv, crossover_boundary.csv, crossover.json and {figure}",
+          file=sys.stderr)
+    return 0
+
+
 def _cmd_validate(args) -> int:
     from wirelessfl.scenario import catalog
     from wirelessfl.scenario.loader import is_sweep_document, is_tune_document, load_scenario
@@ -547,6 +573,19 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--threads", type=int, metavar="N", help="host threads per run")
     rp.add_argument("--quiet", action="store_true", help="no progress bars")
     rp.set_defaults(func=_cmd_reproduce)
+
+    cx = sub.add_parser("crossover", help="where a method (DZOFL) beats the other tuned "
+                        "methods in time and energy to the target, over device throughput x "
+                        "uplink rate, from a tune or reproduce folder")
+    cx.add_argument("study", help="folder written by 'wirelessfl tune' (or 'reproduce')")
+    cx.add_argument("--out", help="output folder (default: STUDY/crossover)")
+    cx.add_argument("--method", default="DZOFL", help="the method's label (default: DZOFL)")
+    cx.add_argument("--throughput", type=float, nargs=2, metavar=("LO", "HI"),
+                    help="device throughput range [MAC/s] (default: the scenario's / 100 to x 100)")
+    cx.add_argument("--rate", type=float, nargs=2, metavar=("LO", "HI"),
+                    help="uplink rate range [bit/s] (default: the scenario's / 100 to x 100)")
+    cx.add_argument("--points", type=int, default=41, help="grid points per axis (default: 41)")
+    cx.set_defaults(func=_cmd_crossover)
 
     val = sub.add_parser("validate", help="check a scenario file without running it")
     val.add_argument("scenario")

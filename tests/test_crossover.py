@@ -1,0 +1,181 @@
+"""wirelessfl crossover: the boundary against a hand-solved case, the re-costing against the
+simulator itself (the run's own totals at its own point, and a second run at another throughput
+and uplink rate), and the command end to end with its error lines."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from wirelessfl.cli import main
+from wirelessfl.results.records import read_run
+from wirelessfl.results.summary import summarize
+from wirelessfl.tune.crossover import Cost, _setting, compute, row_cost, run_costs
+
+THETA0, RATE0 = 4e9, 10e6
+
+
+def _cost(label, rounds, devices, compute_s, bits, energy_compute_j, slot_s=1e-12):
+    """``rounds`` rounds of ``devices`` devices, each round ``compute_s`` [s] of compute at
+    THETA0 and one upload of ``bits`` bits per device; no downlink."""
+    return Cost(label=label, compute_s=rounds * compute_s, phases=rounds,
+                transmissions=rounds * devices, payload_bits=bits, downlink_s=0.0,
+                energy_fixed_j=rounds * devices * energy_compute_j, energy_bs_j=0.0,
+                tx_draw_w=0.2, header_bits=0.0, slot_s=slot_s, theta0=THETA0, rate0=RATE0,
+                rounds=rounds)
+
+
+def test_boundary_is_where_k_times_the_per_round_times_are_equal():
+    """Seed 002's Sec. III example: FedSGD uploads d M = 4e5 x 16 = 64e5 bits a round (640 ms at
+    10 Mbit/s), DZOFL 16 bits; DZOFL needs k = 100 times the rounds. Per round at throughput
+    Theta, compute takes c Theta0 / Theta (DZOFL 4 ms, FedSGD 12 ms at 4e9 MAC/s). By hand,
+    k (c_D s + 16 / r) = c_B s + 64e5 / r with s = Theta0 / Theta gives
+    Theta* = Theta0 r (k c_D - c_B) / (64e5 - 16 k): DZOFL is faster above Theta*.
+    Energy: k (e_D + w 16 / r) < e_B + w 64e5 / r, i.e. r < w (64e5 - 16 k) / (k e_D - e_B)."""
+    k, n, c_d, c_b, e_d, e_b, w = 100, 50, 4e-3, 12e-3, 1e-4, 3e-4, 0.2
+    ours = _cost("DZOFL", k * 10, n, c_d, 16, e_d)
+    other = _cost("FedSGD", 10, n, c_b, 64e5, e_b)
+    rate = np.geomspace(1e5, 1e9, 9)
+    theta = np.geomspace(1e7, 1e12, 11)
+    result = compute({"DZOFL": ours, "FedSGD": other}, {"DZOFL": 1, "FedSGD": 1}, "DZOFL",
+                     theta, rate)
+    hand = THETA0 * rate * (k * c_d - c_b) / (64e5 - 16 * k)
+    got, side = result.boundary["FedSGD"]
+    # 1e-12 s slots: a packet's airtime is rounded up by less than one slot (relative 1e-6 here)
+    np.testing.assert_allclose(got, hand, rtol=1e-6)
+    assert (side == 1).all()
+    # the grid agrees with the hand boundary cell by cell
+    expected = theta[:, None] > hand[None, :]
+    assert (result.wins["time"]["FedSGD"] == expected).all()
+    assert expected.any() and not expected.all()
+    r_star = w * (64e5 - 16 * k) / (k * e_d - e_b)  # 0.2 x 6398400 / 0.0097 by hand
+    assert r_star == pytest.approx(1.31926e8, rel=1e-5)
+    energy = result.wins["energy"]["FedSGD"]
+    assert (energy == (rate < r_star)[None, :]).all() and energy.any() and not energy.all()
+    # the seconds themselves, at the scenario point: k x (4 ms + 1.6 us) vs 12 ms + 640 ms
+    assert float(ours.time_s(THETA0, RATE0)) == pytest.approx(1000 * (4e-3 + 16 / 1e7))
+    assert float(other.time_s(THETA0, RATE0)) == pytest.approx(10 * (12e-3 + 0.64))
+
+
+def test_a_method_that_missed_the_target_loses_everywhere():
+    ours = _cost("DZOFL", 10, 5, 1e-3, 16, 1e-4)
+    theta, rate = np.geomspace(1e8, 1e10, 3), np.geomspace(1e5, 1e7, 3)
+    won = compute({"DZOFL": ours, "FedSGD": None}, {}, "DZOFL", theta, rate)
+    assert won.wins["time"]["all"].all() and won.wins["system"]["all"].all()
+    lost = compute({"DZOFL": None, "FedSGD": ours}, {}, "DZOFL", theta, rate)
+    assert not lost.wins["time"]["all"].any() and not lost.wins["energy"]["all"].any()
+
+
+def _run(out, *extra):
+    args = ["run", "quickstart", "--quiet", "--no-report", "--threads", "1", "--out", str(out),
+            "--set", "population.num_devices=10", "--set", "target_accuracy=0.5",
+            "--set", "algorithms.DZOFL.rounds=300", "--set", "algorithms.DZOFL.eval_every=50",
+            "--set", "algorithms.DZOFL.alpha0=150",
+            "--set", "algorithms.FedSGD.rounds=6", "--set", "algorithms.FedSGD.eval_every=2",
+            "--set", "algorithms.FedAvg.rounds=4", "--set", "algorithms.FedAvg.eval_every=1"]
+    for item in extra:
+        args += ["--set", item]
+    assert main(args) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The small quickstart at the scenario's point, and again at 1/10 the throughput and 1/8
+    the uplink rate (time and energy per round do not depend on what was delivered)."""
+    base = tmp_path_factory.mktemp("crossover")
+    here = _run(base / "study" / "evaluation" / "runs" / "s0")
+    there = _run(base / "other", "energy.throughput_macs_per_s=4e8",
+                 "channel.uplink.rate_bps=5e5")
+    return base, here, there
+
+
+def test_recosting_gives_back_the_run_and_predicts_another_setting(runs):
+    _, here, there = runs
+    costs = run_costs(here)
+    a, b = read_run(here), read_run(there)
+    table = summarize(a.rounds, 0.5, 10, manifest=a.manifest).set_index("algorithm")
+    assert set(costs) == {"DZOFL", "FedSGD", "FedAvg"}
+    for label, cost in costs.items():
+        assert cost is not None, label
+        row = table.loc[label]
+        assert float(cost.time_s(4e9, 4e6)) == pytest.approx(row.time_to_target_s, rel=1e-12)
+        assert float(cost.energy_j(4e9, 4e6)) == pytest.approx(row.energy_to_target_j,
+                                                                rel=1e-12)
+        assert float(cost.system_j(4e9, 4e6)) == pytest.approx(row.system_energy_to_target_j,
+                                                                rel=1e-12)
+    # every recorded row of the first run, re-costed at (4e8 MAC/s, 5e5 bit/s), is the second
+    # run's row at the same round: the simulator, not our formula, is the truth here
+    setting = _setting(a.manifest, here)
+    per_pass = a.manifest["model"]["per_pass"]
+    checked = 0
+    for (_, ra), (_, rb) in zip(a.rounds.iterrows(), b.rounds.iterrows()):
+        assert (ra.algorithm, ra["round"]) == (rb.algorithm, rb["round"])
+        if ra["round"] == 0:
+            continue
+        cost = row_cost(ra, ra.algorithm, per_pass[ra.algorithm], setting, "test")
+        for column, got in (("sim_time_s", cost.time_s(4e8, 5e5)),
+                            ("energy_j", cost.energy_j(4e8, 5e5)),
+                            ("energy_system_j", cost.system_j(4e8, 5e5))):
+            assert float(got) == pytest.approx(float(rb[column]), rel=1e-9), (ra.algorithm,
+                                                                                column)
+        checked += 1
+    assert checked >= 10
+    # and the recorded point is not the other: the check can fail
+    assert float(costs["FedSGD"].time_s(4e8, 5e5)) > 2 * float(costs["FedSGD"].time_s(4e9, 4e6))
+
+
+def _cli(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_command_writes_the_table_figure_and_marks_the_scenario(runs, capsys, tmp_path):
+    base, _, _ = runs
+    out = tmp_path / "x"
+    code, text, err = _cli(capsys, "crossover", base / "study", "--out", out, "--points", "9")
+    assert code == 0, err
+    assert "DZOFL against FedSGD, FedAvg" in text and "4e+09 MAC/s" in text
+    for name in ("crossover_grid.csv", "crossover_boundary.csv", "crossover.json",
+                 "crossover.png"):
+        assert (out / name).is_file(), name
+    grid = pd.read_csv(out / "crossover_grid.csv")
+    assert len(grid) == 81
+    assert grid.throughput_macs_per_s.min() == pytest.approx(4e7)
+    assert grid.uplink_rate_bps.max() == pytest.approx(4e8)
+    info = json.loads((out / "crossover.json").read_text())
+    assert info["throughput0_macs_per_s"] == 4e9 and info["uplink_rate0_bps"] == 4e6
+    # a reproduce folder (the study under tune/) is found too
+    shutil.copytree(base / "study", tmp_path / "repro" / "tune")
+    code, _, err = _cli(capsys, "crossover", tmp_path / "repro", "--points", "3")
+    assert code == 0, err and (tmp_path / "repro" / "crossover" / "crossover.png").is_file()
+
+
+@pytest.mark.parametrize("edit, args, expected", [
+    (None, ["--throughput", "5", "1"], "--throughput needs 0 < LO < HI"),
+    (None, ["--method", "ZOO"], "no tuned method labelled 'ZOO'"),
+    (None, ["--points", "1"], "--points must be at least 2"),
+    ("adaptive", [], "uplink mode 'adaptive' has no one rate to vary"),
+    ("empty", [], "no evaluation runs found"),
+])
+def test_bad_input_is_one_error_line(runs, capsys, tmp_path, edit, args, expected):
+    base, _, _ = runs
+    study = base / "study"
+    if edit is not None:
+        study = tmp_path / "study"
+        shutil.copytree(base / "study", study)
+        run = study / "evaluation" / "runs" / "s0"
+        if edit == "empty":
+            shutil.rmtree(run)
+        else:
+            manifest = json.loads((run / "manifest.json").read_text())
+            manifest["scenario"]["channel"]["uplink"]["mode"] = edit
+            (run / "manifest.json").write_text(json.dumps(manifest))
+    code, out, err = _cli(capsys, "crossover", study, "--out", tmp_path / "o", *args)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and expected in err, err

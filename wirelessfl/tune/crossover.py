@@ -1,0 +1,393 @@
+"""Where DZOFL wins: time and energy to the target of each tuned method, re-costed over a grid
+of device compute throughput (Theta) and uplink rate (r), and the boundary where DZOFL stops
+beating each baseline (docs/tuning.md, "Where DZOFL wins: wirelessfl crossover").
+
+Each tuned evaluation run is cut at its first row that meets the target (``reached_mask``) and
+split into what that cost, from its own recorded cumulative quantities:
+
+* compute wall time C [s] at the recorded throughput Theta0: every pass's energy divided by its
+  per-pass energy gives the passes (``model.per_pass``), times the per-pass time, summed over the
+  devices, per device that took part in a phase (transmissions / exchanges);
+* upload phases P (``exchanges``) and transmissions X, each of b payload bits (bits_up / X);
+* the downlink's wall time D (the base station's airtime) and every other energy as recorded.
+
+Re-costed at (Theta, r):  time = C Theta0 / Theta + P a(r) + D,  device energy = E_compute +
+X w a(r) + E_down + E_idle,  system energy = that + E_bs,  with a(r) = ceil((b + h) / (r slot))
+slot the airtime of one packet (``channel.link.airtime_s``) and w the devices' transmit draw.
+Before anything is re-costed, the split is checked to give back the run's own sim_time_s,
+energy_j and energy_system_j at (Theta0, r0); a run it does not fit is refused.
+
+[D] Rounds to the target do not move with Theta (compute time does not touch learning) and are
+held fixed in r: a lower fixed rate would also change how many packets survive outage, which the
+re-costing ignores. [D] Compute energy does not move with Theta (true of the seed-002
+accelerator model, where throughput sets time only). [D] Idle energy is held as recorded (0 in
+seed 002). [D] A method's cost is the mean over its evaluation seeds of the re-costed per-seed
+costs (all linear in Theta0/Theta and a(r), so the mean keeps the form); a method that missed the
+target on any evaluation seed is "not reached" everywhere, as in the study's verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from wirelessfl.channel.cell import dbm_to_w
+from wirelessfl.channel.link import airtime_s
+from wirelessfl.errors import UserError
+from wirelessfl.results.records import read_run, write_csv, write_json
+from wirelessfl.results.summary import reached_mask
+from wirelessfl.tune.spec import UNTUNED_SUFFIX
+
+METRICS = (("time", "time to target [s]"), ("energy", "device energy to target [J]"),
+           ("system", "system energy to target [J]"))
+# relative tolerance of the check that the split gives the recorded totals back
+FIT_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One method's cost to its target, linear in Theta0/Theta and in one packet's airtime."""
+
+    label: str
+    compute_s: float  # C: compute wall time at theta0 [s]
+    phases: float  # P: upload phases (each as long as one packet's airtime)
+    transmissions: float  # X: packets sent, all devices
+    payload_bits: float  # b: payload bits per packet
+    downlink_s: float  # D: downlink wall time [s]
+    energy_fixed_j: float  # compute + downlink + idle energy of the devices [J]
+    energy_bs_j: float  # base station [J]
+    tx_draw_w: float  # w: a device's draw while sending [W]
+    header_bits: float  # h
+    slot_s: float
+    theta0: float  # recorded throughput [MAC/s]
+    rate0: float  # recorded uplink rate [bit/s]
+    rounds: float  # rounds to the target (mean over seeds)
+    seeds: int = 1
+
+    def airtime(self, rate) -> np.ndarray:
+        """One packet's airtime [s] at uplink ``rate`` [bit/s]."""
+        return airtime_s(self.payload_bits + self.header_bits, rate, self.slot_s)
+
+    def time_s(self, theta, rate) -> np.ndarray:
+        """Time to the target [s] at throughput ``theta`` [MAC/s] and uplink ``rate``."""
+        return (self.compute_s * self.theta0 / np.asarray(theta, float)
+                + self.phases * self.airtime(rate) + self.downlink_s)
+
+    def energy_j(self, theta, rate) -> np.ndarray:
+        """The devices' energy to the target [J] (does not depend on ``theta``)."""
+        shape = np.broadcast(np.asarray(theta), np.asarray(rate)).shape
+        up = self.transmissions * self.tx_draw_w * self.airtime(rate)
+        return np.broadcast_to(self.energy_fixed_j + up, shape).astype(float)
+
+    def system_j(self, theta, rate) -> np.ndarray:
+        """Devices + base station [J]."""
+        return self.energy_j(theta, rate) + self.energy_bs_j
+
+    def metric(self, name: str, theta, rate) -> np.ndarray:
+        return {"time": self.time_s, "energy": self.energy_j, "system": self.system_j}[name](
+            theta, rate)
+
+
+def _scalar(value, what: str) -> float:
+    if isinstance(value, list | tuple):
+        if len(set(value)) != 1:
+            raise UserError(f"{what} differs between devices; the crossover needs one device "
+                            "model for the whole population")
+        value = value[0]
+    return float(value)
+
+
+def _setting(manifest: dict, where: Path) -> dict:
+    """Theta0, r0 and the channel facts the re-costing needs; refuses settings it cannot
+    re-cost."""
+    scenario = manifest.get("scenario", {})
+    energy, channel = scenario.get("energy", {}), scenario.get("channel", {})
+    up = channel.get("uplink", {})
+    theta0 = energy.get("throughput_macs_per_s")
+    if not theta0:
+        raise UserError(f"{where}: the energy profile ({energy.get('model')}) has no "
+                        "throughput_macs_per_s; the crossover varies a seed-002-accelerator "
+                        "device's throughput")
+    if up.get("mode") not in ("fixed", "pinned"):
+        raise UserError(f"{where}: uplink mode '{up.get('mode')}' has no one rate to vary; the "
+                        "crossover needs channel.uplink.mode fixed or pinned (rate_bps)")
+    problems = []
+    if (up.get("arq") or {}).get("max_attempts", 1) != 1:
+        problems.append("uplink.arq.max_attempts > 1")
+    if (up.get("spectrum") or {}).get("mode", "dedicated") != "dedicated":
+        problems.append("a shared uplink spectrum")
+    if up.get("deadline_s") is not None:
+        problems.append("an upload deadline")
+    if problems:
+        raise UserError(f"{where}: cannot re-cost a run with {', '.join(problems)}: a phase's "
+                        "length is then not one packet's airtime")
+    draw = dbm_to_w(up["tx_power_dbm"]) / energy.get("pa_efficiency", 1.0) \
+        + energy.get("tx_circuit_power_w", 0.0) + up.get("circuit_power_w", 0.0)
+    return {"theta0": float(theta0), "rate0": float(up["rate_bps"]),
+            "slot_s": float(channel["slot_s"]), "header_bits": float(up.get("header_bits", 0)),
+            "tx_draw_w": float(draw)}
+
+
+def row_cost(row: pd.Series, label: str, per_pass: dict, setting: dict, where: str) -> Cost:
+    """The split of one cumulative rounds.parquet ``row``, checked against its own totals."""
+    compute = 0.0
+    for kind in ("forward", "backward"):
+        spent = float(row[f"energy_compute_{kind}_j"])
+        if spent:
+            e = _scalar(per_pass[f"energy_{kind}_j"], f"{label}: energy of a {kind} pass")
+            t = _scalar(per_pass[f"time_{kind}_s"], f"{label}: time of a {kind} pass")
+            compute += spent / e * t
+    sent, phases = float(row.transmissions), float(row.exchanges)
+    if sent:
+        compute *= phases / sent  # device-seconds -> wall seconds (all active devices alike)
+    bits = float(row.bits_up) / sent if sent else 0.0
+    energy_bs = float(row.energy_bs_j)
+    fixed = float(row.energy_j) - float(row.energy_uplink_j)
+    cost = Cost(label=label, compute_s=compute, phases=phases, transmissions=sent,
+                payload_bits=bits, downlink_s=float(row.bs_airtime_s), energy_fixed_j=fixed,
+                energy_bs_j=energy_bs, rounds=float(row["round"]), **setting)
+    theta0, rate0 = setting["theta0"], setting["rate0"]
+    checks = (("sim_time_s", cost.time_s(theta0, rate0)), ("energy_j",
+                                                            cost.energy_j(theta0, rate0)),
+              ("energy_system_j", cost.system_j(theta0, rate0)))
+    for column, got in checks:
+        want = float(row[column])
+        if not math.isclose(float(got), want, rel_tol=FIT_RTOL, abs_tol=1e-15):
+            raise UserError(f"{where}: {label} at round {int(row['round'])}: compute + upload + "
+                            f"download give {column} = {float(got):.9g}, the run recorded "
+                            f"{want:.9g}; the re-costing does not fit this run (devices that "
+                            "differ in compute or rate, partial participation or batteries)")
+    return cost
+
+
+def run_costs(folder: Path, targets=None) -> dict[str, Cost | None]:
+    """Label -> cost to the target of each algorithm in one run folder (None: not reached);
+    ``targets`` (accuracy, f - f*) default to the run's own."""
+    record = read_run(folder)
+    setting = _setting(record.manifest, folder)
+    target = (record.target_accuracy, record.target_suboptimality) if targets is None \
+        else targets
+    per_pass = record.manifest.get("model", {}).get("per_pass", {})
+    out = {}
+    for label, group in record.rounds.groupby("algorithm", sort=False):
+        group = group.sort_values("round")
+        reached = group[reached_mask(group, *target)]
+        if label not in per_pass:
+            raise UserError(f"{folder}: manifest has no model.per_pass entry for {label}; "
+                            "rerun with this version")
+        out[label] = (row_cost(reached.iloc[0], label, per_pass[label], setting, str(folder))
+                      if len(reached) else None)
+    return out
+
+
+def mean_cost(costs: list[Cost]) -> Cost:
+    """The seed mean of per-seed costs of one method (same packet size and setting)."""
+    first = costs[0]
+    for c in costs[1:]:
+        same = (c.payload_bits, c.theta0, c.rate0, c.slot_s, c.header_bits, c.tx_draw_w)
+        if same != (first.payload_bits, first.theta0, first.rate0, first.slot_s,
+                    first.header_bits, first.tx_draw_w):
+            raise UserError(f"{first.label}: evaluation runs differ in packet size or setting; "
+                            "the crossover needs one setting across seeds")
+    fields = ("compute_s", "phases", "transmissions", "downlink_s", "energy_fixed_j",
+              "energy_bs_j", "rounds")
+    return replace(first, seeds=len(costs),
+                   **{f: float(np.mean([getattr(c, f) for c in costs])) for f in fields})
+
+
+def study_runs(folder: Path) -> list[Path]:
+    """The evaluation run folders of a tune folder, or of a reproduce folder (its tune/)."""
+    folder = Path(folder)
+    for base in (folder, folder / "tune"):
+        runs = base / "evaluation" / "runs"
+        if runs.is_dir():
+            found = sorted(p for p in runs.iterdir() if (p / "manifest.json").is_file())
+            if found:
+                return found
+    raise UserError(f"{folder}: no evaluation runs found (looked for evaluation/runs/ and "
+                    "tune/evaluation/runs/); pass the folder 'wirelessfl tune --out' or "
+                    "'wirelessfl reproduce --out' wrote")
+
+
+def study_costs(folder: Path) -> tuple[dict[str, Cost | None], dict[str, int]]:
+    """Tuned label -> seed-mean cost (None if some seed missed the target), and the seed count
+    per label; untuned settings are left out."""
+    per_label: dict[str, list] = {}
+    for run in study_runs(folder):
+        for label, cost in run_costs(run).items():
+            if not label.endswith(UNTUNED_SUFFIX):
+                per_label.setdefault(label, []).append(cost)
+    means = {label: (None if any(c is None for c in costs) else mean_cost(costs))
+             for label, costs in per_label.items()}
+    return means, {label: len(costs) for label, costs in per_label.items()}
+
+
+def time_boundary(ours: Cost, other: Cost, rate) -> tuple[np.ndarray, np.ndarray]:
+    """Closed form, per uplink rate: the throughput Theta* where ``ours`` and ``other`` take
+    equal time to the target, and the side where ``ours`` is faster: +1 above Theta*, -1 below,
+    2 at every throughput, 0 at none (Theta* NaN in the last two).
+
+    time_ours - time_other = (C_o - C_x) Theta0 / Theta + (U_o - U_x), U = P a(r) + D, so
+    Theta* = Theta0 (C_o - C_x) / (U_x - U_o)."""
+    rate = np.asarray(rate, float)
+    dc = ours.compute_s * ours.theta0 - other.compute_s * other.theta0  # [s MAC/s]
+    du = (ours.phases * ours.airtime(rate) + ours.downlink_s) \
+        - (other.phases * other.airtime(rate) + other.downlink_s)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        theta = dc / -du
+    valid = (theta > 0) & np.isfinite(theta)
+    side = np.where(valid, np.where(dc > 0, 1, -1), 0)
+    # no crossing: ours wins everywhere when both terms favour it (or tie one and win the other)
+    always = ~valid & (dc <= 0) & (du <= 0) & ~((dc == 0) & (du == 0))
+    side = np.where(always, 2, side)
+    return np.where(valid, theta, np.nan), side
+
+
+@dataclass
+class Crossover:
+    """The grid, who wins where, and the closed-form time boundary per rate."""
+
+    method: str
+    baselines: list[str]
+    costs: dict[str, Cost | None]
+    seeds: dict[str, int]
+    theta: np.ndarray  # [T] throughputs [MAC/s]
+    rate: np.ndarray  # [R] uplink rates [bit/s]
+    values: dict[str, dict[str, np.ndarray]]  # metric -> label -> [T, R]
+    wins: dict[str, dict[str, np.ndarray]]  # metric -> baseline or "all" -> [T, R] bool
+    boundary: dict[str, tuple[np.ndarray, np.ndarray]]  # baseline -> time (Theta*, side) [R]
+    theta0: float
+    rate0: float
+
+
+def compute(costs: dict[str, Cost | None], seeds: dict[str, int], method: str,
+            theta: np.ndarray, rate: np.ndarray) -> Crossover:
+    """Who wins in each cell of ``theta`` x ``rate``: ``method`` against every other label in
+    ``costs``. A method that never reached the target loses to one that did, everywhere."""
+    if method not in costs:
+        raise UserError(f"no tuned method labelled '{method}' in the study (tuned: "
+                        f"{', '.join(costs) or 'none'})")
+    baselines = [label for label in costs if label != method]
+    if not baselines:
+        raise UserError(f"the study has no tuned method besides {method} to compare with")
+    reached = [c for c in costs.values() if c is not None]
+    if not reached:
+        raise UserError("no tuned method reached the target on every evaluation seed")
+    ref = reached[0]
+    grid_t, grid_r = np.meshgrid(theta, rate, indexing="ij")
+    values = {name: {label: (c.metric(name, grid_t, grid_r) if c is not None
+                             else np.full(grid_t.shape, np.inf))
+                     for label, c in costs.items()} for name, _ in METRICS}
+    wins = {}
+    for name, _ in METRICS:
+        ours = values[name][method]
+        per = {b: (ours < values[name][b]) & np.isfinite(ours) for b in baselines}
+        per["all"] = np.logical_and.reduce([per[b] for b in baselines])
+        wins[name] = per
+    boundary = {}
+    for b in baselines:
+        if costs[method] is not None and costs[b] is not None:
+            boundary[b] = time_boundary(costs[method], costs[b], rate)
+        else:  # someone never reached: no crossing
+            side = 2 if costs[method] is not None else 0
+            boundary[b] = (np.full(rate.shape, np.nan), np.full(rate.shape, side))
+    return Crossover(method, baselines, costs, seeds, np.asarray(theta), np.asarray(rate),
+                     values, wins, boundary, ref.theta0, ref.rate0)
+
+
+def grid_table(result: Crossover) -> pd.DataFrame:
+    """One row per (throughput, rate) cell: each method's three metrics and who wins."""
+    t, r = np.meshgrid(result.theta, result.rate, indexing="ij")
+    cols = {"throughput_macs_per_s": t.ravel(), "uplink_rate_bps": r.ravel()}
+    for name, _ in METRICS:
+        for label, v in result.values[name].items():
+            cols[f"{name}_{label}"] = np.where(np.isfinite(v), v, np.nan).ravel()
+        for b, w in result.wins[name].items():
+            cols[f"{result.method}_wins_{name}_vs_{b}"] = w.ravel()
+    return pd.DataFrame(cols)
+
+
+SIDES = {1: "faster above", -1: "faster below", 2: "faster everywhere", 0: "never faster"}
+
+
+def boundary_table(result: Crossover) -> pd.DataFrame:
+    """One row per uplink rate: the closed-form time boundary against each baseline, and whether
+    the method spends less device and system energy there (neither depends on throughput)."""
+    rows = []
+    for j, rate in enumerate(result.rate):
+        for b in result.baselines:
+            theta, side = result.boundary[b]
+            rows.append({"uplink_rate_bps": rate, "baseline": b,
+                         "time_boundary_macs_per_s": theta[j],
+                         "time": SIDES[int(side[j])],
+                         "energy_wins": bool(result.wins["energy"][b][0, j]),
+                         "system_energy_wins": bool(result.wins["system"][b][0, j])})
+    return pd.DataFrame(rows)
+
+
+def at_scenario(result: Crossover) -> dict:
+    """Each metric of each method at the recorded (Theta0, r0), and who wins there."""
+    out = {}
+    for name, title in METRICS:
+        vals = {label: (float(c.metric(name, result.theta0, result.rate0))
+                        if c is not None else None) for label, c in result.costs.items()}
+        ours = vals[result.method]
+        out[name] = {"title": title, "values": vals, "wins": {
+            b: ours is not None and (vals[b] is None or ours < vals[b])
+            for b in result.baselines}}
+    return out
+
+
+def run_crossover(folder: Path, out: Path, method: str = "DZOFL",
+                  throughput: tuple[float, float] | None = None,
+                  rate: tuple[float, float] | None = None, points: int = 41) -> tuple:
+    """Read the study ``folder``, compute the grid, write crossover_grid.csv,
+    crossover_boundary.csv, crossover.json and crossover.png into ``out``."""
+    from wirelessfl.report.crossover_plots import draw_crossover
+
+    if points < 2:
+        raise UserError(f"--points must be at least 2; got {points}")
+    costs, seeds = study_costs(folder)
+    ref = next((c for c in costs.values() if c is not None), None)
+    if ref is None:
+        raise UserError(f"{folder}: no tuned method reached the target on every evaluation "
+                        "seed; nothing to compare")
+    axes = []
+    for given, centre, flag in ((throughput, ref.theta0, "--throughput"),
+                                (rate, ref.rate0, "--rate")):
+        lo, hi = given if given is not None else (centre / 100, centre * 100)
+        if not 0 < lo < hi:
+            raise UserError(f"{flag} needs 0 < LO < HI; got {lo:g} {hi:g}")
+        axes.append(np.geomspace(lo, hi, points))
+    result = compute(costs, seeds, method, axes[0], axes[1])
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "crossover_grid.csv", grid_table(result))
+    write_csv(out / "crossover_boundary.csv", boundary_table(result))
+    write_json(out / "crossover.json", {
+        "study": str(folder), "method": method, "baselines": result.baselines,
+        "throughput0_macs_per_s": result.theta0, "uplink_rate0_bps": result.rate0,
+        "seeds": seeds, "at_scenario": at_scenario(result),
+        "costs": {label: (asdict(c) if c is not None else None) for label, c in costs.items()}})
+    figure = draw_crossover(result, out / "crossover.png")
+    return result, figure
+
+
+def summary_lines(result: Crossover) -> list[str]:
+    """What the terminal shows: who wins at the scenario's point, and where the region is."""
+    lines = [(f"{result.method} against {', '.join(result.baselines)}; scenario at throughput "
+              f"{result.theta0:.4g} MAC/s, uplink {result.rate0:.4g} bit/s")]
+    for name, info in at_scenario(result).items():
+        vals = ", ".join(f"{k} {v:.4g}" if v is not None else f"{k} not reached"
+                         for k, v in info["values"].items())
+        won = all(info["wins"].values())
+        share = float(result.wins[name]["all"].mean())
+        lines.append(f"{info['title']}: {vals}; at the scenario {result.method} "
+                     f"{'wins' if won else 'does not win'}; wins in {100 * share:.0f}% of the "
+                     "grid")
+    return lines
+
