@@ -226,30 +226,30 @@ def _cmd_reproduce(args) -> int:
 
 
 def _cmd_crossover(args) -> int:
-    import numpy as np
+    import math
 
     from wirelessfl.results.summary import text_table
-    from wirelessfl.tune.crossover import SIDES, run_crossover, summary_lines
+    from wirelessfl.tune.crossover import boundary_table, run_crossover, summary_lines
 
     out = Path(args.out) if args.out else Path(args.study) / "crossover"
     result, figure = run_crossover(Path(args.study), out, args.method, args.throughput,
                                    args.rate, args.points)
     print("\n".join(summary_lines(result)))
+    table = boundary_table(result)
+    step = max(1, (len(result.rate) - 1) // 4)  # five rates across the range
+    shown = table[table.uplink_rate_bps.isin(result.rate[::step])]
     rows = [["rate [bit/s]", "against", "time: equal at [MAC/s]", "time", "device energy",
              "system energy"]]
-    for j in np.linspace(0, len(result.rate) - 1, min(len(result.rate), 5)).astype(int):
-        for b in result.baselines:
-            theta, side = result.boundary[b]
-            rows.append([f"{result.rate[j]:.4g}", b,
-                         f"{theta[j]:.4g}" if np.isfinite(theta[j]) else "-",
-                         SIDES[int(side[j])],
-                         "less" if result.wins["energy"][b][0, j] else "more",
-                         "less" if result.wins["system"][b][0, j] else "more"])
+    for row in shown.itertuples():
+        theta = row.time_boundary_macs_per_s
+        rows.append([f"{row.uplink_rate_bps:.4g}", row.baseline,
+                     f"{theta:.4g}" if math.isfinite(theta) else "-", row.time,
+                     "less" if row.energy_wins else "more",
+                     "less" if row.system_energy_wins else "more"])
     print(text_table(rows))
     print(f"wrote {out}/crossover_grid.csv, crossover_boundary.csv, crossover.json and {figure}",
           file=sys.stderr)
     return 0
-
 
 def _cmd_validate(args) -> int:
     from wirelessfl.scenario import catalog
