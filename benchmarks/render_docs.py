@@ -218,6 +218,36 @@ def quickstart_reading() -> str:
             f"{pct(dz['radio_share'], 0)} radio.")
 
 
+QUICKSTART_TUNE = "docs/data/quickstart-tune"
+
+
+@block("quickstart-tuned", f"{QUICKSTART_TUNE}/tune.json", f"{QUICKSTART_TUNE}/tuning.csv",
+       f"{QUICKSTART_TUNE}/evaluation.csv", f"{QUICKSTART_TUNE}/facts.json")
+def quickstart_tuned() -> str:
+    """The tuned comparison: choices on the tuning seeds, the evaluation with 95 % CIs, the
+    verdict and the warnings, as `wirelessfl tune quickstart-tune` printed them."""
+    import pandas as pd
+
+    from wirelessfl.tune.objectives import OBJECTIVES
+    from wirelessfl.tune.tables import choice_cells, evaluation_cells
+
+    study = _json(f"{QUICKSTART_TUNE}/tune.json")
+    f = _json(f"{QUICKSTART_TUNE}/facts.json")
+    title = OBJECTIVES[study["objective"]].title
+    tuning = pd.read_csv(ROOT / QUICKSTART_TUNE / "tuning.csv")
+    evaluation = pd.read_csv(ROOT / QUICKSTART_TUNE / "evaluation.csv")
+    chosen = choice_cells(tuning, study["choices"], title)
+    evaluated = evaluation_cells(evaluation, title)
+    warnings = "".join(f"\n* {w}" for w in study["warnings"]) or "\n* none"
+    return (f"`{f['command']}` (recorded {f['recorded']}, {g3(f['host_s'])} s of host time on "
+            f"{f['cpus']} cores): objective `{study['objective']}`, tuning seeds "
+            f"{study['tuning_seeds']}, evaluation seeds {study['evaluation_seeds']}.\n\n"
+            "Chosen on the tuning seeds:\n\n" + table(chosen[0], chosen[1:])
+            + "\n\nOn the evaluation seeds (mean ± 95 % CI half-width; to-target columns over "
+              "the seeds that reached the target):\n\n" + table(evaluated[0], evaluated[1:])
+            + f"\n\nVerdict: {study['verdict']}.\n\nWarnings:{warnings}")
+
+
 # ---------------------------------------------------------------- seed002-digits28
 
 
@@ -938,6 +968,21 @@ def _speedup_block(path: str) -> str:
 @block("sweep-speedup-quiet", "benchmarks/sweep_speedup.json")
 def sweep_speedup_quiet() -> str:
     return _speedup_block("benchmarks/sweep_speedup.json")
+
+
+@block("load-speed", "benchmarks/load_speed.json")
+def load_speed() -> str:
+    d = _json("benchmarks/load_speed.json")
+    runs = d["runs"]
+    idle = ", ".join(f"{r['seconds']:.1f}" for r in runs["idle"])
+    loaded = ", ".join(f"{r['seconds']:.1f}" for r in runs["loaded"])
+    used = sorted({r["threads"]["used"] for r in runs["loaded"]})
+    return (f"`wirelessfl run {d['scenario']}` on {d['machine']['cpus']} CPUs "
+            f"({d['date'][:10]}, torch {d['machine']['torch']}), {d['repeats']} interleaved "
+            f"repeats: idle {idle} s; beside {d['hogs']} busy-loop processes {loaded} s "
+            f"(the loaded runs chose {', '.join(map(str, used))} thread(s)). **Median loaded / "
+            f"idle: {d['ratio_loaded_to_idle']:.2f}x** (target at most "
+            f"{d['target_ratio']:g}x).")
 
 
 @block("sweep-speedup-contended", "benchmarks/sweep_speedup_contended.json")
