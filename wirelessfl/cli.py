@@ -39,6 +39,17 @@ def _check_executor(args) -> None:
     _check_threads(args.threads)
 
 
+def _interruptible(out: Path, work):
+    """``work()``, or None after Ctrl-C / SIGTERM with the line saying the finished runs in
+    ``out`` are kept (sweep, tune, reproduce: the same command again finishes the rest)."""
+    try:
+        return work()
+    except KeyboardInterrupt:
+        print(f"interrupted: finished runs are kept in {out}; run the same command again to "
+              "finish the rest", file=sys.stderr)
+        return None
+
+
 def _cmd_run(args) -> int:
     from tqdm import tqdm
 
@@ -121,12 +132,10 @@ def _cmd_sweep(args) -> int:
     sweep = load_sweep(args.sweep)
     out = Path(args.out) if args.out else Path("sweeps") / sweep.name
     workers = args.workers or default_workers()
-    try:
-        counts = run_sweep(sweep, out, args.executor, workers, args.address, args.quiet,
-                           threads=args.threads)
-    except KeyboardInterrupt:
-        print(f"interrupted: finished runs are kept in {out}; run the same command again to "
-              "finish the rest", file=sys.stderr)
+    counts = _interruptible(out, lambda: run_sweep(sweep, out, args.executor, workers,
+                                                   args.address, args.quiet,
+                                                   threads=args.threads))
+    if counts is None:
         return EXIT_INTERRUPTED
     print(f"{counts.finished} of {counts.total} runs finished ({counts.skipped} skipped as "
           f"already finished, {counts.ran} run now, {counts.failed} failed); results in {out}")
@@ -152,12 +161,10 @@ def _cmd_tune(args) -> int:
     _check_executor(args)
     tune = load_tune(args.tune)
     out = Path(args.out) if args.out else Path("tunes") / tune.name
-    try:
-        result = run_tune(tune, out, args.executor, args.workers or default_workers(),
-                          args.address, args.quiet, threads=args.threads)
-    except KeyboardInterrupt:
-        print(f"interrupted: finished runs are kept in {out}; run the same command again to "
-              "finish the rest", file=sys.stderr)
+    result = _interruptible(out, lambda: run_tune(
+        tune, out, args.executor, args.workers or default_workers(), args.address, args.quiet,
+        threads=args.threads))
+    if result is None:
         return EXIT_INTERRUPTED
     title = tune.objective.title
     print(f"{tune.name}: objective {tune.spec.objective}, tuning seeds {tune.spec.tuning_seeds}, "
@@ -202,12 +209,10 @@ def _cmd_reproduce(args) -> int:
     _check_executor(args)
     repro = load_reproduction(args.name)
     out = Path(args.out) if args.out else Path("reproduced") / repro.name
-    try:
-        outcome = run_reproduction(repro, out, args.executor, args.workers or default_workers(),
-                                   args.address, args.quiet, threads=args.threads)
-    except KeyboardInterrupt:
-        print(f"interrupted: finished runs are kept in {out}; run the same command again to "
-              "finish the rest", file=sys.stderr)
+    outcome = _interruptible(out, lambda: run_reproduction(
+        repro, out, args.executor, args.workers or default_workers(), args.address, args.quiet,
+        threads=args.threads))
+    if outcome is None:
         return EXIT_INTERRUPTED
     print(f"{repro.spec.title}\n{repro.spec.paper}")
     print(text_table(verdict_cells(outcome.verdicts)))
