@@ -504,6 +504,22 @@ def _cmd_link(args) -> int:
     return 0
 
 
+def _add_executor_options(parser: argparse.ArgumentParser) -> None:
+    """--executor, --address, --workers, --threads and --quiet of the commands that run many
+    runs (sweep, tune, reproduce); checked by _check_executor."""
+    parser.add_argument("--executor", choices=["local", "dask"], default="local",
+                        help="local worker processes (default) or Dask distributed")
+    parser.add_argument("--address", help="Dask scheduler, e.g. tcp://10.0.0.5:8786 (default "
+                                          "with --executor dask: a LocalCluster on this machine)")
+    parser.add_argument("--workers", type=int,
+                        help="worker processes (local executor, or the LocalCluster's; default: "
+                             "the number of cores)")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="host threads per run (default: the CPUs not busy with other work, "
+                             "divided among the workers); the results do not depend on it")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wirelessfl",
@@ -536,17 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("sweep", help="sweep file, or a name from the catalog (e.g. sweep-power)")
     sw.add_argument("--out", help="sweep folder (default: sweeps/<sweep name>); re-running "
                                   "into the same folder skips finished runs")
-    sw.add_argument("--executor", choices=["local", "dask"], default="local",
-                    help="local worker processes (default) or Dask distributed")
-    sw.add_argument("--address", help="Dask scheduler, e.g. tcp://10.0.0.5:8786 (default with "
-                                      "--executor dask: a LocalCluster on this machine)")
-    sw.add_argument("--workers", type=int,
-                    help="worker processes (local executor, or the LocalCluster's; default: "
-                         "the number of cores)")
-    sw.add_argument("--threads", type=int, metavar="N",
-                    help="host threads per run (default: the CPUs not busy with other work, "
-                         "divided among the workers); the results do not depend on it")
-    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_executor_options(sw)
     sw.add_argument("--no-compare", action="store_true",
                     help="do not print the comparison table at the end")
     sw.set_defaults(func=_cmd_sweep)
@@ -556,14 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     tn.add_argument("tune", help="tune file, or a name from the catalog (e.g. quickstart-tune)")
     tn.add_argument("--out", help="study folder (default: tunes/<name>); re-running into the "
                                   "same folder skips finished runs")
-    tn.add_argument("--executor", choices=["local", "dask"], default="local",
-                    help="local worker processes (default) or Dask distributed")
-    tn.add_argument("--address", help="Dask scheduler (default with --executor dask: a "
-                                      "LocalCluster on this machine)")
-    tn.add_argument("--workers", type=int, help="worker processes (default: the number of cores)")
-    tn.add_argument("--threads", type=int, metavar="N",
-                    help="host threads per run (as for sweep; results do not depend on it)")
-    tn.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_executor_options(tn)
     tn.set_defaults(func=_cmd_tune)
 
     rp = sub.add_parser("reproduce", help="run a paper's experiment shipped in reproductions/ "
@@ -572,11 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--list", action="store_true", help="list the shipped reproductions")
     rp.add_argument("--out", help="folder (default: reproduced/<name>); re-running skips "
                                   "finished runs")
-    rp.add_argument("--executor", choices=["local", "dask"], default="local")
-    rp.add_argument("--address", help="Dask scheduler (with --executor dask)")
-    rp.add_argument("--workers", type=int, help="worker processes (default: the number of cores)")
-    rp.add_argument("--threads", type=int, metavar="N", help="host threads per run")
-    rp.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_executor_options(rp)
     rp.set_defaults(func=_cmd_reproduce)
 
     cx = sub.add_parser("crossover", help="where a method (DZOFL) beats the other tuned "
