@@ -2,9 +2,12 @@
 
 Truths used: the optimum of the quadratic by a linear solve in the test, numpy re-implementations
 of the spec's pseudocode (Alg. 1, Alg. 3, ProxSkip) run on the same coin sequence, the geometric
-law of the shared coin, and the engine's own price of one gradient for the simulated time."""
+law of the shared coin, the engine's own price of one gradient for the simulated time, and the
+theory's parameter rules (Cor. 5, Cor. 21, Thm 9) evaluated from the instance's matrices."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pandas as pd
@@ -100,12 +103,20 @@ def _dane_plus_reference(a, c, lam, mu, rounds, cap=5000):
     return xs, ks
 
 
+def _delta_a_exact(a):
+    """fedred.md A2's delta_A of quadratics with Hessians a [n, d, d], sqrt(lambda_max(mean_i
+    (A_i - A)^2)), computed here as the spectral norm (SVD) of the stacked deviations
+    [A_1 - A; ...; A_n - A] / sqrt(n), whose Gram matrix is mean_i (A_i - A)^2 (A_i symmetric)."""
+    dev = (a - a.mean(0)) / np.sqrt(len(a))
+    return float(np.linalg.norm(dev.reshape(-1, a.shape[2]), 2))
+
+
 def test_dane_plus_matches_the_pseudocode(monkeypatch):
     rounds = 8
     world, thetas, run = run_recording_thetas(
         monkeypatch, _scenario({"name": "dane-plus", "rounds": rounds}))
     prob = world.evaluator
-    lam = prob.constants["delta_A_exact"]
+    lam = 2 * _delta_a_exact(prob.a_np)  # Cor. 5: the default for an inexact local solver
     xs, ks = _dane_plus_reference(prob.a_np, prob.c_np, lam, prob.constants["mu"], rounds)
     for ours, ref in zip(thetas, xs):
         np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-5, atol=1e-5)
@@ -229,10 +240,59 @@ def test_dropping_lost_uploads_reaches_a_neighbourhood_that_waiting_does_not_lea
     assert drop.suboptimality.iloc[-10:].max() > 1e3 * wait.suboptimality.iloc[-1]
 
 
+def test_the_manifest_records_the_parameters_each_method_resolved_from_theory(tmp_path):
+    """Each algorithm's manifest entry holds the values its defaults resolved to ("params" keeps
+    the user's null), against the theory's rules evaluated here from the instance's matrices:
+    L = max_i ||A_i|| and mu = min_i lambda_min(A_i) by numpy, delta_A by ``_delta_a_exact``.
+    DANE+ lambda = 2 delta_A (Cor. 5), DANE delta_A (Cor. 21), FedRed-GD Thm 9, GD and Scaffnew
+    1/L, Scaffnew p = sqrt(mu / L); FedRed's first communication comes after the Geom(p) draw
+    of the resolved p."""
+    from wirelessfl.engine.runner import run_scenario
+
+    entries = [{"name": "dane-plus", "rounds": 2}, {"name": "dane", "rounds": 1},
+               {"name": "fedred", "rounds": 3}, {"name": "fedred", "rounds": 1, "p": 0.2,
+                                                  "label": "fedred-p"},
+               {"name": "gd", "rounds": 1}, {"name": "scaffnew", "rounds": 1}]
+    doc = small_doc(problem=PROBLEM, channel=LOSSLESS, quantization_bits=32,
+                    algorithms=[{"eval_every": 1, **e} for e in entries])
+    for key in ("data", "model"):
+        doc.pop(key)
+    doc["population"] = {"num_devices": PROBLEM["clients"]}
+    sc = scenario_from_document(doc, "drift.yaml")
+    world = build_world(sc)
+    run_scenario(sc, tmp_path / "run", world=world, warn=lambda _: None)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())["algorithms"]
+    a = world.evaluator.a_np
+    big_l = max(np.linalg.norm(a_i, 2) for a_i in a)
+    mu = min(np.linalg.eigvalsh(a_i)[0] for a_i in a)
+    delta = _delta_a_exact(a)
+    assert delta < 0.9 * PROBLEM["delta"]  # the exact constant, not the paper's formula (A2)
+    resolved = {label: entry["resolved"] for label, entry in manifest.items()}
+    assert manifest["dane-plus"]["params"]["lam"] is None
+    assert resolved["dane-plus"] == pytest.approx(
+        {"lam": 2 * delta, "lr": 1 / (big_l + 2 * delta), "mu": mu}, rel=1e-9)
+    assert resolved["dane"] == pytest.approx(
+        {"lam": delta, "lr": 1 / (big_l + delta), "mu": mu}, rel=1e-9)
+    p = (delta + mu / 2) / (big_l - mu / 2)
+    assert resolved["fedred"] == pytest.approx(
+        {"p": p, "eta": big_l, "lam": delta, "lr": 1 / (big_l + delta)}, rel=1e-9)
+    assert resolved["fedred-p"] == pytest.approx(
+        {"p": 0.2, "eta": big_l, "lam": 0.2 * big_l, "lr": 1 / (1.2 * big_l)}, rel=1e-9)
+    assert resolved["gd"] == pytest.approx({"lr": 1 / big_l}, rel=1e-9)
+    assert resolved["scaffnew"] == pytest.approx({"lr": 1 / big_l, "p": np.sqrt(mu / big_l)},
+                                                 rel=1e-9)
+    rounds = pd.read_parquet(tmp_path / "run" / "rounds.parquet")
+    steps = np.diff(rounds[rounds.algorithm == "fedred"].local_steps.to_numpy())
+    np.testing.assert_array_equal(steps, [coin_steps(sc.seed, p, k) for k in range(3)])
+
+
 def test_parameters_that_need_the_problem_constants_say_so():
     doc = small_doc(algorithms=[{"name": "fedred", "rounds": 2}])
     sc = scenario_from_document(doc, "nn.yaml")
     with pytest.raises(UserError, match=r"fedred.*eta defaults to L.*set eta explicitly"):
+        run_algorithm(build_world(sc), sc.algorithms[0])
+    sc = scenario_from_document(small_doc(algorithms=[{"name": "fedred", "eta": 10.0}]), "nn.yaml")
+    with pytest.raises(UserError, match=r"lam defaults to delta_A \(Thm 9\).*set lam explicitly"):
         run_algorithm(build_world(sc), sc.algorithms[0])
     with pytest.raises(UserError, match="set either eta or lr"):
         _scenario({"name": "fedred", "eta": 1.0, "lr": 0.1})

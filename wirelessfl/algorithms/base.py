@@ -121,6 +121,17 @@ class Algorithm:
     # gradient and then a model); the conformance suite reads it with ``declared_payloads``.
     uploads_per_round: ClassVar[int] = 1
 
+    # Attributes that ``setup`` sets from the parameters or, for a parameter left out (None), from
+    # a rule (the theory's value from the problem's constants: lambda = 2 delta_A, lr = 1/L, ...).
+    # The manifest's params entry holds the user's None; ``resolved`` records the values used.
+    resolved_attributes: ClassVar[tuple[str, ...]] = ()
+
+    def resolved(self) -> dict[str, float]:
+        """{name: value} of ``resolved_attributes`` as the run uses them, for the manifest entry's
+        "resolved"; an attribute not set (before ``setup``, or unused: None) is left out."""
+        values = {name: getattr(self, name, None) for name in self.resolved_attributes}
+        return {name: float(v) for name, v in values.items() if v is not None}
+
     @classmethod
     def initial_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload] | None:
         """(uplink, downlink) of a one-off exchange before round 0's work (FedRed's all-reduce

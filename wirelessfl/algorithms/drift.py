@@ -45,6 +45,7 @@ else float32 (the paper's setting, A22: the seed004 scenarios set quantization_b
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -86,6 +87,14 @@ def theory_value(algorithm: Algorithm, param: str, rule: str, *keys: str) -> dic
             f"problem does not know {', '.join(missing)} (only the quadratic and logistic "
             f"problems do); set {param} explicitly")
     return constants
+
+
+def similarity(algorithm: Algorithm, param: str, rule: str) -> float:
+    """delta_A for a parameter's default rule: the exact AHD constant (the smallest that satisfies
+    Definition 2) where the problem knows it, else the paper's formula (fedred.md A2: "use the exact
+    one to set lambda")."""
+    c = theory_value(algorithm, param, rule, "delta_A")
+    return c.get("delta_A_exact", c["delta_A"])
 
 
 def coin_steps(seed: int, p: float, k: int) -> int:
@@ -240,6 +249,8 @@ class GD(SingleExchange):
     name = "gd"
     Params = GDParams
     summary = "distributed gradient descent: one local gradient per device per round"
+    resolved_attributes = ("lr",)
+
     def setup(self) -> None:
         self.lr = self.inverse_l_step()
 
@@ -261,7 +272,8 @@ class GD(SingleExchange):
 # ---- DANE, DANE+, Scaffold-cv ---------------------------------------------------------------------
 class DanePlusParams(DriftParams):
     lam: float | None = Field(None, ge=0, description="lambda, the pull toward x^r (default "
-                                                      "delta_A exact, fedred.md A2 / Sec. 5.1)")
+                                                      "2 delta_A, Cor. 5 for an inexact local "
+                                                      "solver; delta_A exact, A2)")
     lr: float | None = Field(None, gt=0, description="local step gamma (default 1/(L + lambda), "
                                                      "Sec. 2.2)")
     local_steps: int | None = Field(
@@ -290,13 +302,17 @@ class DanePlus(DriftCorrected):
     Params = DanePlusParams
     summary = ("gradient all-reduce, then an inexact solve of f_i - <h_i, x> + lambda/2 "
                "||x - x^r||^2; two d-vectors up and two down")
+    resolved_attributes = ("lam", "lr", "mu")
+    # lambda's default as a multiple of delta_A: Cor. 5 (fedred.md Sec. 2.2 / 2.5), DANE+ with an
+    # inexact local solver under Thm 4's relative rule, needs lambda = 2 delta_A; DANE overrides.
+    lam_factor: ClassVar[float] = 2.0
+    lam_rule: ClassVar[str] = "2 delta_A (Cor. 5)"
 
     def setup(self) -> None:
         p = self.params
         self.lam = p.lam
         if self.lam is None:
-            c = theory_value(self, "lam", "delta_A", "delta_A")
-            self.lam = c.get("delta_A_exact", c["delta_A"])
+            self.lam = self.lam_factor * similarity(self, "lam", self.lam_rule)
         self.lr = p.lr
         if self.lr is None:
             self.lr = 1.0 / (theory_value(self, "lr", "1/(L + lambda)", "L")["L"] + self.lam)
@@ -357,6 +373,9 @@ class DanePlus(DriftCorrected):
 
 
 class DaneParams(DanePlusParams):
+    lam: float | None = Field(None, ge=0, description="lambda, the pull toward x^r (default "
+                                                      "delta_A, Cor. 21 for exact local solves; "
+                                                      "delta_A exact, A2)")
     tolerance: float = Field(1e-8, gt=0, lt=1, description="'exact' local solve: stop at "
                                                            "||grad F(y)|| <= tolerance "
                                                            "||grad F(x^r)|| (fedred.md 2.1 [D])")
@@ -370,6 +389,9 @@ class Dane(DanePlus):
     name = "dane"
     Params = DaneParams
     summary = "DANE+ with (nearly) exact local solves"
+    # Cor. 21 (fedred.md Sec. 2.1): with exact local solves lambda >= delta_A suffices.
+    lam_factor = 1.0
+    lam_rule = "delta_A (Cor. 21)"
 
     def stop(self, grad_sq, step_sq, r):
         return grad_sq <= (self.params.tolerance ** 2) * self._start_sq
@@ -395,6 +417,7 @@ class ScaffoldCv(DanePlus):
     name = "scaffold-cv"
     Params = ScaffoldCvParams
     summary = "Scaffold with the exact control variate (gradient all-reduce each round)"
+    resolved_attributes = ("lr",)
 
     def setup(self) -> None:
         self.lam, self.mu = 0.0, 0.0
@@ -405,12 +428,15 @@ class ScaffoldCv(DanePlus):
 
 # ---- FedRed, FedRed-(S)GD ------------------------------------------------------------------------
 class FedRedParams(DriftParams):
-    p: float = Field(0.05, gt=0, le=1, description="probability of communicating after a local "
-                                                   "step (fedred.md 4.4: about 0.05)")
+    p: float | None = Field(None, gt=0, le=1,
+                            description="probability of communicating after a local step "
+                                        "(default: the convex theory's (lambda + mu/2) / (eta "
+                                        "- mu/2), Thm 9; solver exact: / (eta + mu/2), Thm 7)")
     eta: float | None = Field(None, ge=0, description="eta, pull toward the device's own previous "
                                                       "iterate (default L, A8)")
-    lam: float | None = Field(None, ge=0, description="lambda, pull toward x~ (default p eta, "
-                                                      "the practical rule of Sec. 2.4)")
+    lam: float | None = Field(None, ge=0, description="lambda, pull toward x~ (default delta_A, "
+                                                      "Thm 9 / Thm 7; with p given: p eta, the "
+                                                      "practical rule of Sec. 2.4)")
     lr: float | None = Field(None, gt=0, description="alternative to eta for the -(S)GD variant: "
                                                      "gamma = 1/(eta + lambda), so eta = 1/lr - "
                                                      "lambda (A16)")
@@ -439,6 +465,7 @@ class FedRed(DriftCorrected):
     Params = FedRedParams
     summary = ("local steps on f_i - <h_i, x> + eta/2 ||x - x_i||^2 + lambda/2 ||x - x~||^2, "
                "communicating after Geom(p) steps; two d-vectors up and two down")
+    resolved_attributes = ("p", "eta", "lam", "lr", "inner_lr")
 
     @classmethod
     def initial_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
@@ -446,6 +473,10 @@ class FedRed(DriftCorrected):
         return Payload.vectors(d, bits), Payload.vectors(d, bits)
 
     def setup(self) -> None:
+        """eta, lambda, p from the parameters, or from the convex theory (fedred.md Sec. 2.3 -
+        2.5): eta = L (A8), lambda = delta_A, p = Thm 9's (Thm 7's with ``solver: exact``) for
+        that eta and lambda. lambda and p are tied (lambda ~ p eta), so a given p sets lambda by
+        the practical rule lambda = p eta (end of Sec. 5) and a given lambda sets p."""
         p = self.params
         if p.lr is not None:
             if p.lam is None:
@@ -459,12 +490,34 @@ class FedRed(DriftCorrected):
             self.eta = p.eta
             if self.eta is None:
                 self.eta = theory_value(self, "eta", "L", "L")["L"]
-            self.lam = p.lam if p.lam is not None else p.p * self.eta
+            self.lam = p.lam
+            if self.lam is None:
+                theorem = "Thm 7" if p.solver == "exact" else "Thm 9"
+                self.lam = (p.p * self.eta if p.p is not None
+                            else similarity(self, "lam", f"delta_A ({theorem})"))
         if self.eta + self.lam <= 0:
             raise UserError(f"algorithms '{p.display_name}': eta + lam must be positive")
         self.lr = 1.0 / (self.eta + self.lam)
+        self.p = p.p if p.p is not None else self.theory_p()
+        self.inner_lr = None
+        if p.solver == "exact":  # Alg. 2's inner GD on F_{i,k} (A21)
+            self.inner_lr = 1.0 / (theory_value(self, "solver: exact", "1/(L + eta + lambda)",
+                                                "L")["L"] + self.eta + self.lam)
         self.models = None  # x_{i,k} [N, d], set by the first round's all-reduce
         self.h = None
+
+    def theory_p(self) -> float:
+        """p of the convex theory for the resolved eta and lambda: (lambda + mu/2) / (eta - mu/2)
+        for FedRed-(S)GD (Thm 9), (lambda + mu/2) / (eta + mu/2) for the exact solver (Thm 7)."""
+        rule = ("(lam + mu/2) / (eta + mu/2) (Thm 7)" if self.params.solver == "exact"
+                else "(lam + mu/2) / (eta - mu/2) (Thm 9)")
+        mu = max(theory_value(self, "p", rule, "mu")["mu"], 0.0)
+        below = self.eta + mu / 2 if self.params.solver == "exact" else self.eta - mu / 2
+        if below <= 0:
+            raise UserError(f"algorithms '{self.params.display_name}': p defaults to {rule}, "
+                            f"which needs eta > mu/2 (eta = {self.eta:g}, mu = {mu:g}); raise "
+                            "eta or set p")
+        return min(1.0, (self.lam + mu / 2) / below)
 
     def local_steps(self, x_ref: torch.Tensor, steps: int, active: np.ndarray, k: int
                     ) -> np.ndarray:
@@ -482,8 +535,6 @@ class FedRed(DriftCorrected):
                 continue
             # Alg. 2: GD on F_{i,k} from x_{i,k} with step 1/(L + eta + lambda) (A21)
             anchor = self.models
-            inner_lr = 1.0 / (theory_value(self, "solver: exact", "1/(L + eta + lambda)",
-                                           "L")["L"] + self.eta + self.lam)
             y = anchor.clone()
             running = on[:, 0].clone()
             for _ in range(p.exact_steps):
@@ -493,18 +544,17 @@ class FedRed(DriftCorrected):
                 running &= g.norm(dim=1) > p.exact_tolerance
                 if not bool(running.any()):
                     break
-                y = torch.where(running[:, None], y - inner_lr * g, y)
+                y = torch.where(running[:, None], y - self.inner_lr * g, y)
             self.models = torch.where(on, y, self.models)
         return evaluations
 
     def round(self, k: int):
-        p = self.params
         if self.models is None:  # h_{i,0} from an all-reduce at x^0 (A19)
             grads, mean, _ = yield from self.all_reduce(self.theta, k, "grad-init")
             self.models = self.theta.to(self.dtype).expand(self.ctx.num_devices, -1).clone()
             self.h = (grads - mean.to(self.dtype) if mean is not None
                       else torch.zeros_like(grads))  # nothing arrived: no correction yet
-        steps = coin_steps(self.ctx.seed, p.p, k)
+        steps = coin_steps(self.ctx.seed, self.p, k)
         self.round_local_steps = steps
         active = self.holders()
         x_ref = self.theta.to(self.dtype)
@@ -536,6 +586,8 @@ class Scaffnew(SingleExchange):
     name = "scaffnew"
     Params = ScaffnewParams
     summary = "local steps with control variates, communication with probability p; one d-vector each way"
+    resolved_attributes = ("lr", "p")
+
     def setup(self) -> None:
         p = self.params
         self.lr = self.inverse_l_step()

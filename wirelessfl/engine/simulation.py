@@ -30,6 +30,7 @@ class AlgorithmRun:
     ledger: Ledger
     status: str = "complete"  # or "diverged", "interrupted"
     message: str = ""
+    # Merged into the algorithm's manifest entry: "resolved" (Algorithm.resolved) when not empty.
     extra: dict = field(default_factory=dict)
 
     def device_rows(self, world: World) -> list[dict]:
@@ -131,5 +132,8 @@ def run_algorithm(world: World, params: AlgorithmParams,
                        f"{metrics}; lower its learning rate / step size "
                        f"({step_size_name(type(params).model_fields)})")
         ctx.rows.append(ctx.stop_row(stop.round_index, algorithm.theta))
+    resolved = algorithm.resolved()
+    if resolved:  # the parameters' values after the defaults' rules (manifest entry)
+        run.extra["resolved"] = resolved
     return run
 
