@@ -240,3 +240,35 @@ def test_stop_at_target_ends_each_algorithm_at_its_first_row_at_target(tmp_path)
         assert ("stopped at the target" in message) == bool(len(at) and at[0] != rows.index[-1])
         early |= {label} if len(got) < len(rows) else set()
     assert early  # the case stops something early
+
+
+def test_stop_when_unhealthy_ends_a_run_at_the_first_row_whose_loss_broke_the_limit(tmp_path):
+    """A FedSGD step far too large makes the test loss explode: with stop_when_unhealthy the
+    run is the full run's rows up to the first one whose loss exceeds max_loss_growth x the
+    first loss (recomputed here from the full run), and it is still judged unhealthy; a
+    healthy algorithm in the same scenario runs to its last round."""
+    from wirelessfl.engine.runner import run_scenario
+    from wirelessfl.results.records import read_run
+    from wirelessfl.scenario.loader import load_scenario
+
+    sets = ["population.num_devices=10", "algorithms.DZOFL.rounds=20",
+            "algorithms.DZOFL.eval_every=10", "algorithms.FedSGD.rounds=30",
+            "algorithms.FedSGD.eval_every=2", "algorithms.FedSGD.lr=2000",
+            "algorithms.FedAvg.rounds=6", "health.max_loss_growth=3"]
+    full, stopped = tmp_path / "full", tmp_path / "stopped"
+    run_scenario(load_scenario("quickstart", sets), full, warn=lambda _: None)
+    run_scenario(load_scenario("quickstart", [*sets, "stop_when_unhealthy=true"]), stopped,
+                 warn=lambda _: None)
+    a, b = read_run(full), read_run(stopped)
+    rows = a.rounds[a.rounds.algorithm == "FedSGD"].reset_index(drop=True)
+    loss = rows.test_loss.to_numpy()
+    broke = np.flatnonzero(loss > 3 * loss[0])
+    assert len(broke) and broke[0] < len(rows) - 1  # the case stops early
+    got = b.rounds[b.rounds.algorithm == "FedSGD"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, rows.loc[: broke[0]])
+    entry = b.manifest["algorithms"]["FedSGD"]
+    assert "stopped unhealthy" in entry["message"]
+    assert entry["health"]["healthy"] is False
+    for label in ("DZOFL", "FedAvg"):
+        assert len(b.rounds[b.rounds.algorithm == label]) == \
+            len(a.rounds[a.rounds.algorithm == label])

@@ -12,6 +12,7 @@ import torch
 
 from wirelessfl.engine.ledger import Ledger
 from wirelessfl.learning.problems import Problem
+from wirelessfl.results.health import loss_growth_violation
 
 
 class Diverged(Exception):
@@ -85,6 +86,17 @@ class HealthCounter:
         return {name: int(getattr(self, name)) for name in HEALTH_COUNTS}
 
 
+class BecameUnhealthy(Exception):
+    """An algorithm's loss grew past the health limit with ``stop_when_unhealthy`` set: its
+    verdict can no longer be healthy (results/health.py reads the largest loss of the run), so
+    it ends here instead of spending the rest of its rounds."""
+
+    def __init__(self, round_index: int, reason: str):
+        self.round_index = round_index
+        self.reason = reason
+        super().__init__(round_index, reason)  # SimPy re-raises as type(e)(*e.args)
+
+
 class ReachedTarget(Exception):
     """An algorithm reached the scenario's target with ``stop_at_target`` set: it ends here."""
 
@@ -140,6 +152,9 @@ class RunContext:
     on_checkpoint: Callable[[int], None] | None = None
     # (target accuracy, target f - f*) at which the algorithm ends (stop_at_target), or None.
     stop_targets: tuple[float | None, float | None] | None = None
+    # health.max_loss_growth when the algorithm ends once its loss grew past it
+    # (stop_when_unhealthy), or None.
+    stop_loss_growth: float | None = None
     # Clipped and quantised values, empty rounds, non-finite uploads (the health columns).
     health: HealthCounter = field(default_factory=HealthCounter)
 
@@ -161,6 +176,10 @@ class RunContext:
         self.rows.append(self.snapshot(completed, metrics, theta))
         if self.stop_targets is not None and target_reached(self.rows[-1], *self.stop_targets):
             raise ReachedTarget(completed)
+        if self.stop_loss_growth is not None:
+            reason = loss_growth_violation(self.rows, self.stop_loss_growth)
+            if reason:
+                raise BecameUnhealthy(completed, reason)
 
     def check_finite(self, values: torch.Tensor, direction: str, round_index: int,
                      sent: torch.Tensor | None = None) -> None:

@@ -12,7 +12,7 @@ import simpy
 from wirelessfl.algorithms.base import AlgorithmParams, algorithm_class
 from wirelessfl.engine.build import World
 from wirelessfl.engine.checkpoint import restore_algorithm, save_checkpoint
-from wirelessfl.engine.context import Diverged, ReachedTarget, RunContext
+from wirelessfl.engine.context import BecameUnhealthy, Diverged, ReachedTarget, RunContext
 from wirelessfl.engine.ledger import KIND_INDEX, Ledger
 from wirelessfl.engine.network import ENGINES
 from wirelessfl.errors import UserError
@@ -111,7 +111,9 @@ def run_algorithm(world: World, params: AlgorithmParams,
                          params.eval_every, on_round, worst_fraction=sc.worst_fraction,
                          on_checkpoint=save,
                          stop_targets=((sc.target_accuracy, sc.target_suboptimality)
-                                       if sc.stop_at_target else None))
+                                       if sc.stop_at_target else None),
+                         stop_loss_growth=(sc.health.max_loss_growth if sc.stop_when_unhealthy
+                                           else None))
         algorithm = algorithm_class(params.name)(params, ctx)
         start = 0
     run = AlgorithmRun(params.display_name, params, ctx.rows, ctx.ledger)
@@ -120,6 +122,9 @@ def run_algorithm(world: World, params: AlgorithmParams,
         env.run()
     except ReachedTarget as stop:
         run.message = f"{params.display_name}: stopped at the target after round {stop.round_index}"
+    except BecameUnhealthy as stop:
+        run.message = (f"{params.display_name}: stopped unhealthy after round {stop.round_index}: "
+                       f"{stop.reason} (stop_when_unhealthy)")
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the rounds evaluated so far
         run.status = "interrupted"
         run.message = f"{params.display_name}: interrupted at round {algorithm.round_index}"

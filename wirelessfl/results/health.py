@@ -62,6 +62,19 @@ def _loss_series(group: pd.DataFrame) -> tuple[str | None, np.ndarray]:
     return None, np.empty(0)
 
 
+def loss_growth_violation(rows: list[dict], limit: float) -> str:
+    """Why the evaluated ``rows`` so far already break the loss-growth limit (the check of
+    ``assess``, which reads the run's largest loss, so the verdict cannot recover), or ''."""
+    name, loss = _loss_series(pd.DataFrame(rows))
+    if name is None or not loss.max() > limit * loss[0]:
+        return ""
+    return _growth_text(name, loss, limit)
+
+
+def _growth_text(name: str, loss: np.ndarray, limit: float) -> str:
+    return f"{name} grew from {loss[0]:.3g} to {loss.max():.3g} (limit {limit:g}x its start)"
+
+
 def assess(group: pd.DataFrame, status: str | None = None, limits: HealthConfig | None = None,
            fields: Iterable[str] | None = None) -> dict:
     """The health fields (HEALTH_FIELDS) of one algorithm's rows ``group`` (rounds.parquet rows,
@@ -102,8 +115,7 @@ def assess(group: pd.DataFrame, status: str | None = None, limits: HealthConfig 
         final_ratio = float(loss[-1] / loss[0]) if len(loss) > 1 else math.nan
     exploded = loss_growth > limits.max_loss_growth
     if exploded:
-        reasons.append(f"{name} grew from {loss[0]:.3g} to {loss.max():.3g} (limit "
-                       f"{limits.max_loss_growth:g}x its start): lower {step}")
+        reasons.append(f"{_growth_text(name, loss, limits.max_loss_growth)}: lower {step}")
     if limits.loss_must_fall and final_ratio >= 1 and not exploded:
         reasons.append(f"{name} did not fall ({loss[0]:.3g} at the start, {loss[-1]:.3g} at the "
                        f"end): tune {step} (too large or too small) or run more rounds")

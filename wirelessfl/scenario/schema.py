@@ -438,6 +438,11 @@ class Scenario(_Strict):
         False, description="end each algorithm at the first evaluated round where every target "
                            "holds (what to-target comparisons and tuning need; final-round "
                            "columns then describe that round)")
+    stop_when_unhealthy: bool = Field(
+        False, description="end each algorithm at the first evaluated round where its loss has "
+                           "grown past health.max_loss_growth times its start: its health "
+                           "verdict can no longer be healthy (what tuning studies use to skip "
+                           "the rest of a diverging run)")
     worst_fraction: float = Field(
         0.1, gt=0, le=1, description="worst_k_device_accuracy averages the k = max(1, ceil("
                                      "worst_fraction N)) devices with the lowest accuracy")

@@ -91,6 +91,10 @@ class TuneFile(BaseModel):
         None, description="tuning runs end at the target (default: yes for a to-target "
                           "objective, whose score is read there; evaluation runs go on to "
                           "their last round)")
+    stop_when_unhealthy: bool = Field(
+        True, description="tuning runs end as soon as their loss has grown past the health "
+                          "limit (they rank below every healthy configuration whatever follows); "
+                          "evaluation runs go on to their last round")
     compare_untuned: bool = Field(
         True, description="also evaluate every algorithm at the scenario's own (untuned) "
                           "setting, beside the tuned one")
@@ -142,12 +146,15 @@ class Tune:
         raise KeyError(label)
 
     def scenario(self, label: str, values: dict, seed: int, shown: str | None = None,
-                 where: str = "", stop_at_target: bool = False) -> dict:
+                 where: str = "", stop_at_target: bool = False,
+                 stop_when_unhealthy: bool = False) -> dict:
         """The resolved scenario of one run: the base with only ``label``'s algorithm, its
         parameters set to ``values``, shown as ``shown`` (default: its label)."""
         doc = copy.deepcopy(self.base)
         if stop_at_target:
             doc["stop_at_target"] = True
+        if stop_when_unhealthy:
+            doc["stop_when_unhealthy"] = True
         entry = self.entry(label)
         entry.update(values)
         entry["label"] = shown or label

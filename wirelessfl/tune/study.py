@@ -76,7 +76,8 @@ def tuning_plan(tune: Tune) -> list[tuple[dict, dict, int, object]]:
             for seed in tune.spec.tuning_seeds:
                 where = f"search.{label} (configuration {config.values})"
                 scenario = tune.scenario(label, config.values, seed, where=where,
-                                         stop_at_target=tune.stop_tuning_at_target)
+                                         stop_at_target=tune.stop_tuning_at_target,
+                                         stop_when_unhealthy=tune.spec.stop_when_unhealthy)
                 plan.append(({"algorithm": label, **config.values}, scenario, seed, config))
     return plan
 
