@@ -358,8 +358,8 @@ class _DownlinkRecorder:
         self.calls = []
         original = Downlink.transmit
 
-        def transmit(link, bits, receivers, rng=None, now_s=0.0):
-            out = original(link, bits, receivers, rng=rng, now_s=now_s)
+        def transmit(link, bits, receivers, rng=None, now_s=0.0, mode=None):
+            out = original(link, bits, receivers, rng=rng, now_s=now_s, mode=mode)
             down = link.config.downlink
             self.calls.append((bits, np.array(receivers, dtype=bool), out.airtime_s,
                                _dbm_to_w(down.tx_power_dbm) + down.circuit_power_w))

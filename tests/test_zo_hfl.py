@@ -7,14 +7,18 @@ import math
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 import torch.nn.functional as F
 
 from tests.conftest import run_recording_thetas, small_scenario
+from wirelessfl.algorithms.base import Algorithm
+from wirelessfl.channel.link import Downlink
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.context import RunContext
+from wirelessfl.engine.ledger import KIND_INDEX
 from wirelessfl.engine.simulation import run_algorithm
-from wirelessfl.learning.seeds import keyed_generator
+from wirelessfl.learning.seeds import keyed_generator, keyed_rng
 
 EXACT = ["channel=seed002-pinned", "channel.uplink.delivery_probability=1.0",
          "quantization_bits=32", "data.server_fraction=0.3"]
@@ -34,14 +38,18 @@ def _ce_grad(world, theta, x, y):
     return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(leaf.values()))])
 
 
-def test_matches_a_per_device_reference(monkeypatch):
-    world, thetas, _ = _run(monkeypatch)
+def _reference(world, theta, delivered, weights="paper"):
+    """x_r after each round of Alg. 1 with Alg. 2's solves, device by device (tau = 2, eta = 0.1,
+    lam = mu = 1, inner_lr0 = 0.1, B = B_s = 8, gamma0 = 0.5, seed 3): g = server gradient +
+    sum_i a_i (d / (2 eta)) (F+ - F-) v_i over the clients in ``delivered[r]``, a_i = w_i
+    (``paper``) or w_i / sum of the delivered w_j (``renormalised``), w_i = N_i / N."""
     ev, n, d = world.evaluator, world.num_devices, world.flat.d
     eta, lam, mu, lr0, b = 0.1, 1.0, 1.0, 0.1, 8
     sizes = ev.data.sizes.double()
-    w = (sizes / sizes.sum()).float()
-    theta = thetas[0]
-    for r in range(2):
+    thetas = [theta]
+    for r, mask in enumerate(delivered):
+        w = sizes / sizes.sum() * torch.as_tensor(mask, dtype=torch.float64)
+        a = (w if weights == "paper" else w / w.sum()).float()
         steps = math.ceil(2 * math.sqrt(r + 1))
         z = torch.randn((n, d), generator=keyed_generator(3, "zo-hfl-v", r))
         v = z / z.norm(dim=1, keepdim=True)
@@ -50,7 +58,7 @@ def test_matches_a_per_device_reference(monkeypatch):
         pick = torch.randint(len(ev.data.y_server), (8,),
                              generator=keyed_generator(3, "zo-hfl-server", r))
         g = _ce_grad(world, theta, ev.data.x_server[pick], ev.data.y_server[pick])
-        for i in range(n):
+        for i in np.flatnonzero(mask):
             f = []
             for sign, idx in ((1.0, plus), (-1.0, minus)):
                 x = theta + sign * eta * v[i]
@@ -60,9 +68,53 @@ def test_matches_a_per_device_reference(monkeypatch):
                     y = y - lr0 / (t + 1) * (_ce_grad(world, y, ev.data.x[batch], ev.data.y[batch])
                                              + mu * (y - x))
                 f.append(0.5 * lam * float((x - y).double().square().sum()))
-            g = g + w[i] * (d / (2 * eta)) * (f[0] - f[1]) * v[i]
+            g = g + a[i] * (d / (2 * eta)) * (f[0] - f[1]) * v[i]
         theta = theta - 0.5 / math.sqrt(r + 1) * g
-        torch.testing.assert_close(thetas[r + 1], theta, rtol=1e-4, atol=1e-5)
+        thetas.append(theta)
+    return thetas
+
+
+def _record_collects(monkeypatch):
+    """Every collect's result (who took part, whose upload arrived), as the network returned it."""
+    seen = []
+    original = Algorithm.collect
+
+    def collect(self, *args, **kwargs):
+        result = yield from original(self, *args, **kwargs)
+        seen.append(result)
+        return result
+
+    monkeypatch.setattr(Algorithm, "collect", collect)
+    return seen
+
+
+def test_matches_a_per_device_reference(monkeypatch):
+    world, thetas, _ = _run(monkeypatch)
+    want = _reference(world, thetas[0], [np.ones(world.num_devices, dtype=bool)] * 2)
+    for got, ref in zip(thetas[1:], want[1:]):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_weights_under_partial_participation_and_loss(monkeypatch):
+    """beta = 0.5 (4 of 8 asked) and half the uploads lost: rounds with 2, 1 and 3 clients
+    delivered. ``paper`` (the default) weighs each delivered client by its data share w_i, as
+    Alg. 1's sum over all m clients does with the absent ones at 0; ``renormalised`` rescales the
+    delivered w_i to sum to 1, so the lone client of round 1 counts with weight 1."""
+    lossy = ["channel.uplink.delivery_probability=0.5"]
+    runs = {}
+    for weights in ("paper", "renormalised"):
+        collects = _record_collects(monkeypatch)
+        world, thetas, _ = _run(monkeypatch, lossy, rounds=3, participation=0.5,
+                                **({} if weights == "paper" else {"weights": weights}))
+        monkeypatch.undo()
+        delivered = [np.asarray(c.delivered, dtype=bool) for c in collects]
+        assert [int(m.sum()) for m in delivered] == [2, 1, 3]
+        want = _reference(world, thetas[0], delivered, weights)
+        for got, ref in zip(thetas[1:], want[1:]):
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+        runs[weights] = thetas
+    # the rules differ from round 0 on (two delivered clients' w_i sum to less than 1)
+    assert not torch.allclose(runs["paper"][1], runs["renormalised"][1], rtol=1e-3, atol=1e-4)
 
 
 def test_seed_mode_gives_the_paper_update_at_full_precision(monkeypatch):
@@ -179,3 +231,84 @@ def test_seed_mode_scalars_in_the_float_format_track_full_precision(monkeypatch)
     assert last.quantized_up == 3 * 20 and last.clipped_up == 0
     gap = (quantised[-1] - full[-1]).norm() / full[-1].norm()
     assert 0 < gap < 1e-3
+
+
+def test_local_steps_count_both_solves(monkeypatch):
+    """The rounds table's local_steps is each device's local SGD steps, as for FedAvg (E a round)
+    and FedNest: 2 H_r a round here (the + and the - solve), ceil(2 sqrt(r+1)) = 2, 3, 4 at
+    tau = 2, so 4 + 6 + 8 = 18 over three rounds, one backward pass each."""
+    _, _, run = _run(monkeypatch, rounds=3)
+    rows = pd.DataFrame(run.rows)
+    assert rows.local_steps.tolist() == [0, 4, 10, 18]
+    assert run.ledger.backward_passes.tolist() == [18] * 8
+
+
+EIGHT_DISTANCES = [100, 150, 200, 250, 300, 350, 400, 450]
+
+
+def _one_round(payload, directions="unicast", engine="vectorized"):
+    sc = small_scenario([f"population.distances_m={EIGHT_DISTANCES}", "channel.fading=none",
+                         "data.server_fraction=0.3", "quantization_bits=16",
+                         f"engine.mode={engine}"],
+                        algorithms=[{"name": "zo-hfl", "rounds": 1, "eval_every": 1, "tau": 1,
+                                     "participation": 0.5, "payload": payload,
+                                     "directions": directions}])
+    return sc, run_algorithm(build_world(sc), sc.algorithms[0]).ledger
+
+
+@pytest.mark.parametrize("engine", ["vectorized", "processes"])
+def test_downlink_is_x_broadcast_plus_each_participants_own_direction(engine):
+    """zo_hfl.md 3.1's download per client: x broadcast (1 vec, d = 650 values of 16 bits and
+    a 32-bit scale) + v_i unicast to client i (1 vec), or a 32-bit seed in mode seed (3.5, 'ZO-HFL
+    (B)'). With 4 of 8 devices asked: the others hear x only; the base station is on air for
+    the broadcast at the farthest device's rate plus one packet per participant at its own
+    rate, and each device listens to the broadcast and its own packet."""
+    from tests.test_energy_engine import _broadcast_airtime
+
+    vec = 650 * 16 + 32
+    down = KIND_INDEX["downlink"]
+    for payload, own in (("models", vec), ("seed", 32)):
+        sc, led = _one_round(payload, engine=engine)
+        asked = led.packets_sent == 1
+        assert asked.sum() == 4
+        assert led.bits_down.tolist() == [vec + own * a for a in asked]
+        common = _broadcast_airtime(sc, vec, max(EIGHT_DISTANCES))
+        unicast = np.array([_broadcast_airtime(sc, own, m) for m in EIGHT_DISTANCES])
+        assert led.bs_airtime_s == pytest.approx(common + unicast[asked].sum(), rel=1e-12)
+        np.testing.assert_allclose(led.busy_s[:, down], common + unicast * asked, rtol=1e-12)
+    # A21's literal reading (one transmission of x and the 4 participants' directions / seeds)
+    for payload, size in (("models", 5 * vec), ("seed", vec + 4 * 32)):
+        sc, led = _one_round(payload, "broadcast", engine)
+        assert led.bits_down.tolist() == [size] * 8
+        assert led.bs_airtime_s == pytest.approx(
+            _broadcast_airtime(sc, size, max(EIGHT_DISTANCES)), rel=1e-12)
+
+
+def test_a_lost_direction_sits_the_client_out_without_making_it_stale(monkeypatch):
+    """Downlink loss (zo_hfl.md 3.4): a participant that misses x is stale and is resent the
+    model before the next round; one that holds x but misses its own v_i only sits this round
+    out (it uploads nothing) and is not resent anything."""
+    calls = []
+    original = Downlink.transmit
+
+    def transmit(link, bits, receivers, rng=None, now_s=0.0, mode=None):
+        out = original(link, bits, receivers, rng=rng, now_s=now_s, mode=mode)
+        calls.append((mode, np.array(receivers, dtype=bool), out.received.copy()))
+        return out
+
+    monkeypatch.setattr(Downlink, "transmit", transmit)
+    sc = small_scenario(["seed=8", "data.server_fraction=0.3", "channel.downlink.loss=true",
+                         "channel.downlink.tx_power_dbm=0"],
+                        algorithms=[{"name": "zo-hfl", "rounds": 2, "eval_every": 1, "tau": 1,
+                                     "participation": 0.5}])
+    collects = _record_collects(monkeypatch)
+    run_algorithm(build_world(sc), sc.algorithms[0])
+    (_, everyone, got_x), (mode, asked, got_v), (_, resent, _) = calls[:3]
+    assert everyone.all() and mode == "unicast"
+    assert (asked & ~got_v).any(), "the setting must lose both kinds of packet"
+    participants = np.zeros(8, dtype=bool)  # round 0's draw (Algorithm.participants)
+    participants[keyed_rng(8, "participation", 0).choice(8, 4, replace=False)] = True
+    assert (participants & ~got_x).any()
+    np.testing.assert_array_equal(asked, participants & got_x)  # missed x: no direction
+    np.testing.assert_array_equal(collects[0].active, got_v)  # round 0's uploaders
+    np.testing.assert_array_equal(resent, ~got_x)  # only those that missed x are resent x

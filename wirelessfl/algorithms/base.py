@@ -8,8 +8,9 @@ only what was delivered.
 
 Devices that miss a downlink packet (``downlink.loss``) no longer hold the current model: they sit
 out every collect until ``resync`` (run by the base before each round) has sent them what they
-missed, so a stale model never feeds the aggregate. Devices whose battery ran out are left out of
-collects and broadcasts by the network itself.
+missed, so a stale model never feeds the aggregate (a missed ``unicast``, content for one device
+only, does not make it stale). Devices whose battery ran out are left out of collects and
+broadcasts by the network itself.
 """
 
 from __future__ import annotations
@@ -185,6 +186,12 @@ class Algorithm:
         result = yield from self.ctx.net.broadcast(payload)
         self.missed += ~result.received
         return result
+
+    def unicast(self, payload: Payload, receivers: np.ndarray):
+        """``net.unicast``: each device in ``receivers`` gets a packet of ``payload``'s size
+        meant for it alone (one per device, at its own rate). A device that misses it still
+        holds the current model, so it is not made stale; the result says who received it."""
+        return (yield from self.ctx.net.unicast(payload, np.asarray(receivers, dtype=bool)))
 
     def resync(self):
         """Send stale devices what they missed (a packet of its own, which can be lost again);

@@ -2,18 +2,26 @@
 two-point zeroth-order estimates (spec zo_hfl.md, Algorithms 1-2).
 
 Round r, participants S_r (the base's ``participation`` beta, zo_hfl.md A11):
-  server: v_i ~ Unif(unit sphere) per participant; sends x_r and v_i;
+  server: v_i ~ Unif(unit sphere) per participant; downlink (``directions``): x_r broadcast to
+    every device, then each participant's own v_i unicast to it (zo_hfl.md 3.1 and A21: "1 vec
+    broadcast + 1 vec unicast"; a 32-bit seed instead of v_i in mode ``seed``), or, ``directions:
+    broadcast``, A21's literal reading: one transmission of x_r and every participant's v_i;
   client i: two proximal solves from the perturbed points x_r +- eta v_i (Alg. 2), H_{i,r} =
-    ceil(tau sqrt(r+1)) steps each, y <- Pi(y - lr_t (grad CE_i(y; zeta) + mu (y - x))),
-    lr_t = inner_lr0 / (t + 1), y_0 = x (A6), minibatches with replacement (A7);
+    ceil(tau sqrt(r+1)) steps each, so 2 H_{i,r} local steps a round (the rounds table's
+    ``local_steps``), y <- Pi(y - lr_t (grad CE_i(y; zeta) + mu (y - x))), lr_t = inner_lr0 /
+    (t + 1), y_0 = x (A6), minibatches with replacement (A7);
   uplink, mode ``models`` (the paper): y+ and y- (two d-vectors); mode ``seed`` (ours): the client
     itself forms F+ - F- (below) and uploads one M-bit scalar, v_i coming from a seed both ends
     share, so the server's update is the same up to that scalar's quantisation (zo_hfl.md 3.5);
   server: F+- = (lam/2) ||x_r +- eta v_i - y+-||^2, g_i = (d / (2 eta)) (F+ - F-) v_i (eq. of 1.4),
-    g = grad f~_1(x_r, xi) (its own data, ``data.server_fraction``) + sum_i a_i g_i with
-    a_i = w_i / sum_{j delivered} w_j, w_i = N_i / N (A4, A5), x_{r+1} = x_r - gamma_r g,
-    gamma_r = gamma0 / sqrt(r + 1).
-Lost uploads drop out of the sum (a_i renormalised over what arrived). The server's own gradient is
+    g = grad f~_1(x_r, xi) (its own data, ``data.server_fraction``) + sum_i a_i g_i,
+    x_{r+1} = x_r - gamma_r g, gamma_r = gamma0 / sqrt(r + 1), with w_i = N_i / N (A5) and
+    (``weights``) a_i = w_i for each client whose upload arrived and 0 for the others (``paper``:
+    Alg. 1's sum runs over all m clients, nobody is rescaled; seed 000 notes that H_{i,r} = 0
+    "has a similar effect" to leaving client i out), or a_i = w_i / sum_{j delivered} w_j
+    (``renormalised``, ours [D], zo_hfl.md A4's self-normalised reading).
+With a_i = w_i one client of ten at beta = 10 % enters with its share of the data; renormalised, it
+enters with weight 1 and its d / (2 eta)-amplified noise with it. The server's own gradient is
 computed at the base station, which is mains powered: it is not in the devices' ledger.
 """
 
@@ -53,6 +61,14 @@ class ZOHFLParams(ScalarFormatParams):
     common_batches: bool = Field(False, description="the + and - solves reuse one minibatch "
                                                     "sequence (A8, 'CRN'; the paper: independent)")
     max_local_steps: int = Field(1000, gt=0, description="cap on H_{i,r} [D]")
+    weights: Literal["paper", "renormalised"] = Field(
+        "paper", description="paper: a_i = w_i for the clients whose upload arrived, 0 for the "
+                             "others (seed 000 Alg. 1, zo_hfl.md A4); renormalised [D]: "
+                             "a_i = w_i / sum of the arrived clients' w_j")
+    directions: Literal["unicast", "broadcast"] = Field(
+        "unicast", description="unicast: x broadcast, then each participant's own direction (or "
+                               "seed) unicast to it (zo_hfl.md 3.1, A21); broadcast: x and every "
+                               "participant's direction in one transmission (A21's flag)")
 
 
 @register
@@ -65,16 +81,37 @@ class ZOHFL(Algorithm):
                "proximal solves; y+- (or one scalar) up")
 
     @classmethod
-    def declared_payloads(cls, d: int, bits: int, participants: int = 1,
-                          payload: str = "models") -> tuple[Payload, Payload]:
-        """Up: y+ and y- (two d-vectors) or one scalar. Down: x_r and the participants'
-        directions in one transmission, as d-vectors or as seeds (zo_hfl.md A21)."""
+    def downlink_payloads(cls, d: int, bits: int, participants: int = 1,
+                          payload: str = "models", directions: str = "unicast"
+                          ) -> tuple[Payload, Payload | None]:
+        """(broadcast to every device, unicast to each participant or None) of one round:
+        x_r and v_i as d-vectors, or v_i as a SEED_BITS seed (mode ``seed``); ``directions``
+        ``broadcast`` puts the participants' v_i into the broadcast (zo_hfl.md 3.1, A21)."""
+        x = Payload.vectors(d, bits, label="x")
+        own = (Payload.scalar(SEED_BITS, label="direction seed") if payload == "seed"
+               else Payload.vectors(d, bits, label="direction"))
+        if directions == "unicast":
+            return x, own
         if payload == "seed":
-            down_bits = d * bits + (32 if bits < 32 else 0) + participants * SEED_BITS
-            return Payload.scalar(bits), Payload(values=1, bits_per_value=down_bits,
-                                                 label="x and seeds")
-        return (Payload.vectors(d, bits, count=2),
-                Payload.vectors(d, bits, count=1 + participants, label="x and directions"))
+            return Payload(values=x.values, bits_per_value=bits,
+                           header_bits=x.header_bits + participants * own.bits,
+                           label="x and seeds"), None
+        return Payload.vectors(d, bits, count=1 + participants, label="x and directions"), None
+
+    @classmethod
+    def declared_payloads(cls, d: int, bits: int, participants: int = 1,
+                          payload: str = "models", directions: str = "unicast"
+                          ) -> tuple[Payload, Payload]:
+        """Up: y+ and y- (two d-vectors) or one scalar. Down: what a participant hears in a
+        round, the broadcast plus its own unicast direction (``downlink_payloads``)."""
+        up = Payload.scalar(bits) if payload == "seed" else Payload.vectors(d, bits, count=2)
+        x, own = cls.downlink_payloads(d, bits, participants, payload, directions)
+        if own is None:
+            return up, x
+        if payload == "seed":
+            return up, Payload(values=x.values, bits_per_value=bits,
+                               header_bits=x.header_bits + own.bits, label="x and own seed")
+        return up, Payload.vectors(d, bits, count=2, label="x and own direction")
 
     def local_steps(self, r: int) -> int:
         p = self.params
@@ -108,10 +145,16 @@ class ZOHFL(Algorithm):
         p, ev, ctx = self.params, self.ctx.evaluator, self.ctx
         d, n = self.theta.numel(), ctx.num_devices
         steps = self.local_steps(r)
-        self.round_local_steps = steps
+        self.round_local_steps = 2 * steps  # the + and the - solve
         chosen = self.participants(r) & (self.missed == 0)
-        up, down = self.declared_payloads(d, self.bits, int(chosen.sum()), p.payload)
-        yield from self.broadcast(down, self.theta)
+        up, _ = self.declared_payloads(d, self.bits, payload=p.payload)
+        common, own = self.downlink_payloads(d, self.bits, int(chosen.sum()), p.payload,
+                                             p.directions)
+        yield from self.broadcast(common, self.theta)
+        if own is not None:  # a client whose direction is lost sits the round out (3.4)
+            chosen &= self.missed == 0
+            sent = yield from self.unicast(own, chosen)
+            chosen &= sent.received
         cost = Cost(forward_passes=2 * steps, backward_passes=2 * steps, batch_size=p.batch_size)
         result = yield from self.collect(cost, up, chosen)
         delivered = np.asarray(result.delivered, dtype=bool)
@@ -142,7 +185,7 @@ class ZOHFL(Algorithm):
                                              keyed_generator(ctx.seed, "zo-hfl-up", r), delivered)
             mask = torch.as_tensor(delivered, device=self.theta.device)
             w = torch.as_tensor(self.weights, device=self.theta.device) * mask
-            a = (w / w.sum()).to(torch.float64)
+            a = (w if p.weights == "paper" else w / w.sum()).to(torch.float64)
             coeff = (a * diff * (d / (2 * p.eta))).to(self.theta.dtype)
             g = g + (coeff[:, None] * v).sum(0)
         self.theta = self.theta - p.gamma0 / math.sqrt(r + 1) * g

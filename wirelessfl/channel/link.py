@@ -208,22 +208,25 @@ class Downlink(_FadingOwner):
         return float(airtime_s(packet_bits, self.rate_bps, self.config.slot_s))
 
     def transmit(self, bits, receivers, rng: np.random.Generator | None = None,
-                 now_s: float = 0.0) -> DownlinkOutcome:
+                 now_s: float = 0.0, mode: str | None = None) -> DownlinkOutcome:
         """Send ``bits`` payload bits (+ header) to the devices in ``receivers`` (bool [N]).
 
         broadcast: one transmission at efficiency * B log2(1 + min over receivers of mean SNR);
         unicast: one per receiver at its own mean-SNR rate, back to back (airtime = their sum).
+        ``mode``: this transmission's, or None for the profile's ``downlink.mode`` (a packet whose
+        content differs per receiver is sent as ``unicast`` whatever the profile says).
         With ``downlink.loss`` a receiver loses the packet when B log2(1 + faded SNR) < rate;
         the fading comes from ``rng`` (a stream of its own, required then) at ``now_s`` [s].
         """
         down, n = self.config.downlink, self.cell.num_devices
+        mode = down.mode if mode is None else mode
         receivers = np.asarray(receivers, dtype=bool)
         if receivers.shape != (n,):
             raise ValueError(f"receivers must be a bool array of shape ({n},), got "
                              f"{receivers.shape}")
         packet_bits = float(bits) + down.header_bits
         mean = self.cell.downlink_mean_snr
-        if down.mode == "broadcast":
+        if mode == "broadcast":
             worst = float(np.min(mean[receivers])) if receivers.any() else 0.0
             rate = np.full(n, down.efficiency * float(capacity_bps(worst, down.bandwidth_hz)))
             air = float(airtime_s(packet_bits, rate[0], self.config.slot_s)) \

@@ -21,7 +21,9 @@ listens nor idles: it is left out of every collect and broadcast.
 Every downlink transmission also charges the base station (``Ledger.charge_base_station``): its
 draw (the downlink's transmit + circuit power) x the time it is on air, a broadcast's airtime or
 the sum of a unicast's packets. Uplink ARQ retries carry no acknowledgement or request in the
-model, so the base station spends nothing on them.
+model, so the base station spends nothing on them. ``broadcast`` follows the profile's
+``downlink.mode``; ``unicast`` is for content that differs per device (one packet each, whatever
+the mode): each receiver listens to its own packet only.
 
 ``accounting`` picks how many forward passes a ``Cost`` is priced at (time and energy):
 ``physical`` every pass the algorithm makes, ``paper`` seed 002's count (``Cost.priced_passes``).
@@ -255,14 +257,21 @@ class Network:
         led.queue_wait_s[devices] += np.where(active[devices], plan.upload_start_s[devices]
                                               - plan.ready_s[devices], 0.0)
 
-    def _begin_broadcast(self, payload: Payload, receivers: np.ndarray | None):
+    def unicast(self, payload: Payload, receivers: np.ndarray):
+        """The base station sends each device in ``receivers`` a packet of ``payload``'s size
+        meant for it alone, at its own rate, one after another, whatever ``downlink.mode``: the
+        downlink of content that differs per device (ZO-HFL's direction v_i)."""
+        return (yield from self.broadcast(payload, receivers, mode="unicast"))
+
+    def _begin_broadcast(self, payload: Payload, receivers: np.ndarray | None,
+                         mode: str | None = None):
         """(alive, receivers, start, outcome) of a downlink phase starting now: who is on air
-        how long and who decodes it (both engines)."""
+        how long and who decodes it (both engines); ``mode`` as ``Downlink.transmit``'s."""
         self.settle()
         alive = self.alive
         receivers = self._active(receivers)
         out = self.downlink.transmit(payload.bits, receivers, rng=self.downlink_rng,
-                                     now_s=self.env.now)
+                                     now_s=self.env.now, mode=mode)
         self.ledger.charge_base_station(self.downlink.draw_w, out.airtime_s)
         return alive, receivers, self.env.now, out
 
@@ -299,9 +308,11 @@ class VectorNetwork(Network):
         return CollectResult(delivered=plan.delivered, finish_s=finish, active=active,
                              late=plan.late)
 
-    def broadcast(self, payload: Payload, receivers: np.ndarray | None = None):
-        """The base station sends ``payload`` to ``receivers`` (default: every device)."""
-        alive, receivers, start, out = self._begin_broadcast(payload, receivers)
+    def broadcast(self, payload: Payload, receivers: np.ndarray | None = None,
+                  mode: str | None = None):
+        """The base station sends ``payload`` to ``receivers`` (default: every device), as
+        ``mode`` (default: the profile's ``downlink.mode``)."""
+        alive, receivers, start, out = self._begin_broadcast(payload, receivers, mode)
         self._record_downlink(payload, out, receivers, slice(None))
         if out.airtime_s > 0:
             yield self.env.timeout(out.airtime_s)
@@ -379,10 +390,11 @@ class ProcessNetwork(Network):
         return CollectResult(delivered=plan.delivered, finish_s=finish, active=active,
                              late=plan.late)
 
-    def broadcast(self, payload: Payload, receivers: np.ndarray | None = None):
-        alive, receivers, start, out = self._begin_broadcast(payload, receivers)
+    def broadcast(self, payload: Payload, receivers: np.ndarray | None = None,
+                  mode: str | None = None):
+        alive, receivers, start, out = self._begin_broadcast(payload, receivers, mode)
         # Unicast packets go out back to back in device order; a broadcast reaches all at once.
-        unicast = self.downlink.config.downlink.mode == "unicast"
+        unicast = (mode or self.downlink.config.downlink.mode) == "unicast"
         offsets = np.cumsum(out.per_device_airtime_s) - out.per_device_airtime_s
         events = [self._order(i, "receive", (payload, out, receivers,
                                              float(offsets[i]) if unicast else 0.0))
