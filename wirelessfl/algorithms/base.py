@@ -39,7 +39,8 @@ class AlgorithmParams(BaseModel):
     name: str
     label: str | None = Field(None, description="name shown in tables and plots (default: name)")
     rounds: int = Field(100, gt=0, description="communication rounds (DZOFL: iterations)")
-    batch_size: int = Field(10, gt=0, description="minibatch size per device per pass")
+    batch_size: int = Field(10, gt=0, description="minibatch size per device per pass (a device "
+                            "holding fewer samples passes over all of them, once each)")
     eval_every: int = Field(10, gt=0, description="evaluate the global model every this many rounds")
     bits: int | None = Field(None, ge=1, le=32,
                              description="M, bits per transmitted value (default: quantization_bits)")

@@ -142,8 +142,9 @@ class DriftCorrected(Algorithm):
 
     def gradient_cost(self, passes) -> Cost:
         """``passes`` gradient evaluations (scalar or [N]) over the local gradient's batch."""
-        batch = (self.ctx.evaluator.full_batch_sizes() if self.params.full_batch
-                 else self.params.batch_size)
+        ev = self.ctx.evaluator
+        batch = (ev.full_batch_sizes() if self.params.full_batch
+                 else ev.minibatch_sizes(self.params.batch_size))
         return Cost(forward_passes=passes, backward_passes=passes, batch_size=batch)
 
     def exact_cost(self) -> Cost:

@@ -82,7 +82,8 @@ class DZOFL(Algorithm):
         diff = (ctx.evaluator.device_losses(self.theta + gamma * phi, idx)
                 - ctx.evaluator.device_losses(self.theta - gamma * phi, idx))
         scalar, _ = self.declared_payloads(self.theta.numel(), self.bits)
-        cost = Cost(forward_passes=2, paper_forward_passes=1, batch_size=p.batch_size)
+        cost = Cost(forward_passes=2, paper_forward_passes=1,
+                    batch_size=ctx.evaluator.minibatch_sizes(p.batch_size))
         result = yield from self.collect(cost, scalar)
         delivered = torch.as_tensor(result.delivered, device=diff.device)
         fixed = p.fixed_range()  # None: the stochastic float format, relative error

@@ -104,7 +104,8 @@ class FedSGD(VectorUploadAlgorithm):
     summary = "one minibatch gradient per device per round, d values of M bits uploaded"
 
     def cost(self) -> Cost:
-        return Cost(forward_passes=1, backward_passes=1, batch_size=self.params.batch_size)
+        return Cost(forward_passes=1, backward_passes=1,
+                    batch_size=self.ctx.evaluator.minibatch_sizes(self.params.batch_size))
 
     def device_vectors(self, k):
         ev = self.ctx.evaluator
@@ -134,7 +135,8 @@ class FedAvg(VectorUploadAlgorithm):
 
     def cost(self) -> Cost:
         e = self.params.local_steps
-        return Cost(forward_passes=e, backward_passes=e, batch_size=self.params.batch_size)
+        return Cost(forward_passes=e, backward_passes=e,
+                    batch_size=self.ctx.evaluator.minibatch_sizes(self.params.batch_size))
 
     def device_vectors(self, k):
         p, ev = self.params, self.ctx.evaluator
@@ -212,7 +214,8 @@ class Scaffold(VectorUploadAlgorithm):
 
     def cost(self) -> Cost:
         e = self.params.local_steps
-        return Cost(forward_passes=e, backward_passes=e, batch_size=self.params.batch_size)
+        return Cost(forward_passes=e, backward_passes=e,
+                    batch_size=self.ctx.evaluator.minibatch_sizes(self.params.batch_size))
 
     def round(self, k: int):
         p, ev, d = self.params, self.ctx.evaluator, self.theta.numel()

@@ -149,7 +149,8 @@ class _FGDRO(Algorithm):
                 backward[rows.numpy()] = passes.cpu().numpy()
         else:
             work, backward = None, np.where(mask, float(steps), 0.0)
-        cost = Cost(forward_passes=steps, backward_passes=backward, batch_size=p.batch_size)
+        cost = Cost(forward_passes=steps, backward_passes=backward,
+                    batch_size=self.ctx.evaluator.minibatch_sizes(p.batch_size))
         result = yield from self.collect(cost, up, mask)
         delivered = np.asarray(result.delivered, dtype=bool)
         if work is None:

@@ -155,7 +155,8 @@ class ZOHFL(Algorithm):
             chosen &= self.missed == 0
             sent = yield from self.unicast(own, chosen)
             chosen &= sent.received
-        cost = Cost(forward_passes=2 * steps, backward_passes=2 * steps, batch_size=p.batch_size)
+        cost = Cost(forward_passes=2 * steps, backward_passes=2 * steps,
+                    batch_size=ev.minibatch_sizes(p.batch_size))
         result = yield from self.collect(cost, up, chosen)
         delivered = np.asarray(result.delivered, dtype=bool)
         g = ev.server_gradient(self.theta, keyed_generator(ctx.seed, "zo-hfl-server", r),

@@ -36,7 +36,13 @@ from torch.func import functional_call
 
 from wirelessfl.engine.threads import parallel_map
 from wirelessfl.errors import UserError
-from wirelessfl.learning.minibatch import sample_minibatches
+from wirelessfl.learning.minibatch import (
+    batch_counts,
+    minibatch_mean,
+    owner_sizes,
+    real_batch_sizes,
+    sample_minibatches,
+)
 from wirelessfl.learning.problems import Problem
 from wirelessfl.learning.stacked import StackedForward, to_channels_last, uses_convolutions
 
@@ -188,6 +194,8 @@ class BatchedEvaluator(Problem):
         # f = (1/N) sum_i (1/m_i) sum_{s on i} loss_s: sample s of device i weighs 1 / (N m_i).
         sizes = data.sizes.double()
         self._weights = (1.0 / (self.num_devices * sizes)).repeat_interleave(data.sizes)
+        # Each sample's device size: a minibatch row's real sample count (``batch_counts``).
+        self._owner_sizes = owner_sizes(data.sizes).to(self.device)
 
     @property
     def d(self) -> int:
@@ -214,10 +222,11 @@ class BatchedEvaluator(Problem):
 
     # ---- sampling ----------------------------------------------------------------------------
     def sample(self, generator: torch.Generator, batch_size: int, steps: int = 1) -> torch.Tensor:
-        """Minibatch sample indices [steps, N, b], without replacement within a minibatch.
+        """Minibatch sample indices [steps, N, w], without replacement within a minibatch.
 
         Each device ranks its samples by uniform keys and takes the b smallest; a device with
-        fewer than b samples repeats some (cyclically). Drawn on the CPU for determinism
+        m_i < b samples takes all of them once, the rest of its row padding weighted 0 by the
+        minibatch losses and gradients (full local batches). Drawn on the CPU for determinism
         (``sample_minibatches``, learning/minibatch.py).
         """
         start = time.perf_counter()
@@ -225,6 +234,9 @@ class BatchedEvaluator(Problem):
                                  steps, self.device)
         self.compute_s += time.perf_counter() - start
         return out
+
+    def minibatch_sizes(self, batch_size: int) -> np.ndarray:
+        return real_batch_sizes(self.data.sizes.numpy(), batch_size)
 
     # ---- shared-model work -------------------------------------------------------------------
     @torch.no_grad()
@@ -234,12 +246,13 @@ class BatchedEvaluator(Problem):
         thread pool; the pieces depend only on N and the batch size)."""
         start = time.perf_counter()
         n, b = idx.shape
+        counts = batch_counts(idx, self._owner_sizes)
 
         def piece(rows: slice) -> torch.Tensor:
             flat_idx = idx[rows].reshape(-1)
             logits = self.flat.predict(theta, self.data.x[flat_idx])
             losses = F.cross_entropy(logits, self.data.y[flat_idx], reduction="none")
-            return losses.view(-1, b).mean(1)
+            return minibatch_mean(losses.view(-1, b), counts[rows])
 
         if self.threaded:  # about PIECE_SAMPLES samples a piece, at least MIN_PIECES pieces
             count = min(n, max(math.ceil(n / self.chunk_size(b, own_model=False)), MIN_PIECES,
@@ -260,7 +273,7 @@ class BatchedEvaluator(Problem):
         y = self.data.y[idx]
         logits = self.stacked(models, self.data.x[idx])
         losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-        out = losses.view(y.shape).mean(1)
+        out = minibatch_mean(losses.view(y.shape), batch_counts(idx, self._owner_sizes))
         if self.l2:
             out += 0.5 * self.l2 * models.square().sum(1)
         self.compute_s += time.perf_counter() - start
@@ -285,11 +298,12 @@ class BatchedEvaluator(Problem):
         """(minibatch loss [n], its gradient [n, d]) of each device at its own model, without
         the l2 term."""
         y = self.data.y[idx]
+        counts = batch_counts(idx, self._owner_sizes)
 
         def device_losses(logits: torch.Tensor, rows: slice) -> torch.Tensor:
             target = y[rows]
             losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
-            return losses.view(target.shape).mean(1)
+            return minibatch_mean(losses.view(target.shape), counts[rows])
 
         return self.stacked.losses_and_gradients(models, self.data.x[idx], device_losses)
 

@@ -28,7 +28,14 @@ import torch
 
 from wirelessfl.energy.profiler import ModelProfile
 from wirelessfl.errors import UserError
-from wirelessfl.learning.minibatch import sample_minibatches
+from wirelessfl.learning.minibatch import (
+    batch_counts,
+    minibatch_mean,
+    minibatch_scale,
+    owner_sizes,
+    real_batch_sizes,
+    sample_minibatches,
+)
 from wirelessfl.learning.problems import Problem, similarity_constants
 
 # Defaults of the `problem: {name: logistic}` scenario section.
@@ -147,7 +154,8 @@ class LogisticProblem(Problem):
     Samples are stored device after device (global index = position in that order), so a
     minibatch ``idx`` [n, b] holds global indices, each row one device's. Per-sample weights:
     a minibatch gradient of device i is (n m_i / M) mean_{j in batch} grad loss_j + l2 x, an
-    unbiased estimate of grad f_i (batches are uniform b-subsets for b <= m_i).
+    unbiased estimate of grad f_i (batches are uniform b-subsets for b <= m_i; for b >= m_i the
+    batch is all of device i's samples and the gradient is exactly grad f_i).
 
     Compute is costed (``model_profile``) as a linear model: the forward pass a^T x is d MACs
     per sample with one output activation and d inputs.
@@ -190,6 +198,7 @@ class LogisticProblem(Problem):
         self.y = torch.from_numpy(y).to(self.device)
         self.owner = torch.repeat_interleave(torch.arange(self.num_devices), self.sizes
                                              ).to(self.device)
+        self._owner_sizes = owner_sizes(self.sizes).to(self.device)  # ``batch_counts``
         # f_i's sample weight n / M: a device's minibatch mean is scaled by n m_i / M.
         self.device_weight = torch.from_numpy(self.num_devices * sizes / self.M).to(self.device)
         self.a_test = torch.from_numpy(np.asarray(x_test, np.float64) * self.row_scale
@@ -276,32 +285,43 @@ class LogisticProblem(Problem):
         return max(1, int(self.max_chunk_bytes // (8 * (2 * self.d + 6))))
 
     def sample(self, generator: torch.Generator, batch_size: int, steps: int = 1) -> torch.Tensor:
-        """Global sample indices [steps, N, b], uniform without replacement within a minibatch
-        (``sample_minibatches``)."""
+        """Global sample indices [steps, N, w], uniform without replacement within a minibatch;
+        a device with m_i < b gets all of its samples once (``sample_minibatches``)."""
         start = time.perf_counter()
         out = sample_minibatches(generator, self.sizes, self.offsets, batch_size, steps,
                                  self.device)
         self.compute_s += time.perf_counter() - start
         return out
 
+    def minibatch_sizes(self, batch_size: int) -> np.ndarray:
+        return real_batch_sizes(self.sizes_np, batch_size)
+
     # ---- minibatch losses and gradients -----------------------------------------------------------
     def _minibatch(self, models: torch.Tensor, idx: torch.Tensor):
-        """(x [n, d], rows [n, b, d], labels [n, b], margins y a^T x [n, b], weight n m_i / M)."""
+        """(x [n, d], rows [n, w, d], labels [n, w], margins y a^T x [n, w], weight n m_i / M,
+        real samples of each row [n] (``batch_counts``))."""
         x = models.to(torch.float64)
         rows, labels = self.a[idx], self.y[idx]
         margins = labels * (rows * x[:, None, :]).sum(2)
-        return x, rows, labels, margins, self.device_weight[self.owner[idx[:, 0]]]
+        return (x, rows, labels, margins, self.device_weight[self.owner[idx[:, 0]]],
+                batch_counts(idx, self._owner_sizes))
 
-    def _loss(self, x, margins, weight) -> torch.Tensor:
-        return weight * softplus(-margins).mean(1) + 0.5 * self.l2 * x.square().sum(1)
+    def _loss(self, x, margins, weight, counts) -> torch.Tensor:
+        mean = minibatch_mean(softplus(-margins), counts)
+        return weight * mean + 0.5 * self.l2 * x.square().sum(1)
 
-    def _gradient(self, x, rows, labels, margins, weight) -> torch.Tensor:
-        coef = -labels * torch.sigmoid(-margins) * (weight / margins.shape[1])[:, None]
+    def _gradient(self, x, rows, labels, margins, weight, counts) -> torch.Tensor:
+        """The minibatch mean's gradient: padding slots weigh 0, real ones weight / count
+        (written weight / w * scale, which is weight / w bit for bit on a full row)."""
+        width = margins.shape[1]
+        mask, scale = minibatch_scale(counts, width, margins.dtype)
+        coef = -labels * torch.sigmoid(-margins) * (weight / width * scale)[:, None]
+        coef = torch.where(mask, coef, 0.0)
         return (coef[:, :, None] * rows).sum(1) + self.l2 * x
 
     def stacked_losses(self, models: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        x, _, _, margins, weight = self._minibatch(models, idx)
-        return self._loss(x, margins, weight).to(models.dtype)
+        x, _, _, margins, weight, counts = self._minibatch(models, idx)
+        return self._loss(x, margins, weight, counts).to(models.dtype)
 
     def device_losses(self, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
@@ -319,8 +339,8 @@ class LogisticProblem(Problem):
                                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """Both of the above from one gather of the minibatch rows."""
         batch = self._minibatch(models, idx)
-        x, margins, weight = batch[0], batch[3], batch[4]
-        return (self._loss(x, margins, weight).to(models.dtype),
+        x, margins, weight, counts = batch[0], batch[3], batch[4], batch[5]
+        return (self._loss(x, margins, weight, counts).to(models.dtype),
                 self._gradient(*batch).to(models.dtype))
 
     # ---- exact passes over the training set ---------------------------------------------------

@@ -2,29 +2,75 @@
 
 Devices hold their samples one after another (device i: global indices offsets[i] ..
 offsets[i] + sizes[i] - 1), so a minibatch is an index tensor into that array.
+
+Full local batches [D] (issue 19): a batch at least as large as a device's data means the whole
+local data, once. Index tensors are dense ([steps, N, w], one width for every device), so a row
+of a device with m_i < w holds its m_i samples in its first m_i slots and padding after them; the
+problems weight the padding 0 and each real sample 1/m_i (``minibatch_mean``,
+``minibatch_scale``). The row's real count is read from the index itself (``batch_counts``: the
+size of the device owning its first slot), so every caller that passes rows of ``sample``'s
+output, in any order or subset, gets the right weights without carrying a mask along.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
 def sample_minibatches(generator: torch.Generator, sizes: torch.Tensor, offsets: torch.Tensor,
                        batch_size: int, steps: int = 1,
                        device: torch.device | str | None = None) -> torch.Tensor:
-    """Global sample indices [steps, N, b], without replacement within a minibatch.
+    """Global sample indices [steps, N, w], w = min(b, max_i m_i), without replacement.
 
     ``sizes`` and ``offsets`` [N] (CPU, int64) place each device's samples. Each device ranks
     its samples by uniform keys drawn from ``generator`` and takes the b smallest, so every
-    b-subset of a device's samples is equally likely (b <= m_i); a device with fewer than b
-    samples takes all of them and repeats some (cyclically). The keys are drawn on the CPU, in
-    one call whatever the torch device, so the indices are the same everywhere.
+    b-subset of a device's samples is equally likely (b <= m_i). A device with m_i < b takes all
+    of its samples, once each, in random order, in slots 0..m_i-1; its slots m_i..w-1 are
+    padding (its first stored sample) that ``minibatch_mean`` weights 0. The keys are drawn on
+    the CPU, in one call whatever the torch device, so the indices are the same everywhere; the
+    draw does not depend on which devices are short, so a device with m_i >= b gets the same
+    indices as before full local batches existed.
     """
     n = len(sizes)
-    width = max(int(sizes.max()), batch_size)
+    largest = int(sizes.max())
+    width = max(largest, batch_size)
     keys = torch.rand((steps, n, width), generator=generator)
     keys.masked_fill_(torch.arange(width) >= sizes[:, None], 2.0)
-    local = keys.topk(batch_size, dim=2, largest=False).indices
-    local = torch.remainder(local, sizes[:, None])
+    take = min(batch_size, largest)  # every device short: no slot beyond the largest device
+    local = keys.topk(take, dim=2, largest=False).indices
+    local = torch.where(torch.arange(take) < sizes[:, None], local, 0)
     out = offsets[:, None] + local
     return out if device is None else out.to(device)
+
+
+def real_batch_sizes(sizes: np.ndarray, batch_size: int) -> np.ndarray:
+    """[N] samples a minibatch of ``batch_size`` really holds on each device: min(b, m_i)."""
+    return np.minimum(np.asarray(sizes, dtype=np.int64), int(batch_size))
+
+
+def owner_sizes(sizes: torch.Tensor) -> torch.Tensor:
+    """[M] for every stored sample, the number of samples its device holds (what
+    ``batch_counts`` looks a row's device size up in)."""
+    return sizes.repeat_interleave(sizes)
+
+
+def batch_counts(idx: torch.Tensor, sample_owner_sizes: torch.Tensor) -> torch.Tensor:
+    """[n] real samples of each minibatch row idx [n, w]: min(w, m of the row's device)."""
+    return sample_owner_sizes[idx[:, 0]].clamp(max=idx.shape[1])
+
+
+def minibatch_scale(counts: torch.Tensor, width: int, dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask [n, w] of the real slots, scale [n] = w / count in ``dtype``): the mean over the w
+    slots with the padding zeroed, times the scale, is the mean over the real samples. A full
+    row has an all-true mask and scale exactly 1.0, so its arithmetic (a mean over w, a
+    product with 1.0) gives the same bits as a plain mean."""
+    mask = torch.arange(width, device=counts.device) < counts[:, None]
+    return mask, (width / counts.double()).to(dtype)
+
+
+def minibatch_mean(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """[n] mean of values [n, w] over each row's real slots (``minibatch_scale``)."""
+    mask, scale = minibatch_scale(counts, values.shape[1], values.dtype)
+    return torch.where(mask, values, 0.0).mean(1) * scale

@@ -73,7 +73,10 @@ class Problem(ABC):
 
     @abstractmethod
     def sample(self, generator: torch.Generator, batch_size: int, steps: int = 1) -> torch.Tensor:
-        """Minibatches idx [steps, N, b] drawn from ``generator`` (rows in device order)."""
+        """Minibatches idx [steps, N, w] drawn from ``generator`` (rows in device order). Where
+        a minibatch is a set of stored samples, a device holding m_i < b samples gets all of
+        them once, in the first m_i slots of its row (the rest is padding the losses and
+        gradients weight 0), and w = min(b, max_i m_i) (learning/minibatch.py)."""
 
     @abstractmethod
     def device_losses(self, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -116,6 +119,12 @@ class Problem(ABC):
         """[N] samples one exact local gradient passes over (the batch a full-gradient step is
         costed at)."""
         return np.ones(self.num_devices, dtype=np.int64)
+
+    def minibatch_sizes(self, batch_size: int) -> np.ndarray:
+        """[N] samples a minibatch of ``batch_size`` really holds on each device, what its passes
+        are costed at (``Cost.batch_size``): b here (the quadratic's minibatch is a noise
+        level, not a set of samples); min(b, m_i) where minibatches are stored samples."""
+        return np.full(self.num_devices, int(batch_size), dtype=np.int64)
 
     # ---- built on the above -----------------------------------------------------------------
     def device_gradients(self, theta: torch.Tensor, idx: torch.Tensor
