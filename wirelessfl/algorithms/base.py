@@ -156,16 +156,18 @@ class Algorithm:
         the current model as d float32 values."""
         return Payload.vectors(self.theta.numel(), 32, label="resync model")
 
-    def participants(self, k: int) -> np.ndarray:
+    def participants(self, k: int, *stage: int) -> np.ndarray:
         """[N] bool: the round(beta N) devices (at least one) asked to take part in round k,
         drawn from a stream keyed by (seed, round), so every algorithm of a scenario with the
-        same beta asks the same devices."""
+        same beta asks the same devices. ``stage``: extra keys for a method that draws anew for
+        each stage of a round (FedNest's inner rounds and its outer stage)."""
         n, beta = self.ctx.num_devices, self.params.participation
         chosen = np.ones(n, dtype=bool)
         if beta < 1:
             count = max(1, round(beta * n))
             chosen[:] = False
-            chosen[keyed_rng(self.ctx.seed, "participation", k).choice(n, count, replace=False)] = True
+            rng = keyed_rng(self.ctx.seed, "participation", k, *stage)
+            chosen[rng.choice(n, count, replace=False)] = True
         return chosen
 
     def collect(self, cost, payload: Payload, active: np.ndarray | None = None):

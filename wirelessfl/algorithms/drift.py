@@ -152,17 +152,19 @@ class DriftCorrected(Algorithm):
         return Cost(1, 1, self.ctx.evaluator.full_batch_sizes())
 
     # ---- communication ---------------------------------------------------------------------------
-    def average(self, vectors: torch.Tensor, delivered: np.ndarray, stream: str, k: int
-                ) -> torch.Tensor | None:
+    def average(self, vectors: torch.Tensor, delivered: np.ndarray, stream: str, k: int,
+                combine=None) -> torch.Tensor | None:
         """Mean [d] of the delivered rows of ``vectors`` [N, d] as the base station receives them
-        (quantised up, float32), quantised for the broadcast; None when nothing arrived."""
+        (quantised up, float32), quantised for the broadcast; None when nothing arrived.
+        ``combine``: what the base station makes of the received rows [c, d] instead of their
+        mean (a [d] vector; FedNest's running mean over several phases)."""
         mask = torch.as_tensor(delivered, device=vectors.device)
         if not bool(mask.any()):
             return None
         sent = self.quantize(vectors.float(), f"{self.name}-{stream}-up", k,
                              slice(0, vectors.shape[0]), mask)
-        mean = sent[mask].mean(0, keepdim=True)
-        return self.quantize(mean, f"{self.name}-{stream}-down", k, slice(0, 1),
+        mean = sent[mask].mean(0) if combine is None else combine(sent[mask])
+        return self.quantize(mean[None], f"{self.name}-{stream}-down", k, slice(0, 1),
                              direction="down")[0]
 
     def upload(self, cost: Cost, payload: Payload, active: np.ndarray | None = None):
@@ -196,13 +198,14 @@ class DriftCorrected(Algorithm):
         return grads, mean, delivered
 
     def exchange_models(self, models: torch.Tensor, cost: Cost, k: int, active: np.ndarray,
-                        stream: str = "model"):
+                        stream: str = "model", combine=None):
         """Devices in ``active`` pay ``cost`` and upload their row of ``models`` (a model, or
         any d-vector: ``stream`` names it); the base station broadcasts the average of what
-        arrived. Returns that average [d] (float32) or None."""
+        arrived (or what ``combine`` makes of it: ``average``). Returns that [d] (float32) or
+        None."""
         d = models.shape[1]
         delivered = yield from self.upload(cost, Payload.vectors(d, self.bits), active)
-        mean = self.average(models, delivered, stream, k)
+        mean = self.average(models, delivered, stream, k, combine)
         if mean is None:
             yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
         else:

@@ -30,6 +30,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -68,6 +69,15 @@ def single_thread_if_small(macs: int):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class EpochBatch:
+    """One minibatch per client: ``positions`` [n, b] of its training samples (0 .. m_i - 1)
+    and ``weights`` [n, b], 1 for a sample in the batch, 0 past the client's last sample."""
+
+    positions: torch.Tensor
+    weights: torch.Tensor
 
 
 class MSAProblem(Problem):
@@ -149,8 +159,10 @@ class BilevelProblem(MSAProblem):
 
     @abstractmethod
     def inner_loss(self, x: torch.Tensor, w: torch.Tensor, devices: torch.Tensor,
-                   keys: np.ndarray | None) -> torch.Tensor:
-        """sum over rows of g^{m}(x_i, w_i; sample_i), m = devices[i]: a scalar."""
+                   keys: np.ndarray | None, batch: EpochBatch | None = None) -> torch.Tensor:
+        """sum over rows of g^{m}(x_i, w_i; sample_i), m = devices[i]: a scalar. ``batch``:
+        only these of each client's training samples (its mean over them; ``epoch_batches``),
+        None for all of them."""
 
     @abstractmethod
     def outer_loss(self, x: torch.Tensor, w: torch.Tensor, devices: torch.Tensor,
@@ -189,11 +201,34 @@ class BilevelProblem(MSAProblem):
         return (x.to(torch.float64).detach().requires_grad_(True),
                 w.to(torch.float64).detach().requires_grad_(True))
 
-    def inner_gradients(self, x, w, devices, keys=None) -> torch.Tensor:
-        """grad_w g^m(x_i, w_i) [n, d_w] (one forward + one backward)."""
+    def inner_gradients(self, x, w, devices, keys=None, batch: EpochBatch | None = None
+                        ) -> torch.Tensor:
+        """grad_w g^m(x_i, w_i) [n, d_w] (one forward + one backward), over the minibatch
+        ``batch`` of each client's training samples or over all of them."""
         x, w = self._leaves(x, w)
         with torch.enable_grad(), single_thread_if_small(self.work(len(w))):
-            return torch.autograd.grad(self.inner_loss(x, w, devices, keys), w)[0]
+            return torch.autograd.grad(self.inner_loss(x, w, devices, keys, batch), w)[0]
+
+    def epoch_batches(self, generator: torch.Generator, batch_size: int, devices: torch.Tensor
+                      ) -> tuple[list[EpochBatch], np.ndarray]:
+        """One local epoch over the training samples of clients ``devices`` [n]: each client's
+        samples in a random order (drawn from ``generator``, on the CPU) cut into ceil(m_i / b)
+        minibatches of b, the last one smaller when b does not divide m_i (a data loader's
+        epoch with shuffling). Returns the batches of step j = 0, 1, ... (a client whose epoch
+        has ended has no sample in the later ones) and the steps per client [n]."""
+        sizes = torch.as_tensor(self.full_batch_sizes(), dtype=torch.int64)[devices.cpu()]
+        slots = int(sizes.max()) if len(sizes) else 0
+        order = torch.rand((len(sizes), slots), generator=generator, dtype=torch.float64)
+        order.masked_fill_(torch.arange(slots) >= sizes[:, None], 2.0)  # padding sorts last
+        order = order.argsort(dim=1)
+        steps = (sizes + batch_size - 1) // batch_size
+        batches = []
+        for start in range(0, slots, batch_size):
+            rank = torch.arange(start, min(start + batch_size, slots))
+            batches.append(EpochBatch(
+                positions=order[:, rank].to(self.device),
+                weights=(rank[None, :] < sizes[:, None]).to(torch.float64).to(self.device)))
+        return batches, steps.numpy()
 
     def outer_gradients(self, x, w, devices, keys=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(grad_x f^m [n, d_x], grad_w f^m [n, d_w]) (one forward + one backward)."""
@@ -300,7 +335,9 @@ class BilevelQuadratic(BilevelProblem):
         c = c + sigma * z[:, dw * dw + dw * dx:]
         return a, b, c
 
-    def inner_loss(self, x, w, devices, keys):
+    def inner_loss(self, x, w, devices, keys, batch=None):
+        """One sample per client (its A_m, B_m; under noise, the key's draw), so every
+        minibatch of it is the whole: ``batch`` changes nothing."""
         a, b, _ = self._perturbed(devices, keys)
         aw = torch.bmm(a, w.unsqueeze(2)).squeeze(2)
         bx = torch.bmm(b, x.unsqueeze(2)).squeeze(2)

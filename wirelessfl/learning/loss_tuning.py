@@ -146,12 +146,18 @@ class LossTuning(BilevelProblem):
     def _w(self, w: torch.Tensor) -> torch.Tensor:
         return w.reshape(-1, self.dim, self.num_classes)
 
-    def inner_loss(self, x, w, devices, keys):
-        a, y, mask = (t[devices] for t in self.train)
+    def inner_loss(self, x, w, devices, keys, batch=None):
+        if batch is None:
+            a, y, mask = (t[devices] for t in self.train)
+        else:  # the batch's samples only, each client's mean over them
+            rows = devices.to(self.device)[:, None]
+            a, y = self.train[0][rows, batch.positions], self.train[1][rows, batch.positions]
+            mask = batch.weights
         kappa, shift = x[:, :self.num_classes], x[:, self.num_classes:]
         logits = torch.sigmoid(kappa)[:, None] * torch.bmm(a, self._w(w)) + shift[:, None]
         ce = -torch.log_softmax(logits, -1).gather(-1, y[..., None])[..., 0]
-        per_client = (ce * mask).sum(1) / mask.sum(1)
+        # a client whose epoch has ended has an empty batch (its step is not taken): no 0 / 0
+        per_client = (ce * mask).sum(1) / mask.sum(1).clamp_min(1.0)
         return per_client.sum() + 0.5 * self.weight_decay * w.square().sum()
 
     def outer_loss(self, x, w, devices, keys):
