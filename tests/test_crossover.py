@@ -179,3 +179,29 @@ def test_bad_input_is_one_error_line(runs, capsys, tmp_path, edit, args, expecte
     code, out, err = _cli(capsys, "crossover", study, "--out", tmp_path / "o", *args)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: ") and expected in err, err
+
+
+def test_devices_short_of_a_batch_compute_less_and_the_slowest_sets_the_phase(tmp_path):
+    """With 75 training samples over 10 devices (7 or 8 each, below the batch of 10) a device's
+    pass costs its own batch (learning/minibatch.py), so devices differ in compute time and a
+    phase lasts as long as the slowest: the re-costing still predicts, row by row, a second run
+    at 1/10 the throughput and 1/8 the rate."""
+    short = ("data.max_train_samples=75", "algorithms.DZOFL.batch_size=10",
+             "algorithms.FedSGD.batch_size=10", "algorithms.FedAvg.batch_size=10")
+    here = _run(tmp_path / "here", *short)
+    there = _run(tmp_path / "there", *short, "energy.throughput_macs_per_s=4e8",
+                 "channel.uplink.rate_bps=5e5")
+    a, b = read_run(here), read_run(there)
+    sizes = [sum(counts) for counts in a.manifest["partition"]["label_counts"]]
+    setting, per_pass = _setting(a.manifest, here), a.manifest["model"]["per_pass"]
+    checked = 0
+    for (_, ra), (_, rb) in zip(a.rounds.iterrows(), b.rounds.iterrows()):
+        if ra["round"] == 0:
+            continue
+        cost = row_cost(ra, ra.algorithm, per_pass[ra.algorithm], setting, "test")
+        assert float(cost.time_s(4e8, 5e5)) == pytest.approx(float(rb.sim_time_s), rel=1e-9)
+        assert float(cost.system_j(4e8, 5e5)) == pytest.approx(float(rb.energy_system_j),
+                                                                rel=1e-9)
+        checked += 1
+    assert checked >= 10
+    assert max(sizes) < 10 and len(set(sizes)) > 1  # every device short, and not alike

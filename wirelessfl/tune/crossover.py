@@ -133,34 +133,47 @@ def _setting(manifest: dict, where: Path) -> dict:
 
 
 def row_cost(row: pd.Series, label: str, per_pass: dict, setting: dict, where: str) -> Cost:
-    """The split of one cumulative rounds.parquet ``row``, checked against its own totals."""
-    compute = 0.0
+    """The split of one cumulative rounds.parquet ``row``, checked against its own totals.
+
+    The compute wall time C is what the recorded sim_time_s leaves after the upload phases'
+    airtime and the downlink: a phase lasts as long as its slowest device computes plus one
+    packet's airtime, so C sums each phase's largest compute time (devices with fewer samples
+    than the batch compute less, learning/minibatch.py). It is checked to lie between the mean
+    and the sum of the devices' compute times recovered from their compute energy."""
+    device_s = 0.0  # device-seconds of compute, from each pass's energy and time
     for kind in ("forward", "backward"):
         spent = float(row[f"energy_compute_{kind}_j"])
         if spent:
             e = _scalar(per_pass[f"energy_{kind}_j"], f"{label}: energy of a {kind} pass")
             t = _scalar(per_pass[f"time_{kind}_s"], f"{label}: time of a {kind} pass")
-            compute += spent / e * t
+            device_s += spent / e * t
     sent, phases = float(row.transmissions), float(row.exchanges)
-    if sent:
-        compute *= phases / sent  # device-seconds -> wall seconds (all active devices alike)
     bits = float(row.bits_up) / sent if sent else 0.0
     energy_bs = float(row.energy_bs_j)
     fixed = float(row.energy_j) - float(row.energy_uplink_j)
-    cost = Cost(label=label, compute_s=compute, phases=phases, transmissions=sent,
+    cost = Cost(label=label, compute_s=0.0, phases=phases, transmissions=sent,
                 payload_bits=bits, downlink_s=float(row.bs_airtime_s), energy_fixed_j=fixed,
                 energy_bs_j=energy_bs, rounds=float(row["round"]), **setting)
     theta0, rate0 = setting["theta0"], setting["rate0"]
-    checks = (("sim_time_s", cost.time_s(theta0, rate0)), ("energy_j",
-                                                            cost.energy_j(theta0, rate0)),
-              ("energy_system_j", cost.system_j(theta0, rate0)))
+    compute = float(row.sim_time_s) - float(cost.time_s(theta0, rate0))
+    cost = replace(cost, compute_s=compute)
+    mean_s = device_s * phases / sent if sent else device_s  # every device as the average one
+    slack = FIT_RTOL * float(row.sim_time_s) + 1e-15
+    checks = [("energy_j", cost.energy_j(theta0, rate0)),
+              ("energy_system_j", cost.system_j(theta0, rate0))]
     for column, got in checks:
         want = float(row[column])
         if not math.isclose(float(got), want, rel_tol=FIT_RTOL, abs_tol=1e-15):
             raise UserError(f"{where}: {label} at round {int(row['round'])}: compute + upload + "
                             f"download give {column} = {float(got):.9g}, the run recorded "
                             f"{want:.9g}; the re-costing does not fit this run (devices that "
-                            "differ in compute or rate, partial participation or batteries)")
+                            "differ in rate, partial participation or batteries)")
+    if not mean_s - slack <= compute <= device_s + slack:
+        raise UserError(f"{where}: {label} at round {int(row['round'])}: the time left for "
+                        f"compute ({compute:.9g} s) is not between the devices' mean "
+                        f"({mean_s:.9g} s) and total ({device_s:.9g} s) compute time; the "
+                        "re-costing does not fit this run (devices that differ in compute "
+                        "speed or rate, waits between phases)")
     return cost
 
 
