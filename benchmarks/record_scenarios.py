@@ -11,9 +11,10 @@ a temporary folder. Kept under ``docs/data/<key>/``: the run's ``summary.csv`` a
 devices.parquet, the host time of the run and the versions). No parquet file is kept: every kept
 file is a few KB. ``benchmarks/render_docs.py`` builds the tables of docs/results.md from these.
 
-seed002-digits28 is not recorded here (about 11 minutes, and its DZOFL setting is outside the
-method's valid regime); ``profile-seed002-cnn`` keeps ``wirelessfl profile``'s JSON of its model,
-which is computed from the model and the energy profile, not measured.
+seed002-digits28 is recorded through its reproduction (``--only seed002-reproduction``:
+``wirelessfl reproduce seed002`` then ``wirelessfl crossover`` on its study, every method tuned);
+``profile-seed002-cnn`` keeps ``wirelessfl profile``'s JSON of its model, which is computed from the
+model and the energy profile, not measured.
 """
 
 from __future__ import annotations
@@ -255,13 +256,56 @@ def record_tune(key: str, name: str) -> dict:
     return facts
 
 
+# Reproductions (wirelessfl reproduce) whose verdicts the docs quote: key -> reproduction name.
+REPRODUCTIONS = {"seed002-reproduction": "seed002"}
+REPRODUCTION_FILES = ("claims.csv", "runs.csv", "reproduce.json", "tune/tune.json",
+                      "tune/tuning.csv", "tune/evaluation.csv", "crossover/crossover.json",
+                      "crossover/crossover_boundary.csv")
+# The crossover figure of each reproduction, kept with the docs' images.
+CROSSOVER_FIGURES = {"seed002-reproduction": ROOT / "docs" / "img" / "seed002_crossover.png"}
+
+
+def record_reproduction(key: str, name: str) -> dict:
+    """Run ``wirelessfl reproduce NAME`` (2 local workers) and ``wirelessfl crossover`` on its
+    study; keep the verdicts, the tuning and evaluation tables and the crossover's table."""
+    out_dir = DATA / key
+    with tempfile.TemporaryDirectory(prefix="wfl-record-") as tmp:
+        study = Path(tmp) / "study"
+        reproduce = [sys.executable, "-m", "wirelessfl", "reproduce", name, "--out", str(study),
+                     "--quiet", "--workers", "2"]
+        crossover = [sys.executable, "-m", "wirelessfl", "crossover", str(study / "tune"),
+                     "--out", str(study / "crossover")]
+        start = time.perf_counter()
+        subprocess.run(reproduce, check=True, env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        host_s = time.perf_counter() - start
+        subprocess.run(crossover, check=True, env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        out_dir.mkdir(parents=True)
+        for file in REPRODUCTION_FILES:
+            shutil.copyfile(study / file, out_dir / Path(file).name)
+        if key in CROSSOVER_FIGURES:
+            shutil.copyfile(study / "crossover" / "crossover.png", CROSSOVER_FIGURES[key])
+    manifest = json.loads((out_dir / "tune.json").read_text())
+    facts = {"command": f"wirelessfl reproduce {name} --workers 2",
+             "crossover_command": f"wirelessfl crossover reproduced/{name}/tune",
+             "recorded": datetime.date.today().isoformat(), "host_s": round(host_s, 1),
+             "cpus": os.cpu_count(), "versions": manifest["versions"],
+             "status": "complete" if not any(r["failed"] for r in manifest["runs"].values())
+             else "failed runs"}
+    (out_dir / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
+    return facts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="a run key or a scenario name (all its runs); repeatable")
     parser.add_argument("--list", action="store_true", help="print the run keys and exit")
     args = parser.parse_args(argv)
-    keys = list(RUNS) + list(PROFILES) + list(TUNES)
+    keys = list(RUNS) + list(PROFILES) + list(TUNES) + list(REPRODUCTIONS)
     if args.list:
         for key in keys:
             spec = RUNS.get(key)
@@ -275,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         keys = [k for k in keys if k in wanted or RUNS.get(k, {}).get("scenario") in wanted]
     total = time.perf_counter()
     for key in keys:
+        if key in REPRODUCTIONS:
+            facts = record_reproduction(key, REPRODUCTIONS[key])
+            print(f"{key}: {facts['status']}, {facts['host_s']:.1f} s", flush=True)
+            continue
         if key in TUNES:
             facts = record_tune(key, TUNES[key])
             print(f"{key}: {facts['status']}, {facts['host_s']:.1f} s", flush=True)

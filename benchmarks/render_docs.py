@@ -251,6 +251,95 @@ def quickstart_tuned() -> str:
 # ---------------------------------------------------------------- seed002-digits28
 
 
+SEED002 = "docs/data/seed002-reproduction"
+
+
+@block("seed002-reproduction", f"{SEED002}/reproduce.json", f"{SEED002}/tune.json",
+       f"{SEED002}/tuning.csv", f"{SEED002}/evaluation.csv", f"{SEED002}/runs.csv",
+       f"{SEED002}/facts.json")
+def seed002_reproduction() -> str:
+    """The seed-002 reproduction as `wirelessfl reproduce seed002` printed it: what each method
+    was tuned to, the evaluation, every claim's verdict and the health of every run."""
+    import pandas as pd
+
+    from wirelessfl.tune.objectives import OBJECTIVES
+    from wirelessfl.tune.reproduce import verdict_cells
+    from wirelessfl.tune.tables import choice_cells, evaluation_cells
+
+    repro = _json(f"{SEED002}/reproduce.json")
+    study = _json(f"{SEED002}/tune.json")
+    f = _json(f"{SEED002}/facts.json")
+    title = OBJECTIVES[study["objective"]].title
+    tuning = pd.read_csv(ROOT / SEED002 / "tuning.csv")
+    evaluation = pd.read_csv(ROOT / SEED002 / "evaluation.csv")
+    runs = pd.read_csv(ROOT / SEED002 / "runs.csv")
+    chosen = choice_cells(tuning, study["choices"], title)
+    evaluated = evaluation_cells(evaluation, title)
+    verdicts = verdict_cells(repro["verdicts"])
+    health = []
+    for method, group in runs.groupby("method", sort=False):
+        sick = group[~group.healthy.astype(bool)]
+        why = "; ".join(f"seed {r.seed}: {r.health}" for r in sick.itertuples()) or "-"
+        health.append([method, f"{int(group.healthy.sum())}/{len(group)}", why])
+    warnings = "".join(f"\n* {w}" for w in repro["warnings"]) or "\n* none"
+    return (f"`{f['command']}` (recorded {f['recorded']}, {g3(f['host_s'])} s of host time on "
+            f"{f['cpus']} cores): objective `{study['objective']}`, tuning seeds "
+            f"{study['tuning_seeds']}, evaluation seeds {study['evaluation_seeds']}.\n\n"
+            "Chosen on the tuning seeds:\n\n" + table(chosen[0], chosen[1:])
+            + "\n\nOn the evaluation seeds (mean ± 95 % CI half-width; to-target columns over "
+              "the seeds that reached the target):\n\n" + table(evaluated[0], evaluated[1:])
+            + "\n\nThe paper's claims, judged on the evaluation runs of the tuned settings "
+              "(a claim holds when the 95 % intervals do not overlap in its direction; a claim "
+              "with an unhealthy run is inconclusive):\n\n" + table(verdicts[0], verdicts[1:])
+            + "\n\nHealth of the evaluation runs:\n\n"
+            + table(["method", "healthy runs", "unhealthy: why"], health)
+            + f"\n\nWarnings:{warnings}")
+
+
+def _nearest_rows(rows: list[dict], column: str, targets: list[float]) -> list[dict]:
+    """Of ``rows``, those whose ``column`` is nearest (in log) to each of ``targets``."""
+    picked = []
+    for target in targets:
+        best = min({float(r[column]) for r in rows}, key=lambda v: abs(math.log(v / target)))
+        picked += [r for r in rows if float(r[column]) == best]
+    return picked
+
+
+@block("seed002-crossover", f"{SEED002}/crossover.json", f"{SEED002}/crossover_boundary.csv")
+def seed002_crossover() -> str:
+    """Where DZOFL wins: the tuned methods' costs at the scenario's point and the throughput
+    above which DZOFL is faster than each baseline, at uplink rates a decade apart."""
+    c = _json(f"{SEED002}/crossover.json")
+    with (ROOT / SEED002 / "crossover_boundary.csv").open() as fh:
+        boundary = list(csv.DictReader(fh))
+    method, theta0, rate0 = c["method"], c["throughput0_macs_per_s"], c["uplink_rate0_bps"]
+    seeds = ", ".join(f"{k} {v} seeds" for k, v in c["seeds"].items())
+    lines = [(f"At the scenario's point ({theta0:.3g} MAC/s, uplink {rate0:.3g} bit/s), the means "
+              f"of the tuned evaluation runs ({seeds}; the claims above carry the confidence "
+              "intervals):"), ""]
+    for metric in c["at_scenario"].values():
+        values = "; ".join(f"{k} {g3(v)}" for k, v in metric["values"].items())
+        wins = [k for k, w in metric["wins"].items() if w]
+        loses = [k for k, w in metric["wins"].items() if not w]
+        verdict = (f"{method} lower than {', '.join(wins) or 'none'}"
+                   + (f", not than {', '.join(loses)}" if loses else ""))
+        lines.append(f"* {metric['title']}: {values} ({verdict})")
+    rows = _nearest_rows(boundary, "uplink_rate_bps", [rate0 * 10.0**k for k in (-2, -1, 0, 1, 2)])
+    cells = []
+    for r in rows:
+        edge = float(r["time_boundary_macs_per_s"]) if r["time_boundary_macs_per_s"] else math.nan
+        side = r["time"]
+        faster = (f"{side} {edge:.3g} MAC/s" if math.isfinite(edge) else side)
+        cells.append([f"{float(r['uplink_rate_bps']):.3g}", r["baseline"], faster,
+                      "yes" if r["energy_wins"] == "True" else "no",
+                      "yes" if r["system_energy_wins"] == "True" else "no"])
+    return ("\n".join(lines) + f"\n\nAcross the map ({method} against each tuned baseline; the "
+            "throughput at which the times to target are equal, and whether "
+            f"{method} spends less energy at that rate):\n\n"
+            + table(["uplink rate [bit/s]", "against", f"{method} faster",
+                     "less device energy", "less system energy"], cells))
+
+
 @block("seed002-profile", "docs/data/profile-seed002-cnn/profile.json")
 def seed002_profile() -> str:
     p = _json("docs/data/profile-seed002-cnn/profile.json")
