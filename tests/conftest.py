@@ -93,3 +93,22 @@ def run_recording_thetas(monkeypatch, scenario):
     monkeypatch.setattr(RunContext, "end_round", record)
     world = build_world(scenario)
     return world, seen, run_algorithm(world, scenario.algorithms[0])
+
+
+def record_delivered(monkeypatch) -> list:
+    """Patch ``Algorithm.collect`` to append each collect's delivered mask ([N] bool) to the
+    returned list."""
+    import numpy as np
+
+    from wirelessfl.algorithms.base import Algorithm
+
+    delivered = []
+    original = Algorithm.collect
+
+    def recording(self, cost, payload, active=None):
+        result = yield from original(self, cost, payload, active)
+        delivered.append(np.asarray(result.delivered, dtype=bool).copy())
+        return result
+
+    monkeypatch.setattr(Algorithm, "collect", recording)
+    return delivered

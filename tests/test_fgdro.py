@@ -1,7 +1,9 @@
 """FGDRO-CVaR, FGDRO-KL and FGDRO-KL-Adam (seed 003, fgdro.md) against independent truths: a
 literal per-device NumPy transcription of the spec's pseudocode (lost uploads included), the
 CVaR and KL minimisers of quadratic clients found by scipy, the spec's payload table, and
-per-device accuracies worked out directly from the predictions."""
+per-device accuracies worked out directly from the predictions; the warm start's first state
+against a NumPy cross-entropy, and its purpose (the paper's tuning grid on digits) against the
+cold start that blows up there."""
 
 from __future__ import annotations
 
@@ -14,14 +16,15 @@ import torch
 from scipy.optimize import minimize
 from scipy.special import logsumexp, softmax
 
-from tests.conftest import run_recording_thetas, small_doc, small_scenario
-from wirelessfl.algorithms.base import Algorithm
+from tests.conftest import record_delivered, run_recording_thetas, small_doc, small_scenario
+from wirelessfl.algorithms.fgdro import FGDROKL
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.errors import UserError
+from wirelessfl.learning.seeds import keyed_generator
 from wirelessfl.report.plots import draw_report
 from wirelessfl.results.records import RunWriter, read_run
-from wirelessfl.scenario.loader import scenario_from_document
+from wirelessfl.scenario.loader import load_scenario, scenario_from_document
 
 EXACT = ["channel=seed002-pinned", "channel.uplink.delivery_probability=1.0",
          "quantization_bits=32"]
@@ -98,15 +101,7 @@ REFERENCE_PARAMS = {
 @pytest.mark.parametrize("name", sorted(REFERENCE_PARAMS))
 def test_matches_the_pseudocode_device_by_device_with_lost_uploads(monkeypatch, name):
     params = {**REFERENCE_PARAMS[name], "local_steps": 3}
-    delivered = []
-    original = Algorithm.collect
-
-    def recording(self, cost, payload, active=None):
-        result = yield from original(self, cost, payload, active)
-        delivered.append(np.asarray(result.delivered, dtype=bool).copy())
-        return result
-
-    monkeypatch.setattr(Algorithm, "collect", recording)
+    delivered = record_delivered(monkeypatch)
     sc = _quadratic({"name": name, "rounds": 8, **params}, delivery=0.6)
     world, thetas, run = run_recording_thetas(monkeypatch, sc)
     assert 0 < sum(m.sum() for m in delivered) < 8 * 5  # some uploads were lost
@@ -204,14 +199,16 @@ def _classifier(overrides=(), **params):
 
 def test_payload_bits_per_round_in_rounds_parquet_equal_the_spec_table(tmp_path):
     """fgdro.md Sec. 3: bytes per round per client in each direction, float32 vectors and a
-    float64 scalar: FedAvg 4d, CVaR 4d + 8, KL 8d + 8, KL-Adam 12d + 8."""
+    float64 scalar: FedAvg 4d, CVaR 4d + 8, KL 8d + 8, KL-Adam 12d + 8; the KL methods' warm
+    start adds one float64 each way (8 bytes) to round 1 only."""
     world, record = _record(tmp_path, _classifier())
     d, n = world.evaluator.d, world.num_devices
     for name, spec in SPEC_BYTES.items():
+        warm = 8 * 8 if name.startswith("fgdro-kl") else 0
+        want = [8 * spec(d) + warm, 8 * spec(d)]
         rows = record.rounds[record.rounds.algorithm == name].sort_values("round")
-        per_round = np.diff(rows.bits_up.to_numpy()) / n
-        assert per_round.tolist() == [8 * spec(d)] * 2, name
-        assert (np.diff(rows.bits_down.to_numpy()) / n).tolist() == [8 * spec(d)] * 2, name
+        assert (np.diff(rows.bits_up.to_numpy()) / n).tolist() == want, name
+        assert (np.diff(rows.bits_down.to_numpy()) / n).tolist() == want, name
 
 
 def test_payload_bits_below_32_bits_carry_one_scale_per_vector(tmp_path):
@@ -219,7 +216,8 @@ def test_payload_bits_below_32_bits_carry_one_scale_per_vector(tmp_path):
     d, n = world.evaluator.d, world.num_devices
     for name, vectors in (("fgdro-cvar", 1), ("fgdro-kl", 2), ("fgdro-kl-adam", 3)):
         rows = record.rounds[record.rounds.algorithm == name]
-        assert rows.bits_up.max() / (2 * n) == vectors * (16 * d + 32) + 64
+        warm = 64 if vectors > 1 else 0  # the KL methods' warm start: one float64, once
+        assert (rows.bits_up.max() - warm * n) / (2 * n) == vectors * (16 * d + 32) + 64
 
 
 def _thetas(sc):
@@ -248,11 +246,13 @@ def test_lazy_backward_costs_only_the_active_steps():
 
 def test_cvar_with_k_equal_to_n_is_fedavg():
     """K = N: cross-entropy losses are positive, so u_i > s = 0 at every step, every device
-    steps, s stays at 0, and FGDRO-CVaR is FedAvg on the same minibatches."""
+    steps, s stays at 0, and FGDRO-CVaR is FedAvg on the same minibatches, averaged uniformly
+    as FGDRO averages (fgdro.md Sec. 6 item 10)."""
     common = {"rounds": 3, "eval_every": 1, "local_steps": 3, "lr": 0.2, "batch_size": 10}
     _, cvar, _ = _thetas(small_scenario(EXACT, algorithms=[{"name": "fgdro-cvar", "k": 8,
                                                              **common}]))
-    _, avg, _ = _thetas(small_scenario(EXACT, algorithms=[{"name": "fedavg", **common}]))
+    _, avg, _ = _thetas(small_scenario(EXACT, algorithms=[{"name": "fedavg",
+                                                            "average": "uniform", **common}]))
     for a, b in zip(cvar, avg, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -308,3 +308,109 @@ def test_quadratic_has_no_device_accuracy():
     sc = _quadratic({"name": "fgdro-kl", "rounds": 1})
     row = run_algorithm(build_world(sc), sc.algorithms[0]).rows[-1]
     assert row["device_accuracy"] is None and math.isnan(row["worst_device_accuracy"])
+
+
+# ---- the warm start (fgdro.md Sec. 6 item 4's alternative) ---------------------------------------
+def _warm_state(monkeypatch, sc):
+    """Run ``sc`` and return (world, run, what the warm start left: u [N], v_bar, the collect's
+    delivered mask [N] and cost)."""
+    seen = {}
+    original = FGDROKL.warm_start
+
+    def recording(self):
+        net_collect = self.ctx.net.collect
+
+        def collect(cost, payload, active=None):
+            result = yield from net_collect(cost, payload, active)
+            seen.update(delivered=np.asarray(result.delivered, dtype=bool).copy(), cost=cost)
+            return result
+
+        self.ctx.net.collect = collect
+        yield from original(self)
+        del self.ctx.net.collect
+        seen.update(u=self.u.double().numpy().copy(), v=self.scalar)
+
+    monkeypatch.setattr(FGDROKL, "warm_start", recording)
+    world = build_world(sc)
+    return world, run_algorithm(world, sc.algorithms[0]), seen
+
+
+def _cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(1, keepdims=True)
+    return np.log(np.exp(z).sum(1)) - z[np.arange(len(labels)), labels]
+
+
+@pytest.mark.parametrize("name", ["fgdro-kl", "fgdro-kl-adam"])
+def test_warm_start_sets_u_to_the_first_loss_and_v_to_the_mean_of_exp_u_over_lam(monkeypatch,
+                                                                                name):
+    """u_i = device i's minibatch cross-entropy at w_0 (NumPy, from the logits), v_bar = the
+    mean of exp(u_i / lam) over the uploads that arrived (a lossy uplink drops some); the work
+    costs each device one forward pass of B samples more than the cold start, and one float64
+    each way."""
+    lam, b = 0.3, 8
+    algo = {"name": name, "rounds": 1, "eval_every": 1, "local_steps": 2, "batch_size": b,
+            "lam": lam}
+    lossy = ["channel=seed002-pinned", "channel.uplink.delivery_probability=0.6"]
+    sc = small_scenario(lossy, algorithms=[algo])
+    world, warm, seen = _warm_state(monkeypatch, sc)
+    ev = world.evaluator
+    delivered = seen["delivered"]
+    assert 0 < delivered.sum() < len(delivered)  # some warm-start uploads were lost
+    idx = ev.sample(keyed_generator(sc.seed, "fgdro-warm-start", 0), b)[0].cpu().numpy()
+    theta0 = world.initial()
+    want_u = np.empty(world.num_devices)
+    for i, rows in enumerate(idx):
+        logits = world.flat.predict(theta0, ev.data.x[rows]).double().numpy()
+        want_u[i] = _cross_entropy(logits, ev.data.y[rows].numpy()).mean()
+    want_u += 0.5 * ev.l2 * float(theta0.double().square().sum())
+    assert want_u.min() > 1.0  # a real loss, not the cold start's 0
+    # u_i after the warm start is the minibatch loss (every device, lost upload or not)
+    np.testing.assert_allclose(seen["u"], want_u, rtol=1e-5)
+    assert seen["v"] == pytest.approx(np.exp(want_u[delivered] / lam).mean(), rel=1e-4)
+    assert seen["cost"].forward_passes == 1 and seen["cost"].backward_passes == 0
+    cold = run_algorithm(build_world(sc), sc.algorithms[0].model_copy(update={"start": "cold"}))
+    steps = algo["local_steps"]
+    forward = warm.ledger.energy_j[:, 0] / cold.ledger.energy_j[:, 0]
+    np.testing.assert_allclose(forward, (steps + 1) / steps, rtol=1e-12)
+    np.testing.assert_array_equal(warm.ledger.backward_passes, cold.ledger.backward_passes)
+    np.testing.assert_array_equal(warm.ledger.bits_up - cold.ledger.bits_up, 64.0)
+    heard = warm.ledger.broadcasts_missed == cold.ledger.broadcasts_missed
+    np.testing.assert_array_equal((warm.ledger.bits_down - cold.ledger.bits_down)[heard], 64.0)
+
+
+def test_warm_start_with_no_upload_arriving_falls_back_to_the_cold_start(monkeypatch):
+    sc = small_scenario(["channel=seed002-pinned", "channel.uplink.delivery_probability=1e-12"],
+                        algorithms=[{"name": "fgdro-kl", "rounds": 1, "local_steps": 2}])
+    _, _, seen = _warm_state(monkeypatch, sc)
+    assert not seen["delivered"].any()
+    assert seen["v"] == 1.0 and not seen["u"].any()
+
+
+def _digits_grid_point(start: str, seed: int, rounds: int):
+    """seed003-digits-label-shift.yaml (20 devices, two digits each, I = B = 32, eta = 0.1) with
+    FGDRO-KL at lam = 0.1 and beta2 = 0.01: beta2 from the paper's beta grid {0.01, 0.1, 0.2,
+    0.5} (fgdro.md 2.5 / 4.1), lam from the spec's sweep {0.1, 0.5, 1, 5} (2.5)."""
+    algo = (f"[{{name: fgdro-kl, rounds: {rounds}, eval_every: 1, local_steps: 32, "
+            f"batch_size: 32, lr: 0.1, lam: 0.1, beta2: 0.01, start: {start}}}]")
+    sc = load_scenario("scenarios/seed003-digits-label-shift.yaml",
+                       [f"seed={seed}", f"algorithms={algo}"])
+    return pd.DataFrame(run_algorithm(build_world(sc), sc.algorithms[0]).rows)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_warm_start_keeps_the_papers_grid_point_from_blowing_up_where_the_cold_start_does(seed):
+    """Cold (u = 0, v = 1): within round 1, exp(u_i / lam) climbs toward exp(23) faster than v,
+    moving at beta2 = 0.01, follows, so the gradient weight e / v peaks near 80: the model is
+    thrown ~8x its initial norm, to a chance-level loss it does not leave in 10 rounds. Warm: v
+    starts at the devices' mean e_i, the weights stay O(1) and the loss falls."""
+    rounds = 10
+    cold, warm = (_digits_grid_point(start, seed, rounds) for start in ("cold", "warm"))
+    for rows in (cold, warm):
+        assert len(rows) == rounds + 1 and rows.test_loss.notna().all()
+    start_norm, start_loss = warm.param_norm.iloc[0], warm.test_loss.iloc[0]
+    assert cold.param_norm.iloc[1] > 5 * start_norm
+    assert cold.test_loss.iloc[-1] > start_loss - 0.2
+    assert cold.test_accuracy.iloc[-1] < 0.25
+    assert warm.param_norm.max() < 1.2 * start_norm
+    assert warm.test_loss.iloc[-1] < start_loss - 0.1
+    assert warm.test_accuracy.iloc[-1] > cold.test_accuracy.iloc[-1] + 0.15

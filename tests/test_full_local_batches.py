@@ -191,7 +191,7 @@ def numpy_gradient_descent(world, lr: float, rounds: int, weights: np.ndarray) -
 def averaging_cases() -> list[tuple[dict, str]]:
     """FedProx's averaging of the devices' models: uniform over the delivered devices (the rule
     before a sample-count option existed); where the ``average`` option exists, also its
-    default, weighted by sample count m_i / M."""
+    default, weighted by sample count (McMahan et al.'s m_i / M on the devices' mean losses)."""
     if "average" in FedProxParams.model_fields:
         return [({"average": "uniform"}, "uniform"), ({}, "samples")]
     return [({}, "uniform")]
@@ -207,7 +207,12 @@ def test_fedprox_one_step_mu_zero_full_batches_is_gradient_descent(monkeypatch, 
     sizes = world.evaluator.minibatch_sizes(1000)
     assert (world.evaluator.sizes_np < 1000).all() and (sizes == world.evaluator.sizes_np).all()
     m = world.evaluator.sizes_np
-    weights = np.full(len(m), 1.0 / len(m)) if rule == "uniform" else m / m.sum()
+    # Both rules weigh the f_i equally: f_i = (n m_i / M) F_i already carries device i's share
+    # m_i / M of the samples (F_i its mean loss), so the sample-weighted average of the F_i is
+    # the uniform mean of the f_i (LogisticProblem.sample_weights); both runs are gradient
+    # descent on f = (1/n) sum_i f_i, the mean loss over all samples.
+    assert rule in ("uniform", "samples") and m.max() > 2 * m.min()
+    weights = np.full(len(m), 1.0 / len(m))
     want = numpy_gradient_descent(world, lr, rounds, weights)
     got = torch.stack(thetas).double().numpy()
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)

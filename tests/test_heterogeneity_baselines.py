@@ -47,6 +47,7 @@ def test_fedprox_matches_a_per_device_reference(monkeypatch):
     mu, lr, steps = 0.5, 0.3, 3
     world, thetas, _ = _thetas(monkeypatch, _algorithm("fedprox", mu=mu))
     theta = thetas[0]
+    n_k = world.evaluator.data.sizes.double()  # McMahan et al.'s weights (168 or 169 here)
     for k in range(2):
         idx = world.evaluator.sample(keyed_generator(3, "batch", k), 10, steps)
         new = []
@@ -55,7 +56,7 @@ def test_fedprox_matches_a_per_device_reference(monkeypatch):
             for e in range(steps):
                 w = w - lr * (_grad(world, w, idx[e, i]) + mu * (w - theta))
             new.append(w)
-        theta = torch.stack(new).mean(0)
+        theta = (n_k[:, None] * torch.stack(new).double()).sum(0).float() / n_k.sum().float()
         torch.testing.assert_close(thetas[k + 1], theta, rtol=1e-4, atol=1e-6)
 
 
@@ -82,9 +83,10 @@ def test_scaffold_matches_a_per_device_reference(monkeypatch):
 
 
 def test_scaffold_first_round_is_fedavg(monkeypatch):
-    """With c = c_i = 0 the first SCAFFOLD round is a FedAvg round (server_lr 1)."""
+    """With c = c_i = 0 the first SCAFFOLD round is a FedAvg round (server_lr 1) averaged
+    uniformly, as SCAFFOLD's Alg. 1 averages."""
     _, sc, _ = _thetas(monkeypatch, _algorithm("scaffold", rounds=1))
-    _, avg, _ = _thetas(monkeypatch, _algorithm("fedavg", rounds=1))
+    _, avg, _ = _thetas(monkeypatch, _algorithm("fedavg", rounds=1, average="uniform"))
     torch.testing.assert_close(sc[1], avg[1], rtol=1e-6, atol=1e-7)
 
 

@@ -4,22 +4,38 @@ ICML 2020) that seed 000 compares against.
 
 FedSGD, round k: every device computes one minibatch gradient g_i at the broadcast theta_k and
 uploads Q(g_i) (d values of M bits plus a 32-bit scale); the server averages what was delivered,
-g = (1/|S_k|) sum_{i in S_k} Q(g_i), broadcasts Q(g) and all copies take theta_{k+1} = theta_k - lr g.
+g = sum_{i in S_k} n_i Q(g_i) / sum_{i in S_k} n_i, broadcasts Q(g) and all copies take
+theta_{k+1} = theta_k - lr g.
 
 FedAvg, round k: every device runs E local SGD steps from theta_k and uploads
-Q(theta_i - theta_k); the server broadcasts the quantised mean delta Q(Delta) and all copies take
+Q(theta_i - theta_k); the server broadcasts the quantised mean delta Q(Delta), Delta =
+sum_{i in S_k} n_i Q(Delta_i) / sum_{i in S_k} n_i, and all copies take
 theta_{k+1} = theta_k + server_lr * Q(Delta).
 
+The weights n_i are the devices' sample counts (``average: weighted``, the default): McMahan et
+al. (2017) weigh client k by n_k / n in FedSGD (Sec. 2: sum_k (n_k / n) g_k) and in FedAvg
+(Alg. 1: w_{t+1} = sum_{k in S_t} (n_k / m_t) w^k_{t+1}, m_t = sum_{k in S_t} n_k, the sampled
+clients' total); here S_k is the set whose upload arrived, so a lost upload leaves the
+normaliser too. ``Problem.sample_weights`` says what n_k is for the problem's f_k (equal for
+problems without samples). ``average: uniform`` weighs every delivered upload 1 / |S_k| (the
+objective (1/N) sum_i f_i of most specs, e.g. fgdro.md Sec. 6 item 10). With ``server_data`` the
+base station is one more client, weighted by its own sample count.
+
 FedProx, round k: as FedAvg, but each local step descends f_i(w) + (mu/2) ||w - theta_k||^2
-(Li et al. 2020, eq. 2), i.e. w <- w - lr (g_i(w) + mu (w - theta_k)).
+(Li et al. 2020, eq. 2), i.e. w <- w - lr (g_i(w) + mu (w - theta_k)); averaged like FedAvg
+(Li et al.'s Alg. 2 samples devices with probability p_k = n_k / n and averages them uniformly,
+which in expectation is the n_k-weighted average over all devices; participation here draws
+devices uniformly, so the weight goes into the average instead [D]).
 
 SCAFFOLD (option II of Karimireddy et al. 2020, Alg. 1), round k with server and device control
 variates c, c_i: K local steps y <- y - lr (g_i(y) - c_i + c); then
 c_i+ = c_i - c + (theta_k - y) / (K lr); the device uploads Delta y_i = y - theta_k and
 Delta c_i = c_i+ - c_i (two d-vectors); the server takes theta += server_lr mean_S(Delta y_i) and
-c += (1/N) sum_S Delta c_i and broadcasts both updates (two d-vectors). A device commits its new
-c_i only when its upload was delivered (the base station's acknowledgement), so c stays the mean of
-the c_i that the server knows; both directions are quantised like FedAvg's vectors.
+c += (1/N) sum_S Delta c_i and broadcasts both updates (two d-vectors): uniform averages over the
+sampled clients, as Alg. 1 has them (no sample weights; ``average: uniform`` only). A device
+commits its new c_i only when its upload was delivered (the base station's acknowledgement), so c
+stays the mean of the c_i that the server knows; both directions are quantised like FedAvg's
+vectors.
 
 Lost uploads are never aggregated; a round in which nothing arrives leaves theta unchanged and the
 server broadcasts only a one-value "no update" flag.
@@ -28,7 +44,9 @@ server broadcasts only a one-value "no update" flag.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Literal
 
+import numpy as np
 import torch
 from pydantic import Field, field_validator
 
@@ -61,6 +79,21 @@ class VectorUploadAlgorithm(Algorithm):
         same local work a device does, on minibatches of the server's samples."""
         raise NotImplementedError
 
+    def setup(self) -> None:
+        """The weights of the average: n_k (``average: weighted``) or 1 (``uniform``), divided by
+        the largest n_k, so that equal sample counts give weights of exactly 1 (the uniform
+        average's arithmetic)."""
+        ev, p = self.ctx.evaluator, self.params
+        n = self.ctx.num_devices
+        sizes = ev.sample_weights() if p.average == "weighted" else np.ones(n)
+        server = 1.0
+        if p.server_data and p.average == "weighted":
+            server = ev.server_sample_weight()
+        scale = float(sizes.max())
+        self.weights = torch.as_tensor(sizes / scale, dtype=self.theta.dtype,
+                                       device=self.theta.device)
+        self.server_weight = server / scale
+
     def round(self, k: int):
         d = self.theta.numel()
         vector, broadcast = self.declared_payloads(d, self.bits)
@@ -68,9 +101,11 @@ class VectorUploadAlgorithm(Algorithm):
         delivered = torch.as_tensor(result.delivered, device=self.theta.device)
         received = int(delivered.sum())
         total = torch.zeros_like(self.theta)
+        weight = float(self.weights[delivered].double().sum()) if received else 0.0
         if self.params.server_data:  # the base station takes part as one more (wired) client
-            total += self.server_vector(k)
+            total += self.server_weight * self.server_vector(k)
             received += 1
+            weight += self.server_weight
         if not received:
             yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
             return
@@ -78,14 +113,18 @@ class VectorUploadAlgorithm(Algorithm):
             mask = delivered[rows]
             if mask.any():
                 q = self.quantize(vectors, f"{self.name}-up", k, rows, mask)
-                total += q[mask].sum(0)
-        mean = (total / received).unsqueeze(0)
+                total += (q[mask] * self.weights[rows][mask, None]).sum(0)
+        mean = (total / weight).unsqueeze(0)
         q_mean = self.quantize(mean, f"{self.name}-down", k, slice(0, 1), direction="down")[0]
         yield from self.broadcast(broadcast)
         self.apply(q_mean)
 
 
 class VectorUploadParams(AlgorithmParams):
+    average: Literal["weighted", "uniform"] = Field(
+        "weighted", description="weighted: the delivered uploads weighted by the devices' sample "
+                                "counts n_k / sum n_k (McMahan et al. 2017, Alg. 1); uniform: "
+                                "1 / |delivered| each (the unweighted mean)")
     server_data: bool = Field(
         False, description="the base station also trains on the data it keeps "
                            "(data.server_fraction), as one more client in the average (the "
@@ -186,6 +225,18 @@ class FedProx(FedAvg):
 
 
 class ScaffoldParams(FedAvgParams):
+    average: Literal["weighted", "uniform"] = Field(
+        "uniform", description="uniform only: SCAFFOLD averages the sampled clients' updates "
+                               "uniformly (Karimireddy et al. 2020, Alg. 1)")
+
+    @field_validator("average")
+    @classmethod
+    def _uniform_only(cls, value: str) -> str:
+        if value != "uniform":
+            raise ValueError("scaffold averages the sampled clients uniformly (Karimireddy et "
+                             "al. 2020, Alg. 1); remove average or set it to uniform")
+        return value
+
     @field_validator("server_data")
     @classmethod
     def _no_server_client(cls, value: bool) -> bool:

@@ -32,6 +32,13 @@ Losses: a lost upload leaves its device out of every average of that round; a de
 the broadcast sits out until it is resynced (the base), keeping its u_i; the round's downlink is
 the broadcast that ends it (as for FedAvg), every device holding w_0 and the initial s, v, m, q at
 the start. If no upload arrives the server keeps its state and broadcasts a one-value flag.
+
+Start of KL and KL-Adam (``start``, fgdro.md Sec. 6 item 4): ``cold`` u_i = 0, v = 1; ``warm``
+(default) one exchange before round 0's local steps sets u_i to a minibatch loss at w_0 and v to
+the mean of exp(u_i / lam) (``FGDROKL.warm_start``). Cold, exp(u_i / lam) climbs to
+exp(loss / lam) within the first ~1/b1 steps while v, moving at b2, lags near 1: at small lam and
+b2 (0.1 and 0.01, inside the spec's sweep and the paper's beta grid) the weight e / v peaks near
+80 for a loss of 2.3, and round 1 throws the model out (docs/algorithms.md).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -276,6 +283,12 @@ class FGDROCVaR(_FGDRO):
 
 
 class FGDROKLParams(FGDROParams):
+    start: Literal["warm", "cold"] = Field(
+        "warm", description="warm: before round 0 every device sets u_i to one minibatch loss "
+                            "at w_0 and v starts at the mean of exp(u_i / lam) (fgdro.md Sec. 6 "
+                            "item 4's alternative; one float64 each way); cold: u_i = 0, "
+                            "v = 1 (item 4's default), which small lam turns into a first-round "
+                            "blow-up (docs/algorithms.md)")
     lam: float = Field(1.0, gt=0, allow_inf_nan=False,
                        description="lambda, strength of the KL regulariser (fgdro.md 2.5: 1; "
                                    "0.5 in its Sec. 5 experiment); small -> worst device, "
@@ -294,8 +307,65 @@ class FGDROKL(_FGDRO):
                "re-weighted gradients; w, m and v up (2 vectors + 1 float64)")
     vectors = 2
 
+    @classmethod
+    def initial_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
+        """The warm start's exchange (the default ``start``; none when cold): each device's
+        exp(u_i / lam) up and the mean v_bar down, one float64 each (as v travels, Sec. 3)."""
+        return (Payload.scalar(SCALAR_BITS, label=f"{cls.name} warm-start exp(u/lam)"),
+                Payload.scalar(SCALAR_BITS, label=f"{cls.name} warm-start v"))
+
+    def setup(self) -> None:
+        super().setup()
+        self.warm_pending = self.params.start == "warm"
+
     def initial_scalar(self) -> float:
         return 1.0  # v_bar = exp(0 / lam) = 1 (fgdro.md Sec. 6 item 4)
+
+    def exp_weight(self, u: torch.Tensor) -> torch.Tensor:
+        """e = exp(u / lam), u / lam clamped at 700 (fgdro.md Sec. 6 item 20)."""
+        return torch.exp(torch.clamp(u / self.params.lam, max=EXP_CLAMP))
+
+    def warm_start(self):
+        """fgdro.md Sec. 6 item 4's alternative start, before round 0's local steps: every
+        device that holds w_0 computes one minibatch loss there (one forward pass of B samples,
+        charged to it), takes u_i = that loss, and uploads e_i = exp(u_i / lam) as a float64;
+        the base station broadcasts v_bar = the mean of the e_i that arrived (a float64).
+
+        [D] the spec leaves the protocol open: every device is asked (not only round 0's
+        participants: u_i is every device's state, and v_bar^1 is the mean over all i); a
+        device whose upload is lost keeps its warm u_i and is left out of the mean (as in every
+        FGDRO average, Sec. 6 item 19); if no upload arrives the base station broadcasts the
+        one-value flag and the devices that hear it fall back to the cold start (u_i = 0,
+        v_bar = 1); a device that misses the broadcast is stale and is resynced with the whole
+        state before it computes again (the base class)."""
+        p, ev = self.params, self.ctx.evaluator
+        up, down = self.initial_payloads(self.theta.numel(), self.bits)
+        holders = self.missed == 0
+        cost = Cost(forward_passes=1, backward_passes=0,
+                    batch_size=ev.minibatch_sizes(p.batch_size))
+        # the base's collect asks only the round's participants: this one-off asks every holder
+        result = yield from self.ctx.net.collect(cost, up, holders)
+        self.ctx.health.collected(result.active, result.delivered)
+        active = torch.as_tensor(np.asarray(result.active, dtype=bool))
+        idx = ev.sample(keyed_generator(self.ctx.seed, "fgdro-warm-start", 0), p.batch_size)[0]
+        losses = ev.device_losses(self.theta, idx).double().to(self.u.device)
+        self.u = torch.where(active.to(self.u.device), losses, self.u)
+        e = self.exp_weight(self.u)
+        delivered = torch.as_tensor(np.asarray(result.delivered, dtype=bool)).to(e.device)
+        self.ctx.check_finite(e, "up", self.round_index, delivered)
+        if not bool(delivered.any()):
+            heard = yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
+            self.u[torch.as_tensor(heard.received).to(self.u.device)] = 0.0
+            return
+        v_bar = e[delivered].mean()
+        yield from self.broadcast(down, v_bar[None])
+        self.scalar = float(v_bar)
+
+    def round(self, k: int):
+        if self.warm_pending:
+            self.warm_pending = False
+            yield from self.warm_start()
+        yield from super().round(k)
 
     def step(self, w: torch.Tensor, m: torch.Tensor, q: torch.Tensor | None, h: torch.Tensor
              ) -> None:
@@ -315,7 +385,7 @@ class FGDROKL(_FGDRO):
         for t in range(p.local_steps):
             loss, grad = ev.stacked_losses_and_gradients(w, idx[t])
             u = (1 - p.beta1) * u + p.beta1 * loss.double()
-            e = torch.exp(torch.clamp(u / p.lam, max=EXP_CLAMP))  # estimate of G_i
+            e = self.exp_weight(u)  # estimate of G_i
             v = (1 - p.beta2) * v + p.beta2 * e  # estimate of G, with the fresh e
             h = (e / v).to(grad.dtype)[:, None] * grad  # weight ~ N p_i*
             self.step(w, m, q, h)

@@ -430,6 +430,15 @@ class BatchedEvaluator(Problem):
     def full_batch_sizes(self) -> np.ndarray:
         return self.data.sizes.numpy().copy()
 
+    def sample_weights(self) -> np.ndarray:
+        """n_k = device k's training samples: f_k is the mean loss over them."""
+        return self.data.sizes.numpy().astype(np.float64)
+
+    def server_sample_weight(self) -> float:
+        """The base station's own samples (its loss is their mean; 0 without any: the server's
+        gradient then refuses)."""
+        return 0.0 if self.data.y_server is None else float(len(self.data.y_server))
+
     def full_gradients(self, theta: torch.Tensor) -> torch.Tensor:
         """grad f_i over all of device i's samples, every device, at theta [d] or at the devices'
         own models [N, d]: -> [N, d].

@@ -259,6 +259,16 @@ class LogisticProblem(Problem):
         """m_i: a full local gradient is a pass over device i's samples."""
         return self.sizes_np.copy()
 
+    def sample_weights(self) -> np.ndarray:
+        """M / n for every device: f_i = (n m_i / M) F_i already carries its share m_i of the
+        samples (F_i its mean loss), so sum_i m_i F_i = (M / n) sum_i f_i weighs the f_i
+        equally; a sample-weighted average must not weigh them by m_i again."""
+        return np.full(self.num_devices, self.M / self.num_devices)
+
+    def server_sample_weight(self) -> float:
+        """The base station's samples: its loss is their plain mean (``server_gradient``)."""
+        return 0.0 if self.y_server is None else float(len(self.y_server))
+
     def describe(self) -> dict:
         return {"name": "logistic", "clients": self.num_devices, "d": self.d, "M": self.M,
                 "l2": self.l2, "normalize_rows": self.normalize_rows,

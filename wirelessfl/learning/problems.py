@@ -126,6 +126,18 @@ class Problem(ABC):
         level, not a set of samples); min(b, m_i) where minibatches are stored samples."""
         return np.full(self.num_devices, int(batch_size), dtype=np.int64)
 
+    def sample_weights(self) -> np.ndarray:
+        """[N] float64: device k's weight n_k in McMahan et al.'s (2017) sample-weighted
+        average sum_k n_k Delta_k / sum_k n_k, for this problem's f_k: the device's sample count
+        where f_k is the mean loss over its samples; equal weights (here) where there are no
+        samples or f_k already carries its share of them."""
+        return np.ones(self.num_devices)
+
+    def server_sample_weight(self) -> float:
+        """The base station's weight beside ``sample_weights`` when it trains on a loss of its
+        own (``server_data``): here one more device's (a loss without samples)."""
+        return 1.0
+
     # ---- built on the above -----------------------------------------------------------------
     def device_gradients(self, theta: torch.Tensor, idx: torch.Tensor
                          ) -> Iterator[tuple[slice, torch.Tensor]]:
