@@ -22,7 +22,8 @@ import simpy
 from wirelessfl.errors import UserError
 
 CHECKPOINT_NAME = "checkpoint.pkl"
-FORMAT = 3  # 2: the run context holds the health counters; 3: the ledger the base station's
+FORMAT = 4  # 2: the run context holds the health counters; 3: the ledger the base station's;
+# 4: algorithms' resolved parameters, ZO-HFL/FGDRO/FedNest state, stop_when_unhealthy
 
 
 class _Pickler(pickle.Pickler):
