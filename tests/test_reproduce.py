@@ -3,7 +3,9 @@ as one error line, and a small reproduction end to end (verdicts recomputed from
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -119,3 +121,21 @@ def test_a_small_reproduction_end_to_end(tmp_path, capsys):
 def test_reproduce_list_names_what_ships(capsys):
     code, out, _ = _cli(capsys, "reproduce", "--list")
     assert code == 0 and "seed002" in out
+
+
+def test_the_recorded_seed002_reproduction_is_healthy_and_matches_its_files():
+    """docs/data/seed002-reproduction (benchmarks/record_scenarios.py): every evaluation run of
+    every method healthy and at the target, the claims table the verdicts of reproduce.json,
+    and the tuned choices those of tune.json (the docs quote these files)."""
+    root = Path(__file__).resolve().parents[1] / "docs" / "data" / "seed002-reproduction"
+    runs = pd.read_csv(root / "runs.csv")
+    assert set(runs.method) == {"DZOFL", "FedSGD", "FedAvg"}
+    assert runs.healthy.astype(bool).all(), runs[~runs.healthy.astype(bool)].health.tolist()
+    repro = json.loads((root / "reproduce.json").read_text())
+    claims = pd.read_csv(root / "claims.csv")
+    for verdict in repro["verdicts"]:
+        rows = claims[claims.claim == verdict["claim"]]
+        assert set(rows.verdict) == {verdict["verdict"]}
+        assert set(rows.method) == set(verdict["measured"])
+    assert repro["choices"] == json.loads((root / "tune.json").read_text())["choices"]
+    assert not json.loads((root / "facts.json").read_text())["host_s"] > 30 * 60
