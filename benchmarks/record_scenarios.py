@@ -246,10 +246,16 @@ def record_tune(key: str, name: str) -> dict:
         out_dir.mkdir(parents=True)
         for file in TUNE_FILES:
             shutil.copyfile(study / file, out_dir / file)
+    return _study_facts(out_dir, host_s, {"command": f"wirelessfl tune {name} --workers 2"})
+
+
+def _study_facts(out_dir: Path, host_s: float, commands: dict) -> dict:
+    """Write and return ``facts.json`` of a recorded study (its tune.json beside it): the
+    commands, the date, the host time, the versions and whether any run failed."""
     manifest = json.loads((out_dir / "tune.json").read_text())
-    facts = {"command": f"wirelessfl tune {name} --workers 2",
-             "recorded": datetime.date.today().isoformat(), "host_s": round(host_s, 1),
-             "cpus": os.cpu_count(), "versions": manifest["versions"],
+    facts = {**commands, "recorded": datetime.date.today().isoformat(),
+             "host_s": round(host_s, 1), "cpus": os.cpu_count(),
+             "versions": manifest["versions"],
              "status": "complete" if not any(r["failed"] for r in manifest["runs"].values())
              else "failed runs"}
     (out_dir / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
@@ -288,15 +294,9 @@ def record_reproduction(key: str, name: str) -> dict:
             shutil.copyfile(study / file, out_dir / Path(file).name)
         if key in CROSSOVER_FIGURES:
             shutil.copyfile(study / "crossover" / "crossover.png", CROSSOVER_FIGURES[key])
-    manifest = json.loads((out_dir / "tune.json").read_text())
-    facts = {"command": f"wirelessfl reproduce {name} --workers 2",
-             "crossover_command": f"wirelessfl crossover reproduced/{name}/tune",
-             "recorded": datetime.date.today().isoformat(), "host_s": round(host_s, 1),
-             "cpus": os.cpu_count(), "versions": manifest["versions"],
-             "status": "complete" if not any(r["failed"] for r in manifest["runs"].values())
-             else "failed runs"}
-    (out_dir / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
-    return facts
+    return _study_facts(out_dir, host_s, {
+        "command": f"wirelessfl reproduce {name} --workers 2",
+        "crossover_command": f"wirelessfl crossover reproduced/{name}/tune"})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -226,26 +226,34 @@ QUICKSTART_TUNE = "docs/data/quickstart-tune"
 def quickstart_tuned() -> str:
     """The tuned comparison: choices on the tuning seeds, the evaluation with 95 % CIs, the
     verdict and the warnings, as `wirelessfl tune quickstart-tune` printed them."""
+
+
+    study = _json(f"{QUICKSTART_TUNE}/tune.json")
+    f = _json(f"{QUICKSTART_TUNE}/facts.json")
+    warnings = "".join(f"\n* {w}" for w in study["warnings"]) or "\n* none"
+    return (_study_tables(QUICKSTART_TUNE, study, f)
+            + f"\n\nVerdict: {study['verdict']}.\n\nWarnings:{warnings}")
+
+
+def _study_tables(folder: str, study: dict, f: dict) -> str:
+    """A recorded tuning study's command line, its choices on the tuning seeds and its
+    evaluation, as `wirelessfl tune` printed them (tune.json, tuning.csv, evaluation.csv)."""
     import pandas as pd
 
     from wirelessfl.tune.objectives import OBJECTIVES
     from wirelessfl.tune.tables import choice_cells, evaluation_cells
 
-    study = _json(f"{QUICKSTART_TUNE}/tune.json")
-    f = _json(f"{QUICKSTART_TUNE}/facts.json")
     title = OBJECTIVES[study["objective"]].title
-    tuning = pd.read_csv(ROOT / QUICKSTART_TUNE / "tuning.csv")
-    evaluation = pd.read_csv(ROOT / QUICKSTART_TUNE / "evaluation.csv")
+    tuning = pd.read_csv(ROOT / folder / "tuning.csv")
+    evaluation = pd.read_csv(ROOT / folder / "evaluation.csv")
     chosen = choice_cells(tuning, study["choices"], title)
     evaluated = evaluation_cells(evaluation, title)
-    warnings = "".join(f"\n* {w}" for w in study["warnings"]) or "\n* none"
     return (f"`{f['command']}` (recorded {f['recorded']}, {g3(f['host_s'])} s of host time on "
             f"{f['cpus']} cores): objective `{study['objective']}`, tuning seeds "
             f"{study['tuning_seeds']}, evaluation seeds {study['evaluation_seeds']}.\n\n"
             "Chosen on the tuning seeds:\n\n" + table(chosen[0], chosen[1:])
             + "\n\nOn the evaluation seeds (mean ± 95 % CI half-width; to-target columns over "
-              "the seeds that reached the target):\n\n" + table(evaluated[0], evaluated[1:])
-            + f"\n\nVerdict: {study['verdict']}.\n\nWarnings:{warnings}")
+              "the seeds that reached the target):\n\n" + table(evaluated[0], evaluated[1:]))
 
 
 # ---------------------------------------------------------------- seed002-digits28
@@ -262,19 +270,12 @@ def seed002_reproduction() -> str:
     was tuned to, the evaluation, every claim's verdict and the health of every run."""
     import pandas as pd
 
-    from wirelessfl.tune.objectives import OBJECTIVES
     from wirelessfl.tune.reproduce import verdict_cells
-    from wirelessfl.tune.tables import choice_cells, evaluation_cells
 
     repro = _json(f"{SEED002}/reproduce.json")
     study = _json(f"{SEED002}/tune.json")
     f = _json(f"{SEED002}/facts.json")
-    title = OBJECTIVES[study["objective"]].title
-    tuning = pd.read_csv(ROOT / SEED002 / "tuning.csv")
-    evaluation = pd.read_csv(ROOT / SEED002 / "evaluation.csv")
     runs = pd.read_csv(ROOT / SEED002 / "runs.csv")
-    chosen = choice_cells(tuning, study["choices"], title)
-    evaluated = evaluation_cells(evaluation, title)
     verdicts = verdict_cells(repro["verdicts"])
     health = []
     for method, group in runs.groupby("method", sort=False):
@@ -282,12 +283,7 @@ def seed002_reproduction() -> str:
         why = "; ".join(f"seed {r.seed}: {r.health}" for r in sick.itertuples()) or "-"
         health.append([method, f"{int(group.healthy.sum())}/{len(group)}", why])
     warnings = "".join(f"\n* {w}" for w in repro["warnings"]) or "\n* none"
-    return (f"`{f['command']}` (recorded {f['recorded']}, {g3(f['host_s'])} s of host time on "
-            f"{f['cpus']} cores): objective `{study['objective']}`, tuning seeds "
-            f"{study['tuning_seeds']}, evaluation seeds {study['evaluation_seeds']}.\n\n"
-            "Chosen on the tuning seeds:\n\n" + table(chosen[0], chosen[1:])
-            + "\n\nOn the evaluation seeds (mean ± 95 % CI half-width; to-target columns over "
-              "the seeds that reached the target):\n\n" + table(evaluated[0], evaluated[1:])
+    return (_study_tables(SEED002, study, f)
             + "\n\nThe paper's claims, judged on the evaluation runs of the tuned settings "
               "(a claim holds when the 95 % intervals do not overlap in its direction; a claim "
               "with an unhealthy run is inconclusive):\n\n" + table(verdicts[0], verdicts[1:])
