@@ -5,9 +5,9 @@ beating each baseline (docs/tuning.md, "Where DZOFL wins: wirelessfl crossover")
 Each tuned evaluation run is cut at its first row that meets the target (``reached_mask``) and
 split into what that cost, from its own recorded cumulative quantities:
 
-* compute wall time C [s] at the recorded throughput Theta0: every pass's energy divided by its
-  per-pass energy gives the passes (``model.per_pass``), times the per-pass time, summed over the
-  devices, per device that took part in a phase (transmissions / exchanges);
+* compute wall time C [s] at the recorded throughput Theta0: what the run's sim_time_s leaves after
+  the upload phases' airtime and the downlink (a phase waits for its slowest device), checked
+  against the devices' compute recovered from their compute energy (``model.per_pass``);
 * upload phases P (``exchanges``) and transmissions X, each of b payload bits (bits_up / X);
 * the downlink's wall time D (the base station's airtime) and every other energy as recorded.
 
