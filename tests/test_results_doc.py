@@ -35,7 +35,7 @@ ALLOWED = {
     "Dir(0.5)": "seed004-logistic's partition concentration (configuration)",
     "h = 0.3": "seed001-quadratic's problem constant (fedmsa.md Sec. 5.1)",
     "alpha = 0.02, beta = 0.1, rho = 0.5": "seed001-quadratic's step sizes (configuration)",
-    "eta = 0.4": "FedNest's step size in the authors' code (configuration)",
+    "eta = 0.4": "seed001-quadratic's FedNest Neumann step, [D] (configuration)",
     "beta = 0.3": "seed001-mco's second step setting (configuration)",
     "rho=1.0": "the centralized seed001-mco override (configuration)",
     "ratio 0.1": "seed001-loss-tuning's long-tail ratio (configuration)",
@@ -45,6 +45,8 @@ ALLOWED = {
     "23 ... -40 dBm": "the radio-power-sweep script's transmit powers (configuration)",
     "accuracy of 0.5": "fgdro.md Sec. 5's worst-device accuracy target (configuration)",
     "zo_hfl.md 5.3": "a section of the spec",
+    "target accuracy 0.95": "seed002-digits28's target accuracy, [D] (configuration)",
+    "95 % confidence": "the confidence level of wirelessfl reproduce's intervals (a constant)",
 }
 # A decimal, or a number followed by a unit of energy, time, power, memory, ratio or share.
 MEASURED = re.compile(
@@ -137,3 +139,19 @@ def test_prose_check_catches_a_typed_number():
     assert measured_numbers("d = 650, 50 devices, 16 bits, Sec. 5.2, 8x8 digits, 1e-6") == []
     generated = "<!-- generated: x (from f) -->\n0.75 and 17x\n<!-- end generated -->"
     assert measured_numbers(generated) == []
+
+
+def test_direction_words_follow_the_numbers():
+    """The readings' direction words come from the values, whichever way the data fall."""
+    render = _render_docs()
+    assert render.factor(10, 2) == "5.0x fewer"
+    assert render.factor(2, 10) == "5.0x more"
+    assert render.factor(367.7, 32.7) == "11x fewer"  # 0 decimals from a factor of 10 up
+    assert render.factor(3.0, 3.02) == "as many"  # a factor that rounds to 1.0
+    assert render.than(2, 30, "rounds", "GD") == "15x more rounds than GD"
+    assert render.than(5, 5, "rounds", "GD") == "as many rounds as GD"
+    assert render.side(0.749, 0.904) == "below"
+    assert render.side(0.9041, 0.9039) == "level with"  # equal as printed (3 decimals)
+    assert render.side(95.3, 94.0, "{:.1f}") == "above"
+    assert render._trend([162, 79.5, 39]) == "falling"
+    assert render._trend([87, 90, 32]) == "not monotone"
