@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 
@@ -71,7 +72,7 @@ def record(world, params, clients: int, seed: int) -> dict:
 
 def median(values):
     """Median of the runs that reached the target, and how many never did."""
-    known = [v for v in values if v is not None and v == v]  # None / NaN: never reached
+    known = [v for v in values if v is not None and not math.isnan(v)]  # None / NaN: never reached
     if len(known) < len(values):
         return f"{statistics.median(known):g} ({len(values) - len(known)} never)" if known \
             else "never"

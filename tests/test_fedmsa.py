@@ -99,7 +99,7 @@ def test_known_solution_zeroes_the_averaged_maps():
 
 
 def test_noisy_oracle_is_keyed_and_unbiased():
-    prob, a, b, c = _problem(noise=0.1)
+    prob, *_ = _problem(noise=0.1)
     state = torch.as_tensor(np.random.default_rng(0).standard_normal(prob.d)).expand(4, -1)
     keys = np.arange(4, dtype=np.uint64) + 11
     one = prob.maps(state, torch.arange(4), keys)
@@ -244,7 +244,6 @@ def test_payloads_and_hessian_vector_products_per_client(monkeypatch):
 
 
 def test_a_hessian_vector_product_is_priced_as_one_forward_and_one_backward_pass():
-    prob, *_ = _problem()
     world = build_world(_scenario({"rounds": 1}))
     compute = world.compute_model(32)
     hvp = Cost(forward_passes=2, backward_passes=2, hvp_passes=1)

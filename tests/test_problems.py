@@ -286,8 +286,8 @@ def test_quadratic_devices_follow_clients_or_population():
 
 BAD = [
     ({"problem": {"name": "quad"}},
-     r"problem\.name: Input should be 'classification', 'quadratic', 'logistic', "
-     r"'bilevel-quadratic', 'risk-averse-mco' or 'loss-tuning'"),
+     (r"problem\.name: Input should be 'classification', 'quadratic', 'logistic', "
+      r"'bilevel-quadratic', 'risk-averse-mco' or 'loss-tuning'")),
     ({"problem": {"name": "quadratic", "delta": -1}}, r"problem\.delta: Input should be greater"),
     ({"problem": {"name": "quadratic", "L": 1, "mu": 2}}, r"problem: L \(1\) must be larger than mu"),
     ({"problem": {"name": "quadratic", "bogus": 1}}, r"problem\.bogus: unknown key"),

@@ -116,7 +116,7 @@ class LossTuning(BilevelProblem):
             shards.extend(np.array_split(rng.permutation(shard), clients // c))
         train, val = [], []
         for shard in shards:
-            cut = int(round(len(shard) * (1 - validation_fraction)))
+            cut = round(len(shard) * (1 - validation_fraction))
             train.append(np.sort(shard[:cut]))
             val.append(np.sort(shard[cut:]))
         if min(len(t) for t in train) == 0 or min(len(v) for v in val) == 0:
