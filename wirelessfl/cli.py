@@ -39,11 +39,16 @@ def _check_executor(args) -> None:
     _check_threads(args.threads)
 
 
-def _interruptible(out: Path, work):
-    """``work()``, or None after Ctrl-C / SIGTERM with the line saying the finished runs in
-    ``out`` are kept (sweep, tune, reproduce: the same command again finishes the rest)."""
+def _interruptible(run, study, out: Path, args):
+    """``run(study, out, ...)`` with the executor options every study command shares
+    (``--executor``, ``--workers``, ``--address``, ``--quiet``, ``--threads``), or None after
+    Ctrl-C / SIGTERM with the line saying the finished runs in ``out`` are kept (sweep, tune,
+    reproduce: the same command again finishes the rest)."""
+    from wirelessfl.sweep.executors import default_workers
+
     try:
-        return work()
+        return run(study, out, args.executor, args.workers or default_workers(), args.address,
+                   args.quiet, threads=args.threads)
     except KeyboardInterrupt:
         print(f"interrupted: finished runs are kept in {out}; run the same command again to "
               "finish the rest", file=sys.stderr)
@@ -124,17 +129,13 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
-    from wirelessfl.sweep.executors import default_workers
     from wirelessfl.sweep.spec import load_sweep
     from wirelessfl.sweep.study import run_sweep
 
     _check_executor(args)
     sweep = load_sweep(args.sweep)
     out = Path(args.out) if args.out else Path("sweeps") / sweep.name
-    workers = args.workers or default_workers()
-    counts = _interruptible(out, lambda: run_sweep(sweep, out, args.executor, workers,
-                                                   args.address, args.quiet,
-                                                   threads=args.threads))
+    counts = _interruptible(run_sweep, sweep, out, args)
     if counts is None:
         return EXIT_INTERRUPTED
     print(f"{counts.finished} of {counts.total} runs finished ({counts.skipped} skipped as "
@@ -153,7 +154,6 @@ def _cmd_sweep(args) -> int:
 
 def _cmd_tune(args) -> int:
     from wirelessfl.results.summary import text_table
-    from wirelessfl.sweep.executors import default_workers
     from wirelessfl.tune.spec import load_tune
     from wirelessfl.tune.study import run_tune
     from wirelessfl.tune.tables import choice_cells, evaluation_cells
@@ -161,9 +161,7 @@ def _cmd_tune(args) -> int:
     _check_executor(args)
     tune = load_tune(args.tune)
     out = Path(args.out) if args.out else Path("tunes") / tune.name
-    result = _interruptible(out, lambda: run_tune(
-        tune, out, args.executor, args.workers or default_workers(), args.address, args.quiet,
-        threads=args.threads))
+    result = _interruptible(run_tune, tune, out, args)
     if result is None:
         return EXIT_INTERRUPTED
     title = tune.objective.title
@@ -189,7 +187,6 @@ def _cmd_tune(args) -> int:
 
 def _cmd_reproduce(args) -> int:
     from wirelessfl.results.summary import text_table
-    from wirelessfl.sweep.executors import default_workers
     from wirelessfl.tune.reproduce import (
         load_reproduction,
         run_reproduction,
@@ -209,9 +206,7 @@ def _cmd_reproduce(args) -> int:
     _check_executor(args)
     repro = load_reproduction(args.name)
     out = Path(args.out) if args.out else Path("reproduced") / repro.name
-    outcome = _interruptible(out, lambda: run_reproduction(
-        repro, out, args.executor, args.workers or default_workers(), args.address, args.quiet,
-        threads=args.threads))
+    outcome = _interruptible(run_reproduction, repro, out, args)
     if outcome is None:
         return EXIT_INTERRUPTED
     print(f"{repro.spec.title}\n{repro.spec.paper}")

@@ -124,8 +124,7 @@ class ZOHFL(Algorithm):
         return (z / z.norm(dim=1, keepdim=True)).to(self.theta.device)
 
     def setup(self) -> None:
-        data = getattr(self.ctx.evaluator, "data", None)  # problems without samples: equal weights
-        sizes = data.sizes.double().numpy() if data is not None else np.ones(self.ctx.num_devices)
+        sizes = self.ctx.evaluator.sample_weights()  # N_i (equal without samples)
         self.weights = sizes / sizes.sum()  # w_i = N_i / N_clients (A5)
 
     def _solve(self, x: torch.Tensor, idx: torch.Tensor, rows: slice) -> torch.Tensor:

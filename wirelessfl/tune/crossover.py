@@ -155,6 +155,7 @@ def row_cost(row: pd.Series, label: str, per_pass: dict, setting: dict, where: s
                 payload_bits=bits, downlink_s=float(row.bs_airtime_s), energy_fixed_j=fixed,
                 energy_bs_j=energy_bs, rounds=float(row["round"]), **setting)
     theta0, rate0 = setting["theta0"], setting["rate0"]
+    # with compute_s = 0, time_s is the radio's part alone: P a(r0) + D
     compute = float(row.sim_time_s) - float(cost.time_s(theta0, rate0))
     cost = replace(cost, compute_s=compute)
     mean_s = device_s * phases / sent if sent else device_s  # every device as the average one
