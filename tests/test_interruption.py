@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import small_doc
 from wirelessfl.cli import main
+from wirelessfl.engine.checkpoint import CHECKPOINT_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 # A quick first algorithm, then a long enough second one to be stopped in the middle of.
@@ -159,7 +160,7 @@ def test_sigkill_at_a_random_round_with_checkpoints_resumes_identically(tmp_path
     proc = _start([str(scenario), "--out", str(out), "--checkpoint-every", "100"], tmp_path)
     _wait_for_first_algorithm(out, proc)
     end = time.monotonic() + 120
-    while not (out / "checkpoint.pkl").exists():  # B has passed its first checkpoint
+    while not (out / CHECKPOINT_NAME).exists():  # B has passed its first checkpoint
         assert proc.poll() is None and time.monotonic() < end
         time.sleep(0.01)
     time.sleep(random.Random().uniform(0.0, 0.5))
@@ -168,7 +169,7 @@ def test_sigkill_at_a_random_round_with_checkpoints_resumes_identically(tmp_path
     assert main(["run", "--resume", str(out), "--quiet", "--no-report"]) == 0
     assert "B: continuing from the checkpoint after round" in capsys.readouterr().err
     _assert_identical(out, ref)
-    assert not (out / "checkpoint.pkl").exists()
+    assert not (out / CHECKPOINT_NAME).exists()
 
 
 @pytest.mark.parametrize("name", ["fedred", "scaffold", "fgdro-kl-adam", "zo-hfl", "dzofl"])
@@ -183,9 +184,9 @@ def test_a_checkpointed_state_resumes_to_the_same_rounds(tmp_path, name):
     sc = algorithm_scenario({"name": name, "rounds": 5, "eval_every": 1},
                             ["data.server_fraction=0.3"])
     full = run_algorithm(build_world(sc), sc.algorithms[0], checkpoint_every=3,
-                         checkpoint_path=tmp_path / "c.pkl")
-    state = read_checkpoint(tmp_path / "c.pkl")
-    assert state["completed"] == 3 and state["label"] == sc.algorithms[0].display_name
+                         checkpoint_path=tmp_path / CHECKPOINT_NAME)
+    state = read_checkpoint(tmp_path / CHECKPOINT_NAME)
+    assert state.completed == 3 and state.label == sc.algorithms[0].display_name
     resumed = run_algorithm(build_world(sc), sc.algorithms[0], resume=state)
     pd.testing.assert_frame_equal(pd.DataFrame(full.rows), pd.DataFrame(resumed.rows))
     assert (full.ledger.energy_j == resumed.ledger.energy_j).all()

@@ -12,9 +12,9 @@ from tests.conftest import algorithm_scenario, small_doc, small_scenario
 from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
 from wirelessfl.cli import main
 from wirelessfl.engine.build import build_world
-from wirelessfl.engine.checkpoint import read_checkpoint, restore_algorithm
+from wirelessfl.engine.checkpoint import read_checkpoint
 from wirelessfl.engine.resources import check_memory, run_bytes
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.engine.simulation import restore_algorithm, run_algorithm
 from wirelessfl.errors import UserError
 
 _load_builtin_algorithms()
@@ -59,8 +59,7 @@ def test_declared_peak_covers_the_state_an_algorithm_keeps(tmp_path, name):
                             ["data.server_fraction=0.3"])
     world = build_world(sc)
     run_algorithm(world, sc.algorithms[0], checkpoint_every=2, checkpoint_path=tmp_path / "c")
-    algorithm, _ = restore_algorithm(read_checkpoint(tmp_path / "c"), world.evaluator, None,
-                                     None)
+    algorithm = restore_algorithm(world, sc.algorithms[0], read_checkpoint(tmp_path / "c"))
     n, d = world.num_devices, world.evaluator.d
     kept = sum(v.numel() for v in vars(algorithm).values()
                if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[0] == n) / (n * d)

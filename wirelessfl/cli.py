@@ -535,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-report", action="store_true", help="do not draw the PNG figures")
     run.add_argument("--checkpoint-every", type=int, metavar="N",
                      help="save the running algorithm's full state every N rounds (atomically, "
-                          "RUN_DIR/checkpoint.pkl), so --resume continues from there")
+                          "RUN_DIR/checkpoint.npz, data only), so --resume continues from there")
     run.add_argument("--resume", metavar="RUN_DIR",
                      help="finish an interrupted or killed run: keeps the algorithms it recorded, "
                           "continues the one that was running from its last checkpoint (or its "

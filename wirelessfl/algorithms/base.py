@@ -253,9 +253,9 @@ class Algorithm:
 
     def process(self, start: int = 0):
         """The base station's process: the round loop, with evaluation between rounds (from
-        round ``start`` when resumed from a checkpoint, whose state already holds setup's)."""
+        round ``start`` when resumed from a checkpoint). ``setup`` has run before (run_algorithm
+        calls it when it builds the run, so a resumed run is built exactly as a fresh one)."""
         if start == 0:
-            self.setup()
             self.ctx.end_round(0, self.theta)
         for k in range(start, self.params.rounds):
             self.round_index = k

@@ -120,6 +120,12 @@ class Network:
         self.clock_s = float(env.now)  # every device's time is accounted for up to here [s]
         self.rng = rng
         self.downlink_rng = downlink_rng
+        # The links' fading processes exist from the start (building one draws nothing), so a
+        # run's state is in objects that are there when it starts: what a checkpoint restores
+        # into (engine/checkpoint.py).
+        uplink.fading_for(rng)
+        if downlink_rng is not None:
+            downlink.fading_for(downlink_rng)
         self.num_devices = ledger.num_devices
         self._all = np.ones(self.num_devices, dtype=bool)
         up = uplink.config.uplink

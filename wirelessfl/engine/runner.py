@@ -4,6 +4,7 @@ sweep worker does, so that both write the same files with the same writer."""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import sys
 from collections.abc import Callable
@@ -13,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from wirelessfl.engine.build import World, build_world
-from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint
+from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint, refuse_legacy
+from wirelessfl.engine.fingerprint import MANIFEST_KEY, check_resumable, scenario_fingerprint
 from wirelessfl.engine.resources import check_memory
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.engine.threads import ensure as ensure_threads
@@ -74,13 +76,15 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
     world = world or build_world(scenario)
     check_memory(world)
     if resume:
+        check_folder(out, scenario, warn)
         writer = RunWriter.reopen(out)
         every = checkpoint_every or writer.manifest.get("checkpoint_every") or 0
     else:
         writer = RunWriter(out, resolved_document(scenario), scenario.seed,
                            extra={"model": model_facts(world), "problem": world.problem_record(),
                                   "checkpoint_every": checkpoint_every,
-                                  "threads": setting.record(), **(extra or {})},
+                                  "threads": setting.record(),
+                                  MANIFEST_KEY: scenario_fingerprint(scenario), **(extra or {})},
                            partition=world.partition_record())
         every = checkpoint_every or 0
     checkpoint_path = Path(out) / CHECKPOINT_NAME
@@ -94,11 +98,11 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
             if on_algorithm is not None:
                 on_algorithm(params.display_name)
             saved = read_checkpoint(checkpoint_path) if resume else None
-            if saved is not None and saved["label"] != params.display_name:
+            if saved is not None and saved.label in finished:
                 saved = None  # from an algorithm that has since finished
-            if saved is not None:
+            if saved is not None:  # run_algorithm refuses one of another run or scenario
                 warn(f"{params.display_name}: continuing from the checkpoint after round "
-                     f"{saved['completed']}")
+                     f"{saved.completed}")
             run = run_algorithm(world, params, on_round=on_round, checkpoint_every=every,
                                 checkpoint_path=checkpoint_path, resume=saved)
             info = {"status": run.status, "message": run.message,
@@ -119,6 +123,22 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
                       scenario.target_suboptimality, manifest=record.manifest)
     write_csv(Path(out) / "summary.csv", table)
     return status, table
+
+
+def check_folder(out: Path, scenario: Scenario, warn: Callable[[str], None]) -> None:
+    """Before a run folder is resumed: its manifest's scenario must be the one it started with
+    (engine/fingerprint.py), and a checkpoint in the old pickle format is refused unread
+    (engine/checkpoint.py); both before the folder is reopened (nothing in it changes)."""
+    try:
+        manifest = json.loads((Path(out) / "manifest.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return  # RunWriter.reopen says what is wrong with the folder
+    if not isinstance(manifest, dict):
+        return
+    note = check_resumable(out, manifest, scenario)
+    if note:
+        warn(note)
+    refuse_legacy(out)
 
 
 @contextlib.contextmanager

@@ -11,10 +11,17 @@ import simpy
 
 from wirelessfl.algorithms.base import AlgorithmParams, algorithm_class
 from wirelessfl.engine.build import World
-from wirelessfl.engine.checkpoint import restore_algorithm, save_checkpoint
+from wirelessfl.engine.checkpoint import (
+    Checkpoint,
+    check_belongs,
+    restore_state,
+    save_checkpoint,
+)
 from wirelessfl.engine.context import BecameUnhealthy, Diverged, ReachedTarget, RunContext
+from wirelessfl.engine.fingerprint import algorithm_fingerprint
 from wirelessfl.engine.ledger import KIND_INDEX, Ledger
 from wirelessfl.engine.network import ENGINES
+from wirelessfl.engine.state_tree import StateError, kept_ids, skeleton
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.results.health import step_size_name
@@ -72,50 +79,48 @@ class AlgorithmRun:
 
 def run_algorithm(world: World, params: AlgorithmParams,
                   on_round: Callable[[int], None] | None = None, checkpoint_every: int = 0,
-                  checkpoint_path: Path | None = None, resume: dict | None = None
+                  checkpoint_path: Path | None = None, resume: Checkpoint | None = None
                   ) -> AlgorithmRun:
-    """Simulate one algorithm from theta_0 (or from a checkpoint's state, ``resume``) to its last
-    round in a fresh SimPy environment; with ``checkpoint_every`` > 0, save the run's state to
-    ``checkpoint_path`` every that many rounds."""
+    """Simulate one algorithm from theta_0 (or from a checkpoint, ``resume``: the header that
+    engine/checkpoint.read_checkpoint returns) to its last round in a fresh SimPy environment;
+    with ``checkpoint_every`` > 0, save the run's state to ``checkpoint_path`` every that many
+    rounds.
+
+    A resumed run is built exactly as a fresh one (same constructors, ``setup`` included), in an
+    environment at the checkpoint's time, and the checkpoint's state is then put into it
+    (engine/checkpoint.py): nothing in the file builds objects or chooses code."""
     sc = world.scenario
+    if checkpoint_every and sc.engine.mode != "vectorized":
+        raise UserError("checkpoints need engine.mode: vectorized (the processes engine keeps "
+                        "per-device SimPy processes, which cannot be saved); drop "
+                        "--checkpoint-every or set --set engine.mode=vectorized")
+    fingerprint = algorithm_fingerprint(sc, params) if checkpoint_every or resume else None
+    if resume is not None:
+        check_belongs(resume, params.display_name, fingerprint, params.rounds)
+    env = simpy.Environment(initial_time=resume.now_s if resume is not None else 0)
     save = None
     if checkpoint_every:
-        if sc.engine.mode != "vectorized":
-            raise UserError("checkpoints need engine.mode: vectorized (the processes engine keeps "
-                            "per-device SimPy processes, which cannot be saved); drop "
-                            "--checkpoint-every or set --set engine.mode=vectorized")
-
         def save(completed: int) -> None:
             if completed % checkpoint_every == 0 and completed < params.rounds:
-                save_checkpoint(checkpoint_path, algorithm, completed)
+                save_checkpoint(checkpoint_path, algorithm, completed, kept, start_graph,
+                                fingerprint)
 
+    algorithm = _build(world, params, env, on_round, save)
+    ctx = algorithm.ctx
+    kept = _given(world, algorithm)
+    start_graph = None
+    if checkpoint_every:  # what every checkpoint is checked against (engine/state_tree.py)
+        try:
+            start_graph = skeleton(algorithm, kept)
+        except StateError as err:
+            raise UserError(f"cannot checkpoint {params.display_name}: {err}; run it without "
+                            "--checkpoint-every") from None
+    start = 0
     if resume is not None:
-        algorithm, env = restore_algorithm(resume, world.evaluator, on_round, save)
-        ctx = algorithm.ctx
+        restore_state(resume, algorithm, kept)
         if on_round is not None:
-            on_round(resume["completed"])
-        start = resume["completed"]
-    else:
-        env = simpy.Environment()
-        ledger = Ledger(world.num_devices)
-        # Every algorithm draws fading from the same stream: common random numbers across methods.
-        uplink = world.uplink()
-        network = ENGINES[sc.engine.mode](env, ledger, uplink, world.downlink(),
-                                          world.compute_model(params.bits),
-                                          world.device_power(uplink),
-                                          keyed_rng(sc.seed, "fading"),
-                                          keyed_rng(sc.seed, "downlink"),
-                                          accounting=sc.energy_accounting)
-        ctx = RunContext(params.display_name, env, network, ledger, world.evaluator,
-                         world.initial(), sc.seed, params.rounds,
-                         params.eval_every, on_round, worst_fraction=sc.worst_fraction,
-                         on_checkpoint=save,
-                         stop_targets=((sc.target_accuracy, sc.target_suboptimality)
-                                       if sc.stop_at_target else None),
-                         stop_loss_growth=(sc.health.max_loss_growth if sc.stop_when_unhealthy
-                                           else None))
-        algorithm = algorithm_class(params.name)(params, ctx)
-        start = 0
+            on_round(resume.completed)
+        start = resume.completed
     run = AlgorithmRun(params.display_name, params, ctx.rows, ctx.ledger)
     env.process(algorithm.process(start))
     try:
@@ -141,4 +146,50 @@ def run_algorithm(world: World, params: AlgorithmParams,
     if resolved:  # the parameters' values after the defaults' rules (manifest entry)
         run.extra["resolved"] = resolved
     return run
+
+
+def restore_algorithm(world: World, params: AlgorithmParams, saved: Checkpoint):
+    """The algorithm of checkpoint ``saved`` as it was after ``saved.completed`` rounds (built
+    as a run starts, its state restored), for inspection: ``run_algorithm(resume=...)`` runs
+    it on."""
+    check_belongs(saved, params.display_name, algorithm_fingerprint(world.scenario, params),
+                  params.rounds)
+    algorithm = _build(world, params, simpy.Environment(initial_time=saved.now_s), None, None)
+    restore_state(saved, algorithm, _given(world, algorithm))
+    return algorithm
+
+
+def _given(world: World, algorithm) -> set[int]:
+    """What a run is given rather than evolves (its environment, problem, callbacks and what
+    the World shares between algorithms): neither saved nor restored."""
+    ctx = algorithm.ctx
+    return kept_ids(ctx.env, ctx.evaluator, ctx.on_round, ctx.on_checkpoint,
+                    shared=vars(world).values())
+
+
+def _build(world: World, params: AlgorithmParams, env: simpy.Environment,
+           on_round: Callable[[int], None] | None, save: Callable[[int], None] | None):
+    """The algorithm as a run starts it: a new ledger, network and run context in ``env``, and
+    the algorithm's ``setup`` done (also what a resumed run is built as)."""
+    sc = world.scenario
+    ledger = Ledger(world.num_devices)
+    # Every algorithm draws fading from the same stream: common random numbers across methods.
+    uplink = world.uplink()
+    network = ENGINES[sc.engine.mode](env, ledger, uplink, world.downlink(),
+                                      world.compute_model(params.bits),
+                                      world.device_power(uplink),
+                                      keyed_rng(sc.seed, "fading"),
+                                      keyed_rng(sc.seed, "downlink"),
+                                      accounting=sc.energy_accounting)
+    ctx = RunContext(params.display_name, env, network, ledger, world.evaluator,
+                     world.initial(), sc.seed, params.rounds,
+                     params.eval_every, on_round, worst_fraction=sc.worst_fraction,
+                     on_checkpoint=save,
+                     stop_targets=((sc.target_accuracy, sc.target_suboptimality)
+                                   if sc.stop_at_target else None),
+                     stop_loss_growth=(sc.health.max_loss_growth if sc.stop_when_unhealthy
+                                       else None))
+    algorithm = algorithm_class(params.name)(params, ctx)
+    algorithm.setup()
+    return algorithm
 
