@@ -67,6 +67,10 @@ MAX_HEADER_BYTES = 65_536  # header.json: a few hundred bytes
 # Largest .npy header accepted (numpy's own default limit).
 MAX_NPY_HEADER = 10_000
 _FIX = "delete it to rerun {what} from its start"
+# What reading a damaged zip, its JSON or an .npy header can raise (RuntimeError: an encrypted
+# member; NotImplementedError: an unknown zip feature).
+_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, RecursionError, RuntimeError,
+                NotImplementedError, zipfile.BadZipFile, zipfile.LargeZipFile)
 
 
 @dataclass(frozen=True)
@@ -173,8 +177,7 @@ def read_checkpoint(path: Path) -> Checkpoint | None:
             if zf.getinfo(HEADER).file_size > MAX_HEADER_BYTES:
                 raise _Malformed("an oversized header")
             header = _json(zf, HEADER)
-    except (OSError, ValueError, RecursionError, zipfile.BadZipFile, EOFError,
-            UnicodeDecodeError, KeyError, zipfile.LargeZipFile) as err:
+    except _READ_ERRORS as err:
         raise _damaged(path, err) from None
     if type(header) is not dict or header.get("kind") != KIND:
         raise _damaged(path, "not a wirelessfl checkpoint")
@@ -263,8 +266,7 @@ def restore_state(saved: Checkpoint, algorithm, kept: set[int]) -> None:
     except StateError as err:
         raise UserError(f"{saved.path}: the checkpoint does not fit this run ({err}); "
                         f"{_FIX.format(what=what)}") from None
-    except (OSError, ValueError, TypeError, KeyError, RecursionError, OverflowError, EOFError,
-            UnicodeDecodeError, MemoryError, zipfile.BadZipFile, RuntimeError) as err:
+    except (*_READ_ERRORS, TypeError, OverflowError, MemoryError) as err:
         raise _damaged(saved.path, err, what) from None
     if not isinstance(algorithm.theta, torch.Tensor):
         raise _damaged(saved.path, "theta is not a tensor", what)
