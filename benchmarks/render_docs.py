@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 DATA = ROOT / "docs" / "data"
-DOCS = (ROOT / "docs" / "results.md", BENCH / "README.md")
+DOCS = (ROOT / "docs" / "results.md", BENCH / "README.md", ROOT / "docs" / "reliability.md")
 
 START = re.compile(r"^<!-- generated: (?P<name>[\w.-]+) \(from [^\n]*\) -->$", re.MULTILINE)
 END = "<!-- end generated -->"
@@ -1314,6 +1314,26 @@ def load_speed() -> str:
             f"(the loaded runs chose {', '.join(map(str, used))} thread(s)). **Median loaded / "
             f"idle: {d['ratio_loaded_to_idle']:.2f}x** (target at most "
             f"{d['target_ratio']:g}x).")
+
+
+FUZZ_OUTCOMES = (("valid", "valid"), ("rejected", "rejected cleanly"), ("crashed", "crashed"),
+                 ("hang", "hangs"))
+
+
+@block("fuzz-scenarios", "benchmarks/fuzz_scenarios.json")
+def fuzz_scenarios() -> str:
+    """docs/reliability.md: the recorded fuzz run, one row per kind of input and the total."""
+    d = _json("benchmarks/fuzz_scenarios.json")
+    rows = [[f"`{kind}`", i0(sum(c.values())), *(i0(c.get(key, 0)) for key, _ in FUZZ_OUTCOMES)]
+            for kind, c in d["by_family"].items()]
+    rows.append(["all", i0(d["tried"]), *(i0(d.get(key, 0)) for key, _ in FUZZ_OUTCOMES)])
+    when = f"{d['date'][:10]}, " if "date" in d else ""
+    examples = f"`--examples {d['examples']}`, " if "examples" in d else ""
+    seed = f"seed {d['seed']}, " if "seed" in d else ""
+    return (f"Recorded run ({when}{examples}{seed}`benchmarks/fuzz_scenarios.json`; "
+            f"{d['seconds']:.0f} s on one core; unsafe tags executed: "
+            f"{d['unsafe_tags_executed']}):\n\n"
+            + table(["input kind", "tried", *(name for _, name in FUZZ_OUTCOMES)], rows))
 
 
 @block("sweep-speedup-contended", "benchmarks/sweep_speedup_contended.json")

@@ -488,7 +488,7 @@ def _cmd_link(args) -> int:
         print(json.dumps(result))
         return 0
     method = budget_method(config)
-    how = method if method == "closed form" else f"Monte-Carlo over {MC_SAMPLES} packets"
+    how = method if method != "monte-carlo" else f"Monte-Carlo over {MC_SAMPLES} packets"
     if config.path_loss.is_3gpp:
         state = Cell.median([args.distance], config, los).los[0]
         how += ", LOS" if state else ", NLOS"
