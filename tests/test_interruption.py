@@ -185,7 +185,6 @@ def test_sigkill_at_a_random_round_with_checkpoints_resumes_identically(tmp_path
     run's."""
     import random
 
-
     scenario, ref = reference
     out = tmp_path / "run"
     # killed once B has passed its first checkpoint, a random moment later (B still running)
