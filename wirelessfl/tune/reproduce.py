@@ -31,7 +31,7 @@ KIND = "reproductions"
 class ReproductionFile(BaseModel):
     """The keys of a reproduction file (docs/tuning.md, "Reproductions")."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str | None = None
     title: str = Field(description="one line: what is reproduced")
