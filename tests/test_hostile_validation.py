@@ -76,6 +76,8 @@ REFUSED = {
     "sweep-alias-bomb": (BOMB, "more than 1,000,000 values"),
     "name-outside-runs": (scenario(name="../../x"), "name: '../../x' cannot name a folder"),
     "absolute-name": (scenario(name="/abs/path"), "cannot name a folder"),
+    "sweep-name-outside-sweeps": ("name: ../x\nscenario: quickstart\ngrid: {seed: [1]}\n",
+                                  "name: '../x' cannot name a folder"),
     "nul-in-name": (scenario(name="a\0b"), "control character '\\x00'"),
     "control-in-label": (scenario(algorithms=[{"name": "fedavg", "label": "F\x1b[2JA"}]),
                          "algorithms[0]"),

@@ -65,6 +65,7 @@ def _cmd_run(args) -> int:
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import FINISHED, read_run
     from wirelessfl.results.summary import format_summary, health_lines
+    from wirelessfl.scenario.checks import check_runnable
     from wirelessfl.scenario.loader import load_scenario, scenario_from_document
 
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
@@ -89,6 +90,7 @@ def _cmd_run(args) -> int:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
     threads.configure(args.threads)  # before any numerics, building the world's included
+    check_runnable(scenario, args.checkpoint_every)  # before the data is loaded (warnings: below)
     world = build_world(scenario)
     check_memory(world)  # before anything is printed or written (run_scenario checks it too)
     d = world.evaluator.d

@@ -24,6 +24,15 @@ def name_problem(name: str) -> str | None:
             "e.g. 'power-sweep'")
 
 
+def validated_name(name: str | None) -> str | None:
+    """``name`` unchanged when it can name a folder (None and "" mean: the default, from the
+    file's name); a pydantic field validator's ValueError otherwise."""
+    problem = name and name_problem(name)
+    if problem:
+        raise ValueError(problem)
+    return name
+
+
 def safe_name(text: str, fallback: str = "scenario") -> str:
     """``text`` (a file's stem) turned into a valid name: other characters become '-'."""
     name = re.sub(r"[^A-Za-z0-9._+-]", "-", text).replace("..", "-").lstrip("._+-")[:100]

@@ -28,7 +28,7 @@ from wirelessfl.learning.mco import MCO_DEFAULTS
 from wirelessfl.learning.models import MODEL_NAMES
 from wirelessfl.learning.partition import PARAM_DEFAULTS, SCHEME_PARAMS
 from wirelessfl.learning.problems import QUADRATIC_DEFAULTS
-from wirelessfl.scenario.names import name_problem
+from wirelessfl.scenario.names import validated_name
 
 
 class _Strict(BaseModel):
@@ -458,13 +458,7 @@ class Scenario(_Strict):
     health: HealthConfig = HealthConfig()
     algorithms: list[SerializeAsAny[AlgorithmParams]] = Field(min_length=1)
 
-    @field_validator("name")
-    @classmethod
-    def _safe_name(cls, name: str) -> str:
-        problem = name and name_problem(name)
-        if problem:
-            raise ValueError(problem)
-        return name
+    _safe_name = field_validator("name")(validated_name)  # names the run folder
 
     @model_validator(mode="after")
     def _stop_needs_a_target(self):

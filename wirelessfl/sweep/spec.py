@@ -27,7 +27,7 @@ from wirelessfl.scenario.loader import (
     scenario_from_document,
     set_key,
 )
-from wirelessfl.scenario.names import name_problem, safe_name
+from wirelessfl.scenario.names import safe_name, validated_name
 
 
 class SweepFile(BaseModel):
@@ -55,14 +55,8 @@ class SweepFile(BaseModel):
                              "(a list of {key.path: value})")
         return self
 
-    @field_validator("name")
-    @classmethod
-    def _safe_name(cls, name: str | None) -> str | None:
-        """The name becomes the study's folder: no '/', no '..' (scenario/names.py)."""
-        problem = name is not None and name_problem(name)
-        if problem:
-            raise ValueError(problem)
-        return name
+    # The name becomes the study's folder: no '/', no '..' (scenario/names.py).
+    _safe_name = field_validator("name")(validated_name)
 
 
 def _check_shape(spec: SweepFile, source: str) -> None:

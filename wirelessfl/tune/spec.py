@@ -30,7 +30,7 @@ from wirelessfl.scenario.loader import (
     scenario_from_document,
     set_key,
 )
-from wirelessfl.scenario.names import name_problem, safe_name
+from wirelessfl.scenario.names import safe_name, validated_name
 from wirelessfl.tune.objectives import OBJECTIVES
 
 # A grid this large is almost certainly a mistake (a num: 1000 typo); the error says how to cut it.
@@ -101,14 +101,8 @@ class TuneFile(BaseModel):
         True, description="also evaluate every algorithm at the scenario's own (untuned) "
                           "setting, beside the tuned one")
 
-    @field_validator("name")
-    @classmethod
-    def _safe_name(cls, name: str | None) -> str | None:
-        """The name becomes the study's folder: no '/', no '..' (scenario/names.py)."""
-        problem = name is not None and name_problem(name)
-        if problem:
-            raise ValueError(problem)
-        return name
+    # The name becomes the study's folder: no '/', no '..' (scenario/names.py).
+    _safe_name = field_validator("name")(validated_name)
 
 
 @dataclass(frozen=True)
