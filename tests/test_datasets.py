@@ -192,3 +192,56 @@ def test_synthetic_standardised_and_deterministic():
 def test_config_validation(kwargs, match):
     with pytest.raises(ValidationError, match=match):
         DataConfig(**kwargs)
+
+
+# ---- damaged and hostile files: one clean error naming the file, before large arrays -----------
+def _header(magic: int, *dims: int) -> bytes:
+    return struct.pack(f">{1 + len(dims)}i", magic, *dims)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_idx_labels_above_nine_are_refused(tmp_path, gz):
+    root = make_idx_folder(tmp_path / "fm", gz)
+    bad = labels_for(N_TRAIN).copy()
+    bad[3] = 12
+    write_idx(root / "train-labels-idx1-ubyte", bad, gz)
+    with pytest.raises(UserError, match=r"train-labels-idx1-ubyte.* holds label 12 but "
+                                        r"MNIST-format labels are 0\.\.9"):
+        load_dataset(DataConfig(name="fashionmnist", root=str(root)), seed=0)
+
+
+@pytest.mark.parametrize("dims, fragment", [
+    ((-5, ROWS, COLS), "declares a negative dimension"),
+    ((2**20, 2**10, 2**10), "more than an IDX file this loader accepts"),
+    ((N_TRAIN + 1, ROWS, COLS), "should hold"),  # the header promises more than the file has
+])
+@pytest.mark.parametrize("gz", [False, True])
+def test_idx_headers_are_checked_before_anything_is_read(tmp_path, dims, fragment, gz):
+    from wirelessfl.learning.datasets import data_facts
+
+    root = make_idx_folder(tmp_path / "fm", gz)
+    body = images_for(labels_for(N_TRAIN)).astype(np.uint8).tobytes()
+    raw = _header(2051, *dims) + body
+    name = "train-images-idx3-ubyte" + (".gz" if gz else "")
+    (root / name).write_bytes(gzip.compress(raw) if gz else raw)
+    config = DataConfig(name="fashionmnist", root=str(root))
+    with pytest.raises(UserError, match=fragment):
+        data_facts(config)  # what validate and the start of a run check
+    with pytest.raises(UserError, match=fragment):
+        load_dataset(config, seed=0)
+
+
+def test_data_facts_match_the_loaded_set(tmp_path):
+    """The shape and counts validate reasons with are those loading gives (independent truth:
+    the arrays written and sklearn's digits)."""
+    from wirelessfl.learning.datasets import data_facts
+
+    root = make_idx_folder(tmp_path / "fm", gz=True)
+    for config in (DataConfig(name="fashionmnist", root=str(root)), DataConfig(name="digits"),
+                   DataConfig(name="breast_cancer", test_fraction=0.3),
+                   DataConfig(name="digits28", max_train_samples=100),
+                   DataConfig(name="synthetic", synthetic={"num_samples": 99})):
+        facts, ds = data_facts(config), load_dataset(config, seed=0)
+        assert facts.input_shape == ds.input_shape
+        assert facts.labels == ds.num_classes
+        assert facts.train_samples == len(ds.y_train)

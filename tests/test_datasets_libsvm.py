@@ -112,16 +112,17 @@ def test_a_missing_file_says_what_to_put_where(tmp_path):
         load_dataset(DataConfig(name="libsvm", file="a9a"), seed=0)
 
 
-@pytest.mark.parametrize("bad, line", [("-1 2:x 3:1", "-1 2:x 3:1"), ("+1 3:1 2:1", "+1 3:1 2:1"),
-                                       ("abc 1:1", "abc 1:1"), ("+1 4", "+1 4")])
-def test_a_malformed_file_names_the_file_and_the_line(tmp_path, bad, line):
+@pytest.mark.parametrize("bad", ["-1 2:x 3:1", "+1 3:1 2:1", "abc 1:1", "+1 4",
+                                 "+1 1:1 2147483648:1", "+1 4294967297:1"])
+def test_a_malformed_file_names_the_file_and_the_line(tmp_path, bad):
     good = ["+1 1:0.5 3:1", "-1 2:1", "+1 1:2 # a comment"]
     (tmp_path / "broken").write_text("\n".join(good + [bad, "-1 1:1"]) + "\n")
     with pytest.raises(UserError) as err:
         load_dataset(DataConfig(name="libsvm", root=str(tmp_path), file="broken"), seed=0)
     message = str(err.value)
-    assert f"{tmp_path / 'broken'}, line 4: {line!r} is not valid LIBSVM format" in message
+    assert f"{tmp_path / 'broken'}, line 4 is not valid LIBSVM format" in message
     assert "\n" not in message
+    assert bad not in message  # data.root may name any file: its lines are never quoted
 
 
 def test_an_empty_file_and_a_single_label_are_refused(tmp_path):
@@ -166,3 +167,27 @@ def test_breast_cancer_is_split_stratified_and_standardised_with_training_statis
         slope, intercept = np.polyfit(values, both, 1)
         np.testing.assert_allclose(slope * values + intercept, both, atol=1e-4)
         assert not np.isclose(ds.x_test[:, k].mean(), 0.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2"])
+def test_a_compression_bomb_is_refused_before_it_is_expanded(tmp_path, suffix):
+    """200 MB of valid lines packed into a few hundred KB: refused after reading the allowed
+    expansion (LIBSVM_MAX_EXPANSION x its size), without decompressing the rest."""
+    import bz2
+    import gzip
+    import time
+    import zlib
+
+    from wirelessfl.learning.datasets import LIBSVM_MAX_EXPANSION
+
+    chunk = b"1 1:1\n" * (2**20 // 6)  # 1 MiB of valid lines, packed 200 times
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31) if suffix == ".gz" else bz2.BZ2Compressor(9)
+    path = tmp_path / f"bomb{suffix}"
+    path.write_bytes(b"".join(packer.compress(chunk) for _ in range(200)) + packer.flush())
+    opener = gzip.open if suffix == ".gz" else bz2.open
+    assert opener(path).read(len(chunk)) == chunk
+    assert path.stat().st_size * LIBSVM_MAX_EXPANSION + 2**20 < 200 * 2**20
+    start = time.perf_counter()
+    with pytest.raises(UserError, match=r"bomb.* holds more than .* bytes once decompressed"):
+        load_dataset(DataConfig(name="libsvm", root=str(tmp_path), file="bomb"), seed=0)
+    assert time.perf_counter() - start < 10

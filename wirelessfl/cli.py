@@ -65,6 +65,7 @@ def _cmd_run(args) -> int:
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import FINISHED, read_run
     from wirelessfl.results.summary import format_summary, health_lines
+    from wirelessfl.scenario.checks import check_runnable
     from wirelessfl.scenario.loader import load_scenario, scenario_from_document
 
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
@@ -89,6 +90,7 @@ def _cmd_run(args) -> int:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
     threads.configure(args.threads)  # before any numerics, building the world's included
+    check_runnable(scenario, args.checkpoint_every)  # before the data is loaded (warnings: below)
     world = build_world(scenario)
     check_memory(world)  # before anything is printed or written (run_scenario checks it too)
     d = world.evaluator.d
@@ -252,7 +254,11 @@ def _cmd_crossover(args) -> int:
     return 0
 
 def _cmd_validate(args) -> int:
+    """Everything ``run`` (or ``sweep``, ``tune``) checks before it starts, with nothing run:
+    the file, then every run's scenario through scenario/checks.py; plausibility warnings as
+    ``warning:`` lines on stderr."""
     from wirelessfl.scenario import catalog
+    from wirelessfl.scenario.checks import check_runnable
     from wirelessfl.scenario.loader import is_sweep_document, is_tune_document, load_scenario
 
     path = catalog.find("scenarios", args.scenario, "scenario")
@@ -264,14 +270,18 @@ def _cmd_validate(args) -> int:
         if args.set:
             raise UserError(f"--set: {args.scenario} is a tune file; put overrides in its 'set'")
         tune = load_tune(args.scenario)
-        runs = len(tuning_plan(tune))  # builds and checks every configuration's scenario
+        plan = tuning_plan(tune)  # builds and checks every configuration's scenario
         any_choice = {label: grid[0].values for label, grid in tune.grids.items()}
-        evaluations = len(evaluation_plan(tune, any_choice))
+        evaluations = evaluation_plan(tune, any_choice)
+        _check_runs([(f"search {values}", scenario) for values, scenario, *_ in plan]
+                    + [(f"evaluation of {setting['algorithm']}", scenario)
+                       for _, scenario, _, setting in evaluations], tune.path)
         print(f"{args.scenario}: valid tune file over '{tune.spec.scenario}' (objective "
-              f"{tune.spec.objective}; {runs} tuning runs: "
+              f"{tune.spec.objective}; {len(plan)} tuning runs: "
               + ", ".join(f"{label} {len(grid)} configurations" for label, grid in
                           tune.grids.items())
-              + f", x {len(tune.spec.tuning_seeds)} seeds; then {evaluations} evaluation runs)")
+              + f", x {len(tune.spec.tuning_seeds)} seeds; then {len(evaluations)} evaluation "
+                "runs)")
         return 0
     if is_sweep_document(doc):
         from wirelessfl.sweep.spec import load_sweep
@@ -279,11 +289,18 @@ def _cmd_validate(args) -> int:
         if args.set:
             raise UserError(f"--set: {args.scenario} is a sweep file; put overrides in its 'set'")
         sweep = load_sweep(args.scenario)
+        _check_runs([(f"point {p.run_id}", p.scenario) for p in sweep.points], sweep.path)
         print(f"{args.scenario}: valid sweep over '{sweep.spec.scenario}' ({len(sweep.points)} "
               f"runs: {len(sweep.points) // len(sweep.spec.seeds)} points x "
               f"{len(sweep.spec.seeds)} seeds; keys: {', '.join(sweep.keys)})")
         return 0
     scenario = load_scenario(args.scenario, args.set or [])
+    try:
+        warnings = check_runnable(scenario)
+    except UserError as err:
+        raise UserError(f"{path}: {err}") from None
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
     names = ", ".join(p.display_name for p in scenario.algorithms)
     classes = scenario.population.classes
     energy = (f"energy '{scenario.energy.name}'" if classes is None else "device classes "
@@ -291,6 +308,29 @@ def _cmd_validate(args) -> int:
     print(f"{args.scenario}: valid ({scenario.population.num_devices} devices, channel "
           f"'{scenario.channel.name}', {energy}, algorithms: {names})")
     return 0
+
+
+def _check_runs(runs: list[tuple[str, dict]], source: Path) -> None:
+    """``check_runnable`` on every run's resolved scenario of a sweep or tune file (once per
+    distinct scenario, seeds aside); an error names the run, warnings are printed once."""
+    from wirelessfl.scenario.checks import check_runnable
+    from wirelessfl.scenario.loader import scenario_from_document
+
+    seen, warned = set(), set()
+    for where, document in runs:
+        key = json.dumps({k: v for k, v in document.items() if k != "seed"}, sort_keys=True,
+                         default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            lines = check_runnable(scenario_from_document(document, str(source)))
+        except UserError as err:
+            raise UserError(f"{source}: {where}: {err}") from None
+        for line in lines:
+            if line not in warned:
+                warned.add(line)
+                print(f"warning: {line}", file=sys.stderr)
 
 
 def _cmd_report(args) -> int:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 class AlgorithmParams(BaseModel):
     """Parameters every algorithm has; subclasses add their own (unknown keys are rejected)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
     label: str | None = Field(None, description="name shown in tables and plots (default: name)")

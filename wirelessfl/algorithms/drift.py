@@ -80,13 +80,22 @@ def theory_value(algorithm: Algorithm, param: str, rule: str, *keys: str) -> dic
     """The problem's constants needed by a parameter's default rule, or a UserError telling the
     user to set the parameter (neural networks know no L or delta)."""
     constants = algorithm.ctx.evaluator.constants or {}
-    missing = [k for k in keys if k not in constants]
-    if missing:
-        raise UserError(
-            f"algorithms '{algorithm.params.display_name}': {param} defaults to {rule}, but this "
-            f"problem does not know {', '.join(missing)} (only the quadratic and logistic "
-            f"problems do); set {param} explicitly")
+    check_theory(algorithm.params, [(param, rule, keys)], set(constants))
     return constants
+
+
+def check_theory(params: AlgorithmParams, needs: list[tuple[str, str, tuple[str, ...]]],
+                 known: set[str]) -> None:
+    """Refuse the first (parameter, rule, constants) of ``needs`` whose constants the problem
+    does not know (``known``); what ``theory_value`` checks at setup and what ``wirelessfl
+    validate`` checks from the scenario (``DriftCorrected.theory_needs``)."""
+    for param, rule, keys in needs:
+        missing = [k for k in keys if k not in known]
+        if missing:
+            raise UserError(
+                f"algorithms '{params.display_name}': {param} defaults to {rule}, but this "
+                f"problem does not know {', '.join(missing)} (only the quadratic and logistic "
+                f"problems do); set {param} explicitly")
 
 
 def similarity(algorithm: Algorithm, param: str, rule: str) -> float:
@@ -110,6 +119,13 @@ class DriftCorrected(Algorithm):
     Params = DriftParams
     # Upload phases of a round in which packets arrive (the conformance suite reads it).
     uploads_per_round = 2
+
+    @classmethod
+    def theory_needs(cls, params: DriftParams) -> list[tuple[str, str, tuple[str, ...]]]:
+        """(parameter, rule, problem constants) of each parameter left to its theory default
+        by ``params``: what ``setup`` will read from the problem (``theory_value``), so that a
+        scenario can be checked before anything is built (scenario/checks.py)."""
+        return []
     # Peak [N, d] arrays: gradients at the anchor, h_i, local iterates, the local gradient and
     # the step's temporaries (FedRed and Scaffnew also keep x_i and h_i between rounds).
     peak_device_arrays = 7
@@ -231,6 +247,10 @@ class SingleExchange(DriftCorrected):
     def resync_payload(self, missed: int) -> Payload:
         return Payload.vectors(self.theta.numel(), 32, label="resync model")
 
+    @classmethod
+    def theory_needs(cls, params) -> list[tuple[str, str, tuple[str, ...]]]:
+        return [("lr", "1/L", ("L",))] if params.lr is None else []
+
     def inverse_l_step(self) -> float:
         """``lr`` as given, else 1/L (fedred.md Sec. 2.6 [D], ProxSkip theory)."""
         if self.params.lr is not None:
@@ -311,6 +331,11 @@ class DanePlus(DriftCorrected):
     # inexact local solver under Thm 4's relative rule, needs lambda = 2 delta_A; DANE overrides.
     lam_factor: ClassVar[float] = 2.0
     lam_rule: ClassVar[str] = "2 delta_A (Cor. 5)"
+
+    @classmethod
+    def theory_needs(cls, params) -> list[tuple[str, str, tuple[str, ...]]]:
+        needs = [("lam", cls.lam_rule, ("delta_A",))] if params.lam is None else []
+        return needs + ([("lr", "1/(L + lambda)", ("L",))] if params.lr is None else [])
 
     def setup(self) -> None:
         p = self.params
@@ -423,6 +448,10 @@ class ScaffoldCv(DanePlus):
     summary = "Scaffold with the exact control variate (gradient all-reduce each round)"
     resolved_attributes = ("lr",)
 
+    @classmethod
+    def theory_needs(cls, params) -> list[tuple[str, str, tuple[str, ...]]]:
+        return [("lr", "1/L", ("L",))] if params.lr is None else []
+
     def setup(self) -> None:
         self.lam, self.mu = 0.0, 0.0
         self.lr = self.params.lr
@@ -455,6 +484,14 @@ class FedRedParams(DriftParams):
     def _one_step_rule(self):
         if self.lr is not None and self.eta is not None:
             raise ValueError("set either eta or lr (lr = 1/(eta + lambda)), not both")
+        if self.lr is not None and self.lam is None:
+            raise ValueError("with lr set, also set lam (eta = 1/lr - lam)")
+        if self.lr is not None and self.lr * self.lam > 1:
+            raise ValueError(f"lr * lam must be at most 1 (got {self.lr * self.lam:g}): eta = "
+                             "1/lr - lam would be negative; lower lr or lam")
+        if self.eta == 0 and self.lam == 0:
+            raise ValueError("eta + lam must be positive (the local step is 1/(eta + lam)); "
+                             "raise eta or lam")
         if self.solver == "exact" and not self.full_batch:
             raise ValueError("solver: exact needs exact gradients (full_batch: true)")
         return self
@@ -476,20 +513,28 @@ class FedRed(DriftCorrected):
         """The gradient all-reduce at x^0 that sets h_{i,0} (A19), before the first step."""
         return Payload.vectors(d, bits), Payload.vectors(d, bits)
 
+    @classmethod
+    def theory_needs(cls, params) -> list[tuple[str, str, tuple[str, ...]]]:
+        theorem = "Thm 7" if params.solver == "exact" else "Thm 9"
+        needs = []
+        if params.lr is None and params.eta is None:
+            needs.append(("eta", "L", ("L",)))
+        if params.lr is None and params.lam is None and params.p is None:
+            needs.append(("lam", f"delta_A ({theorem})", ("delta_A",)))
+        if params.p is None:
+            needs.append(("p", f"the convex theory's rule ({theorem})", ("mu",)))
+        if params.solver == "exact":
+            needs.append(("solver: exact", "1/(L + eta + lambda)", ("L",)))
+        return needs
+
     def setup(self) -> None:
         """eta, lambda, p from the parameters, or from the convex theory (fedred.md Sec. 2.3 -
         2.5): eta = L (A8), lambda = delta_A, p = Thm 9's (Thm 7's with ``solver: exact``) for
         that eta and lambda. lambda and p are tied (lambda ~ p eta), so a given p sets lambda by
         the practical rule lambda = p eta (end of Sec. 5) and a given lambda sets p."""
         p = self.params
-        if p.lr is not None:
-            if p.lam is None:
-                raise UserError(f"algorithms '{p.display_name}': with lr set, also set lam "
-                                "(eta = 1/lr - lam)")
+        if p.lr is not None:  # with lam, and lr * lam <= 1 (FedRedParams)
             self.lam, self.eta = p.lam, 1.0 / p.lr - p.lam
-            if self.eta < 0:
-                raise UserError(f"algorithms '{p.display_name}': lr * lam must be below 1 "
-                                f"(got {p.lr * p.lam:g}); lower lr or lam")
         else:
             self.eta = p.eta
             if self.eta is None:
@@ -591,6 +636,11 @@ class Scaffnew(SingleExchange):
     Params = ScaffnewParams
     summary = "local steps with control variates, communication with probability p; one d-vector each way"
     resolved_attributes = ("lr", "p")
+
+    @classmethod
+    def theory_needs(cls, params) -> list[tuple[str, str, tuple[str, ...]]]:
+        needs = super().theory_needs(params)
+        return needs + ([("p", "sqrt(mu / L)", ("L", "mu"))] if params.p is None else [])
 
     def setup(self) -> None:
         p = self.params

@@ -46,7 +46,7 @@ def _check_tx_power(value: float, link: str) -> float:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ArqConfig(_Strict):

@@ -42,7 +42,7 @@ _ONLY = {  # field -> (models, correlations) that read it; None = any
 class FadingConfig(BaseModel):
     """Which fading distribution, and how it evolves in simulated time."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: Literal["rayleigh", "rician", "nakagami", "none"] = Field(
         "rayleigh", description="distribution of |h|^2 (unit mean)")

@@ -33,7 +33,7 @@ TARGET_BLER = 0.1  # the thresholds' operating point (TS 38.214 Sec. 5.2.2.1: CQ
 class McsConfig(BaseModel):
     """Link adaptation from the mean SNR and the block-error curve of each CQI."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     backoff_db: float = Field(
         0.0, description="[D] margin subtracted from the mean SNR before choosing the CQI [dB]; "

@@ -63,7 +63,7 @@ _ONLY = {  # field -> the models that read it
 class PathLossConfig(BaseModel):
     """Which path-loss model, and its parameters (each read only by the models that use it)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: Literal["log-distance-km", "free-space", "log-distance",
                    "3gpp-uma", "3gpp-umi", "3gpp-inh"] = Field(

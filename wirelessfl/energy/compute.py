@@ -53,6 +53,12 @@ _MODELS = {
 }
 
 
+def check_bits(energy: EnergyProfile, bits: int) -> None:
+    """Refuse a bit width M that ``energy``'s compute model cannot price (UserError); checked
+    when a run prices its passes and, before it starts, by scenario/checks.py."""
+    _MODELS[energy.model][0](energy, bits)
+
+
 class PassCosts:
     """What the engine reads: energy and time of one forward or backward pass over a batch, as a
     float (one device model) or an [N] array (a population); subclasses give ``_costs``."""
@@ -107,7 +113,7 @@ class ComputeModel(PassCosts):
     """Prices passes of a profiled model on an ``EnergyProfile`` device at ``bits`` precision."""
 
     def __init__(self, energy: EnergyProfile, model: ModelProfile, bits: int):
-        check_bits, self._price = _MODELS[energy.model]
+        self._price = _MODELS[energy.model][1]
         check_bits(energy, bits)
         self.energy = energy
         self.model = model

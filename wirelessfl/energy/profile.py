@@ -46,7 +46,7 @@ class EnergyProfile(BaseModel):
     """Hardware figures shared by every compute model: what the radio, the idle device and the
     battery cost or hold [W, J]. Instantiating it builds the subclass named by ``model``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = ""
     description: str = ""

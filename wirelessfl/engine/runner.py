@@ -22,6 +22,7 @@ from wirelessfl.engine.threads import ensure as ensure_threads
 from wirelessfl.results.health import manifest_entry
 from wirelessfl.results.records import RunWriter, read_run, write_csv
 from wirelessfl.results.summary import summarize
+from wirelessfl.scenario.checks import check_runnable
 from wirelessfl.scenario.loader import resolved_document
 from wirelessfl.scenario.schema import Scenario
 
@@ -72,6 +73,7 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
     mark the run ``interrupted`` and re-raise KeyboardInterrupt. ``threads``: host threads
     (engine/threads.py; default: the CPUs available), recorded in the manifest; the results do
     not depend on it."""
+    check_runnable(scenario, checkpoint_every, warn)  # before anything is built or written
     setting = ensure_threads(threads)
     world = world or build_world(scenario)
     check_memory(world)

@@ -40,7 +40,7 @@ BUILTIN_CLASSES = {"digits": 10, "digits28": 10, "mnist": 10, "fashionmnist": 10
 class SyntheticConfig(BaseModel):
     """sklearn ``make_classification`` settings (features standardised after generation)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     num_samples: int = Field(2000, ge=8, description="samples before the train/test split")
     num_features: int = Field(20, ge=2, description="input dimension")
@@ -68,7 +68,7 @@ class SyntheticConfig(BaseModel):
 class DataConfig(BaseModel):
     """Which dataset, which labels, how much of it (scenario key ``data``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: Literal["digits", "digits28", "synthetic", "mnist", "fashionmnist", "breast_cancer",
                   "libsvm"] = Field(
@@ -258,9 +258,56 @@ def _subsample(x, y, limit: int | None, seed: int, part: str):
 
 # --- IDX files (MNIST format: http://yann.lecun.com/exdb/mnist/, "FILE FORMATS") -------------
 
+# Largest IDX file accepted, as its header declares it (uncompressed): MNIST's training images
+# are 47 MB; a header declaring more is a damaged or hostile file, refused before any read [D].
+IDX_MAX_BYTES = 2**31
+IDX_CLASSES = 10  # MNIST and FashionMNIST label 0..9
 
-def read_idx_dataset(root: str | None, name: str):
-    """(x_train, y_train, x_test, y_test) from the four IDX files in ``root``, pixels / 255."""
+
+# Samples of the built-in sets (scikit-learn's load_digits: 1797; load_breast_cancer: 569).
+BUILTIN_SAMPLES = {"digits": 1797, "digits28": 1797, "breast_cancer": 569}
+BUILTIN_SHAPES = {"digits": (64,), "digits28": (1, 28, 28), "breast_cancer": (30,)}
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What a dataset will be, known before it is loaded (None where only loading tells):
+    the per-sample input shape, the labels of the raw set, and the training samples left after
+    the test split and ``max_train_samples`` (before a label selection)."""
+
+    input_shape: tuple[int, ...] | None
+    labels: int | None
+    train_samples: int | None
+
+
+def data_facts(config: DataConfig) -> DataFacts:
+    """``DataFacts`` of ``config``, checked against the disk without reading the data: the folder
+    and files exist, and IDX headers are sane (magic number, dimensions, sizes that match the
+    files and each other). ``wirelessfl validate`` and the start of a run call it
+    (scenario/checks.py), so that a missing folder is refused before anything is created."""
+    if config.name == "libsvm":
+        libsvm_paths(config.root, config.file, config.test_file)
+        return DataFacts(None, None, None)
+    if config.name in _IDX_TITLES:
+        dims = _idx_shapes(idx_paths(config.root, config.name), config.name)
+        shape, train = (1, *dims["train-images-idx3-ubyte"][1:]), dims["train-labels-idx1-ubyte"][0]
+        return DataFacts(shape, IDX_CLASSES, _at_most(train, config.max_train_samples))
+    if config.name == "synthetic":
+        syn = config.synthetic
+        shape, labels, total = (syn.num_features,), syn.num_classes, syn.num_samples
+    else:
+        shape, labels, total = (BUILTIN_SHAPES[config.name], BUILTIN_CLASSES[config.name],
+                                BUILTIN_SAMPLES[config.name])
+    train = total - math.ceil(config.test_fraction * total)  # sklearn's train_test_split
+    return DataFacts(shape, labels, _at_most(train, config.max_train_samples))
+
+
+def _at_most(count: int, limit: int | None) -> int:
+    return count if limit is None else min(count, limit)
+
+
+def idx_paths(root: str | None, name: str) -> dict[str, Path]:
+    """The four IDX files of dataset ``name`` in ``root`` (plain or .gz), or one clean error."""
     title = _IDX_TITLES.get(name, name)
     wanted = ", ".join(f"{f}.gz" for f in IDX_FILES)
     if root is None:
@@ -275,18 +322,36 @@ def read_idx_dataset(root: str | None, name: str):
     if missing:
         raise UserError(f"data.root folder {folder} lacks {', '.join(missing)} (plain or .gz): put "
                         f"the four {title} IDX files ({wanted}) in {folder}, or set data.root")
+    return paths
+
+
+def _idx_shapes(paths: dict[str, Path], name: str) -> dict[str, list[int]]:
+    """The dimensions each IDX header declares, checked against each other: as many labels as
+    images per split, train and test images of one size."""
+    dims = {f: idx_header(p, IDX_LABELS_MAGIC if "labels" in f else IDX_IMAGES_MAGIC)[0]
+            for f, p in paths.items()}
+    for split in ("train", "t10k"):
+        images, labels = f"{split}-images-idx3-ubyte", f"{split}-labels-idx1-ubyte"
+        if dims[images][0] != dims[labels][0]:
+            raise UserError(f"{paths[images]} has {dims[images][0]} images but {paths[labels]} "
+                            f"has {dims[labels][0]} labels; replace them with a matching pair")
+    train, test = dims["train-images-idx3-ubyte"][1:], dims["t10k-images-idx3-ubyte"][1:]
+    if train != test:
+        raise UserError(f"{_IDX_TITLES.get(name, name)} train images are {tuple(train)} pixels but "
+                        f"test images are {tuple(test)}; in {paths['train-images-idx3-ubyte'].parent}"
+                        ", use files from the same dataset")
+    return dims
+
+
+def read_idx_dataset(root: str | None, name: str):
+    """(x_train, y_train, x_test, y_test) from the four IDX files in ``root``, pixels / 255."""
+    paths = idx_paths(root, name)
+    _idx_shapes(paths, name)
     arrays = []
     for split in ("train", "t10k"):
         images = read_idx(paths[f"{split}-images-idx3-ubyte"], IDX_IMAGES_MAGIC)
         labels = read_idx(paths[f"{split}-labels-idx1-ubyte"], IDX_LABELS_MAGIC)
-        if len(images) != len(labels):
-            raise UserError(f"{paths[f'{split}-images-idx3-ubyte']} has {len(images)} images but "
-                            f"{paths[f'{split}-labels-idx1-ubyte']} has {len(labels)} labels; "
-                            "replace them with a matching pair")
         arrays += [images[:, None].astype(np.float32) / 255.0, labels.astype(np.int64)]
-    if arrays[0].shape[1:] != arrays[2].shape[1:]:
-        raise UserError(f"{title} train images are {arrays[0].shape[2:]} pixels but test images are "
-                        f"{arrays[2].shape[2:]}; in {folder}, use files from the same dataset")
     return tuple(arrays)
 
 
@@ -297,43 +362,107 @@ def _find(folder: Path, base: str) -> Path | None:
     return None
 
 
-def read_idx(path: Path, magic: int) -> np.ndarray:
-    """A uint8 IDX array: images [n, rows, cols] (magic 2051) or labels [n] (magic 2049)."""
+def _open(path: Path):
+    """The file's bytes as a stream, decompressed for .gz and .bz2."""
+    import bz2
+
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")
+    if path.suffix == ".bz2":
+        return bz2.open(path, "rb")
+    return path.open("rb")
+
+
+def read_limited(path: Path, limit: int, what: str) -> bytes:
+    """At most ``limit`` bytes of ``path`` (decompressed); a file that holds more is refused after
+    reading limit + 1 bytes, so a small compressed file that expands to gigabytes (a "gzip
+    bomb") costs no more than the limit. Unreadable files give one clean error naming the file."""
+    try:
+        with _open(path) as stream:
+            raw = stream.read(limit + 1)
+    except (OSError, EOFError, ValueError, zlib.error) as exc:
+        raise UserError(f"{path} cannot be read ({type(exc).__name__}: {exc}); replace it with "
+                        f"the original {what}") from None
+    if len(raw) > limit:
+        raise UserError(f"{path} holds more than {limit:,} bytes once decompressed, more than "
+                        f"{what} should; replace it with the original file")
+    return raw
+
+
+def idx_header(path: Path, magic: int) -> tuple[list[int], int]:
+    """(dimensions, header bytes) of an IDX file, checked: the magic number, non-negative
+    dimensions, a declared size within IDX_MAX_BYTES, and (for a plain file) the file's size;
+    for a .gz file the size its trailer records (mod 2^32)."""
     ndim = 3 if magic == IDX_IMAGES_MAGIC else 1
     kind = "image" if ndim == 3 else "label"
-    try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError, zlib.error) as exc:
-        raise UserError(f"{path} cannot be read ({exc}); replace it with the original IDX file") \
-            from exc
     header = 4 + 4 * ndim
+    raw = _read_head(path, header, f"IDX {kind} file")
     if len(raw) < header:
         raise UserError(f"{path} is too short for an IDX {kind} file ({len(raw)} bytes); "
                         "replace it with the original file")
-    found, *dims = struct.unpack(f">{1 + ndim}i", raw[:header])
+    found, *dims = struct.unpack(f">{1 + ndim}i", raw)
     if found != magic:
         raise UserError(f"{path} is not an IDX {kind} file (magic number {found}, expected {magic}); "
                         "replace it with the original file")
-    if len(raw) != header + math.prod(dims):
-        raise UserError(f"{path} should hold {header + math.prod(dims)} bytes for shape {dims} but "
-                        f"holds {len(raw)} (truncated or corrupt); replace it with the original file")
-    return np.frombuffer(raw, np.uint8, offset=header).reshape(dims)
+    if min(dims) < 0:
+        raise UserError(f"{path} declares a negative dimension {dims} (corrupt header); replace "
+                        "it with the original file")
+    total = header + math.prod(dims)
+    if total > IDX_MAX_BYTES:
+        raise UserError(f"{path} declares shape {dims}: {total:,} bytes, more than an IDX file "
+                        f"this loader accepts ({IDX_MAX_BYTES:,}); replace it with the original")
+    if path.suffix == ".gz":  # the trailer's ISIZE: the uncompressed size mod 2^32
+        with path.open("rb") as f:
+            f.seek(-4, 2)
+            actual, expected = struct.unpack("<I", f.read(4))[0], total % 2**32
+    else:
+        actual, expected = path.stat().st_size, total
+    if actual != expected:
+        raise UserError(f"{path} should hold {total} bytes for shape {dims} but holds {actual} "
+                        "(truncated or corrupt); replace it with the original file")
+    return dims, header
+
+
+def _read_head(path: Path, size: int, what: str) -> bytes:
+    """The first ``size`` bytes of ``path`` (decompressed)."""
+    try:
+        with _open(path) as stream:
+            return stream.read(size)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise UserError(f"{path} cannot be read ({type(exc).__name__}: {exc}); replace it with "
+                        f"the original {what}") from None
+
+
+def read_idx(path: Path, magic: int) -> np.ndarray:
+    """A uint8 IDX array: images [n, rows, cols] (magic 2051) or labels [n] (magic 2049), read
+    no further than the header declares; labels must lie in 0..9."""
+    dims, header = idx_header(path, magic)
+    kind = "image" if magic == IDX_IMAGES_MAGIC else "label"
+    total = header + math.prod(dims)
+    raw = read_limited(path, total, f"IDX {kind} file for shape {dims}")
+    if len(raw) != total:
+        raise UserError(f"{path} should hold {total} bytes for shape {dims} but holds {len(raw)} "
+                        "(truncated or corrupt); replace it with the original file")
+    array = np.frombuffer(raw, np.uint8, offset=header).reshape(dims)
+    if magic == IDX_LABELS_MAGIC and array.size and int(array.max()) >= IDX_CLASSES:
+        raise UserError(f"{path} holds label {int(array.max())} but MNIST-format labels are "
+                        f"0..{IDX_CLASSES - 1}; replace it with the original file")
+    return array
 
 
 # --- LIBSVM files (https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/) ------------------
 
+# A compressed LIBSVM file may expand to at most this many times its size (text numbers
+# compress 3-20x; a 1.5 MB gzip bomb expands 1000x) [D], and a LIBSVM file to at most this many
+# bytes of text [D].
+LIBSVM_MAX_EXPANSION = 100
+LIBSVM_MAX_TEXT_BYTES = 8 * 2**30
+# Feature indices are C ints in sklearn's parser.
+LIBSVM_MAX_INDEX = 2**31 - 2
 
-def read_libsvm_dataset(root: str | None, file: str, test_file: str | None = None):
-    """(x_train, y_train, x_test, y_test, num_classes) from LIBSVM files in ``root``; x_test and
-    y_test are None without ``test_file``.
 
-    Both files are read together (sklearn ``load_svmlight_files``), so they share the number of
-    features (the larger of the two) and the zero- or one-based indexing. Inputs come back dense
-    float32; labels are mapped to 0..C-1 in the sorted order of the distinct values of both
-    files, so {-1, +1}, {0, 1} and {1, 2} all become {0, 1}.
-    """
-    from sklearn.datasets import load_svmlight_files
-
+def libsvm_paths(root: str | None, file: str, test_file: str | None = None) -> list[Path]:
+    """The LIBSVM file(s) in ``root`` (plain, .gz or .bz2), or one clean error."""
     names = [file] if test_file is None else [file, test_file]
     where = f"put the LIBSVM file(s) {', '.join(map(repr, names))} ({LIBSVM_URL})"
     if root is None:
@@ -351,13 +480,42 @@ def read_libsvm_dataset(root: str | None, file: str, test_file: str | None = Non
                             f"put the LIBSVM file {name!r} ({LIBSVM_URL}) in {folder}, or set "
                             f"data.{key}")
         paths.append(path)
+    return paths
+
+
+def _libsvm_text(path: Path) -> bytes:
+    """The file's text, decompressed within LIBSVM_MAX_EXPANSION times its size."""
+    size = path.stat().st_size
+    limit = LIBSVM_MAX_TEXT_BYTES
+    if path.suffix in (".gz", ".bz2"):
+        limit = min(limit, LIBSVM_MAX_EXPANSION * size + 2**20)
+    return read_limited(path, limit, "LIBSVM file")
+
+
+def read_libsvm_dataset(root: str | None, file: str, test_file: str | None = None):
+    """(x_train, y_train, x_test, y_test, num_classes) from LIBSVM files in ``root``; x_test and
+    y_test are None without ``test_file``.
+
+    Both files are read together (sklearn ``load_svmlight_files``), so they share the number of
+    features (the larger of the two) and the zero- or one-based indexing. Inputs come back dense
+    float32; labels are mapped to 0..C-1 in the sorted order of the distinct values of both
+    files, so {-1, +1}, {0, 1} and {1, 2} all become {0, 1}.
+    """
+    import io
+
+    from sklearn.datasets import load_svmlight_files
+
+    paths = libsvm_paths(root, file, test_file)
+    texts = [_libsvm_text(p) for p in paths]
     try:
-        arrays = load_svmlight_files([str(p) for p in paths], dtype=np.float64)
-    except (ValueError, OSError, EOFError, zlib.error) as exc:
-        path, line = _first_bad_libsvm_line(paths)
-        at = f"{path}, line {line[0]}: {line[1]!r}" if line else f"{path}"
-        raise UserError(f"{at} is not valid LIBSVM format ({exc}); each line must read "
-                        "'<label> <index>:<value> ...' with increasing indices") from exc
+        arrays = load_svmlight_files([io.BytesIO(t) for t in texts], dtype=np.float64)
+    except (ValueError, OSError, EOFError, OverflowError, zlib.error) as exc:
+        path, line = _first_bad_libsvm_line(paths, texts)
+        at = f"{path}, line {line}" if line else f"{path}"
+        # The line's text is not quoted: data.root may name any file on the machine.
+        raise UserError(f"{at} is not valid LIBSVM format ({type(exc).__name__}); each line must "
+                        "read '<label> <index>:<value> ...' with increasing indices below "
+                        f"{LIBSVM_MAX_INDEX + 1:,}") from None
     xs, ys = arrays[0::2], arrays[1::2]
     rows, features = sum(x.shape[0] for x in xs), xs[0].shape[1]
     if rows * features * 4 > LIBSVM_MAX_DENSE_BYTES:
@@ -387,25 +545,15 @@ def _find_any(folder: Path, base: str, suffixes: tuple[str, ...]) -> Path | None
     return None
 
 
-def _first_bad_libsvm_line(paths: list[Path]) -> tuple[Path, tuple[int, str] | None]:
-    """(file, (line number, text)) of the first line that is not '<label> [qid:<int>]
-    <index>:<value> ...' with increasing indices; (first file, None) when none is found."""
-    import bz2
-
-    for path in paths:
-        try:
-            if path.suffix == ".gz":
-                text = gzip.decompress(path.read_bytes())
-            elif path.suffix == ".bz2":
-                text = bz2.decompress(path.read_bytes())
-            else:
-                text = path.read_bytes()
-        except (OSError, EOFError, ValueError, zlib.error):
-            return path, None
+def _first_bad_libsvm_line(paths: list[Path], texts: list[bytes]) -> tuple[Path, int | None]:
+    """(file, line number) of the first line that is not '<label> [qid:<int>] <index>:<value>
+    ...' with increasing indices below LIBSVM_MAX_INDEX; (first file, None) when none is
+    found."""
+    for path, text in zip(paths, texts):
         for number, raw in enumerate(text.decode("utf-8", "replace").splitlines(), start=1):
             line = raw.split("#", 1)[0].strip()
             if line and not _libsvm_line_ok(line):
-                return path, (number, raw[:80])
+                return path, number
     return paths[0], None
 
 
@@ -423,7 +571,7 @@ def _libsvm_line_ok(line: str) -> bool:
                 continue
             index_value = int(index)
             float(value)
-            if index_value <= previous:
+            if index_value <= previous or index_value > LIBSVM_MAX_INDEX:
                 return False
             previous = index_value
     except ValueError:

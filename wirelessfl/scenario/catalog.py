@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from wirelessfl.errors import UserError
+from wirelessfl.scenario import safe_yaml
 
 KINDS = ("channels", "energy", "scenarios", "reproductions")
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -34,23 +35,31 @@ def entries(kind: str) -> dict[str, Path]:
 
 
 def read_yaml(path: Path, what: str) -> object:
-    """Parse a YAML file safely (no arbitrary objects), with a clean error on bad syntax."""
+    """Parse a YAML file safely (no arbitrary objects, duplicate keys refused, depth and size
+    bounded while parsing: ``safe_yaml``), with one clean error line on bad syntax that names the
+    file and the line, never quoting the file's text."""
     try:
+        size = path.stat().st_size
+        if size > safe_yaml.MAX_FILE_BYTES:
+            raise UserError(f"{path}: {size:,} bytes, more than a {what} may hold "
+                            f"({safe_yaml.MAX_FILE_BYTES // 2**20} MiB); is it the right file?")
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
-        raise UserError(f"{path}: not UTF-8 text (byte {err.start}); save the {what} as UTF-8")
+        raise UserError(f"{path}: not UTF-8 text (byte {err.start}); save the {what} as UTF-8"
+                        ) from None
     except OSError as err:
-        raise UserError(f"{path}: cannot read the {what} ({err.strerror})")
+        raise UserError(f"{path}: cannot read the {what} ({err.strerror})") from None
+    if "\0" in text:
+        raise UserError(f"{path}: holds a NUL byte; a {what} is plain text")
     try:
-        return yaml.safe_load(text)
+        return safe_yaml.load(text)
     except RecursionError:
         raise UserError(f"{path}: nested too deeply to parse; a {what} is a few levels deep"
                         ) from None
+    except safe_yaml.LimitError as err:
+        raise UserError(f"{path}: {safe_yaml.describe_error(err, f'refused {what}')}") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UserError(f"{path}:{where}: invalid YAML ({problem}); fix the syntax there")
+        raise UserError(f"{path}: {safe_yaml.describe_error(err)}; fix it there") from None
 
 
 def find(kind: str, name: str, where: str, base_dir: Path | None = None) -> Path:

@@ -9,27 +9,29 @@ the whole. Every error names the file and the key path.
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from wirelessfl.algorithms.base import algorithm_class
 from wirelessfl.errors import UserError
-from wirelessfl.scenario import catalog
+from wirelessfl.scenario import catalog, names, safe_yaml
 from wirelessfl.scenario.schema import Scenario
 
 PROFILE_SECTIONS = {"channel": "channels", "energy": "energy"}
-# Bounds on a document's shape, checked before anything walks it recursively: a real scenario is
-# under 10 levels deep and a few thousand values (a positions list of 10,000 devices fits).
-MAX_DEPTH = 32
-MAX_NODES = 1_000_000
+# Bounds on a document's shape (safe_yaml checks them while parsing; check_shape again on
+# documents built in Python and after overrides).
+MAX_DEPTH = safe_yaml.MAX_DEPTH
+MAX_NODES = safe_yaml.MAX_NODES
 
 
 def check_shape(doc: object, source: str) -> None:
     """Refuse documents nested deeper than MAX_DEPTH (also self-referencing YAML aliases, which
     are infinitely deep) or with more than MAX_NODES values, iteratively, so no walk recurses
-    past Python's limit."""
+    past Python's limit; and any key or text holding a NUL or another control character (it
+    would crash a path call or garble the terminal)."""
     stack, seen = [(doc, ())], 0
     while stack:
         node, path = stack.pop()
@@ -41,9 +43,63 @@ def check_shape(doc: object, source: str) -> None:
             raise UserError(f"{source}: {format_path(path[:4])}...: nested more than {MAX_DEPTH} "
                             "levels deep (or an alias that contains itself); flatten it")
         if isinstance(node, dict):
+            for key in node:
+                problem = names.check_text(key) if isinstance(key, str) else None
+                if problem:
+                    raise UserError(f"{source}: {format_path(path)}: a key {problem}")
             stack.extend((v, path + (str(k),)) for k, v in node.items())
         elif isinstance(node, list):
             stack.extend((v, path + (i,)) for i, v in enumerate(node))
+        elif isinstance(node, str) and (problem := names.check_text(node)):
+            raise UserError(f"{source}: {format_path(path)}: the text {problem}")
+
+
+# The largest finite float32: parameters reach float32 tensors (theta, learning rates, powers),
+# where a larger value becomes inf and the run silently produces garbage.
+FLOAT32_MAX = 3.4028234663852886e38
+INT64_MAX = 2**63 - 1
+
+
+def check_values(raw: object, value: object, source: str, prefix: tuple = ()) -> None:
+    """What pydantic's lax types let through, refused with the key path: a YAML boolean taken as
+    a number (``num_devices: true`` is 1), a float or exponent string taken as an integer
+    (``num_devices: 1e9``), a float beyond float32's range (``lr: 1e300``), an integer beyond
+    int64's. ``raw`` is the document as written, ``value`` what it validated into (a model, or
+    lists, dicts and scalars of them); walked together, iteratively."""
+    stack = [(raw, value, tuple(prefix))]
+    while stack:
+        raw, value, path = stack.pop()
+        if isinstance(value, BaseModel):
+            fields = type(value).model_fields
+            items = raw.items() if isinstance(raw, dict) else ()
+            given = {k: v for k, v in items if k in fields}
+            stack.extend((given.get(k, _ABSENT), getattr(value, k, None), path + (k,))
+                         for k in fields)
+        elif isinstance(value, dict):
+            items = raw if isinstance(raw, dict) else {}
+            stack.extend((items.get(k, _ABSENT), v, path + (str(k),)) for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            items = raw if isinstance(raw, list) and len(raw) == len(value) else [_ABSENT] * len(value)
+            stack.extend((r, v, path + (i,)) for i, (r, v) in enumerate(zip(items, value)))
+        elif isinstance(value, bool) or raw is _ABSENT and not isinstance(value, float):
+            continue
+        elif isinstance(raw, bool):
+            raise UserError(f"{source}: {format_path(path)}: expects a number, got the YAML "
+                            f"boolean {str(raw).lower()}; write a number")
+        elif isinstance(value, int) and not isinstance(raw, int) and raw is not _ABSENT:
+            hint = f"write {value}" if abs(value) <= INT64_MAX else "write an integer"
+            raise UserError(f"{source}: {format_path(path)}: expects an integer, got {raw!r}; "
+                            f"{hint} (digits only: YAML reads 1e9 as text)")
+        elif isinstance(value, int) and abs(value) > INT64_MAX:
+            raise UserError(f"{source}: {format_path(path)}: an integer of {len(str(abs(value)))} "
+                            f"digits is beyond the largest a run can hold ({INT64_MAX})")
+        elif isinstance(value, float) and abs(value) > FLOAT32_MAX:
+            raise UserError(f"{source}: {format_path(path)}: {value:g} is beyond float32's range "
+                            f"(|x| <= {FLOAT32_MAX:.3g}), which the run computes in; give a "
+                            "value of a sensible size")
+
+
+_ABSENT = object()
 
 
 def format_path(loc) -> str:
@@ -54,8 +110,12 @@ def format_path(loc) -> str:
     return out or "(top level)"
 
 
-def format_validation_error(err: ValidationError, source: str, prefix: tuple = ()) -> str:
-    """One line per problem: 'source: key.path: what is wrong (got X)'."""
+def format_validation_error(err: ValidationError, source: str, prefix: tuple = (),
+                            origins: list[tuple[tuple, Path, dict]] = ()) -> str:
+    """One line per problem: 'source: key.path: what is wrong (got X)'. ``origins``: (key path,
+    profile file, the scenario's inline fields) of each section read from a profile file; a
+    problem with a value from such a file names that file and the key in it, and never quotes
+    the value (a profile name may point at any file on the machine)."""
     lines = []
     for e in err.errors():
         loc = tuple(prefix) + tuple(p for p in e["loc"] if p not in ("function-after",))
@@ -65,10 +125,44 @@ def format_validation_error(err: ValidationError, source: str, prefix: tuple = (
         elif e["type"] == "missing":
             msg = "required key is missing; add it"
         got = e.get("input")
-        if e["type"] not in ("extra_forbidden", "missing") and not isinstance(got, dict | list):
-            msg += f" (got {got!r})"
-        lines.append(f"{source}: {format_path(loc)}: {msg}")
+        if e["type"] in ("int_parsing", "int_from_float"):
+            msg += f"; write {_integer_hint(got)}"
+        where, foreign = f"{source}: {format_path(loc)}", _foreign_file(loc, origins)
+        if foreign is not None:
+            where = f"{source}: {format_path(foreign[0])}: profile file {foreign[1]}: " \
+                    f"{format_path(foreign[2])}"
+        elif e["type"] not in ("extra_forbidden", "missing") and not isinstance(got, dict | list):
+            shown = repr(got)
+            msg += f" (got {shown if len(shown) <= 80 else shown[:77] + '...'})"
+        lines.append(f"{where}: {msg}")
     return "\n".join(lines[:5]) + (f"\n... and {len(lines) - 5} more" if len(lines) > 5 else "")
+
+
+def _foreign_file(loc: tuple, origins) -> tuple[tuple, Path, tuple] | None:
+    """(section path, profile file, path inside the file) when the value at ``loc`` came from a
+    profile file rather than from the scenario's own inline fields; else None."""
+    for section, path, inline in origins:
+        if loc[:len(section)] != section:
+            continue
+        rest, node = loc[len(section):], inline
+        for part in rest:
+            if not isinstance(node, dict) or part not in node:
+                return section, path, rest
+            node = node[part]
+        return None
+    return None
+
+
+def _integer_hint(got) -> str:
+    """'1000000000' for an integer written as '1e9' (YAML 1.1 reads it as text), else a generic
+    hint."""
+    try:
+        number = float(got)
+    except (TypeError, ValueError, OverflowError):
+        return "a whole number in digits, e.g. 100"
+    if math.isfinite(number) and number.is_integer() and abs(number) <= INT64_MAX:
+        return f"{int(number)} (digits only: YAML reads 1e9 as text)"
+    return "a whole number in digits, e.g. 100"
 
 
 def apply_override(doc: dict, assignment: str) -> None:
@@ -78,7 +172,7 @@ def apply_override(doc: dict, assignment: str) -> None:
     if not sep or not key.strip():
         raise UserError(f"--set {assignment!r}: expected key.path=value, e.g. "
                         "--set channel.uplink.tx_power_dbm=10")
-    set_key(doc, key.strip(), _parse_value(text))
+    set_key(doc, key.strip(), _parse_value(text, f"--set {key.strip()}"))
 
 
 def set_key(doc: dict, key: str, value, origin: str = "--set ") -> None:
@@ -115,10 +209,19 @@ def set_key(doc: dict, key: str, value, origin: str = "--set ") -> None:
         node = child
 
 
-def _parse_value(text: str):
-    """YAML scalar parsing, plus exponent floats that YAML 1.1 leaves as strings ('1e-3')."""
+def _parse_value(text: str, where: str = "--set"):
+    """YAML scalar parsing, plus exponent floats that YAML 1.1 leaves as strings ('1e-3'). Text
+    that is not valid YAML stays a string; a value over the document limits (a 5,000-deep
+    ``[[[...]]]``, an alias bomb) is refused like a file's."""
+    if "\0" in text:
+        raise UserError(f"{where}: the value holds a NUL byte; give plain text")
     try:
-        value = yaml.safe_load(text)
+        value = safe_yaml.load(text)
+    except RecursionError:
+        raise UserError(f"{where}: the value is nested too deeply to parse; at most "
+                        f"{MAX_DEPTH} levels") from None
+    except safe_yaml.LimitError as err:
+        raise UserError(f"{where}: {safe_yaml.describe_error(err, 'refused value')}") from None
     except yaml.YAMLError:
         return text
     if isinstance(value, str):
@@ -141,7 +244,10 @@ def _list_index(items: list, part: str, where: str) -> int:
     raise UserError(f"{where}: no entry named '{part}'")
 
 
-def _resolve_profile(doc: dict, section: str, source: str, base_dir: Path | None) -> None:
+def _resolve_profile(doc: dict, section: str, source: str, base_dir: Path | None
+                     ) -> tuple[tuple, Path, dict] | None:
+    """Replace ``doc[section]`` by its profile with the inline fields applied; returns the
+    section's origin for error messages (``format_validation_error``), None when inline only."""
     raw = doc.get(section)
     kind = PROFILE_SECTIONS[section]
     if raw is None:
@@ -157,26 +263,30 @@ def _resolve_profile(doc: dict, section: str, source: str, base_dir: Path | None
     name = inline.pop("profile", None)
     if name is None:
         doc[section] = inline
-        return
+        return None
     if not isinstance(name, str):
         raise UserError(f"{source}: {section}.profile: expected a profile name, got {name!r}")
-    base = catalog.load_mapping(kind, name, f"{source}: {section}.profile", base_dir)
+    where = f"{source}: {section}.profile"
+    base = catalog.load_mapping(kind, name, where, base_dir)
     doc[section] = _deep_merge(base, inline)
+    return (section,), catalog.find(kind, name, where, base_dir), inline
 
 
 def _is_fraction(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _resolve_classes(doc: dict, source: str, base_dir: Path | None) -> None:
+def _resolve_classes(doc: dict, source: str, base_dir: Path | None
+                     ) -> list[tuple[tuple, Path, dict]]:
     """``population.classes``: each entry ``NAME: fraction`` or ``NAME: {fraction, profile?,
     <fields>}`` becomes ``{fraction, energy: <profile NAME (or profile:) from the catalog with
-    the fields applied>}``; an entry that already has ``energy`` (a resolved scenario) stays."""
+    the fields applied>}``; an entry that already has ``energy`` (a resolved scenario) stays.
+    Returns the origins of the profiles read (``format_validation_error``)."""
     population = doc.get("population")
     classes = population.get("classes") if isinstance(population, dict) else None
     if not isinstance(classes, dict):
-        return
-    resolved = {}
+        return []
+    resolved, origins = {}, []
     for name, entry in classes.items():
         where = f"{source}: population.classes.{name}"
         if _is_fraction(entry):
@@ -194,9 +304,12 @@ def _resolve_classes(doc: dict, source: str, base_dir: Path | None) -> None:
             raise UserError(f"{where}.profile: expected an energy profile name, got {profile!r}")
         base = catalog.load_mapping("energy", profile, where, base_dir)
         resolved[name] = {"energy": _deep_merge(base, inline)}
+        origins.append((("population", "classes", name, "energy"),
+                        catalog.find("energy", profile, where, base_dir), inline))
         if fraction is not None:
             resolved[name]["fraction"] = fraction
     population["classes"] = resolved
+    return origins
 
 
 def _deep_merge(base: dict, extra: dict) -> dict:
@@ -227,6 +340,10 @@ def _validate_algorithms(doc: dict, source: str) -> list:
             p = cls.Params.model_validate(entry)
         except ValidationError as err:
             raise UserError(format_validation_error(err, source, ("algorithms", i))) from None
+        check_values(entry, p, source, ("algorithms", i))
+        problem = names.label_problem(p.display_name)
+        if problem:
+            raise UserError(f"{where}.label: {p.display_name[:40]!r} {problem}")
         if p.bits is None and isinstance(bits, int):
             p.bits = bits
         problem = p.bits_problem()
@@ -248,17 +365,30 @@ def scenario_from_document(doc: object, source: str, overrides: list[str] = (),
         apply_override(doc, assignment)
     if overrides:
         check_shape(doc, source)
-    for section in PROFILE_SECTIONS:
-        _resolve_profile(doc, section, source, base_dir)
-    _resolve_classes(doc, source, base_dir)
+    origins = [_resolve_profile(doc, section, source, base_dir) for section in PROFILE_SECTIONS]
+    origins = [o for o in origins if o is not None] + _resolve_classes(doc, source, base_dir)
     doc["algorithms"] = _validate_algorithms(doc, source)
     try:
         scenario = Scenario.model_validate(doc)
     except ValidationError as err:
-        raise UserError(format_validation_error(err, source)) from None
+        raise UserError(format_validation_error(err, source, origins=origins)) from None
+    check_values(doc, scenario, source)
+    _check_labels(scenario, source)
     if not scenario.name:
-        scenario.name = Path(source).stem
+        scenario.name = names.safe_name(Path(source).stem)
     return scenario
+
+
+def _check_labels(scenario: Scenario, source: str) -> None:
+    """Names shown as labels (profiles, device classes) are printable and of bounded length."""
+    shown = [("channel.name", scenario.channel.name), ("energy.name", scenario.energy.name)]
+    for name, entry in (scenario.population.classes or {}).items():
+        shown += [(f"population.classes.{name[:40]}", name),
+                  (f"population.classes.{name[:40]}.energy.name", entry.energy.name)]
+    for where, label in shown:
+        problem = names.label_problem(label) if label else None
+        if problem:
+            raise UserError(f"{source}: {where}: {label[:40]!r} {problem}")
 
 
 def is_sweep_document(doc: object) -> bool:

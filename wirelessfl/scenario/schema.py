@@ -28,10 +28,13 @@ from wirelessfl.learning.mco import MCO_DEFAULTS
 from wirelessfl.learning.models import MODEL_NAMES
 from wirelessfl.learning.partition import PARAM_DEFAULTS, SCHEME_PARAMS
 from wirelessfl.learning.problems import QUADRATIC_DEFAULTS
+from wirelessfl.scenario.names import validated_name
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Unknown keys are typos; NaN and inf are never a meaningful setting (they turned into
+    # silent garbage: nothing delivered, NaN energies).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class DeviceClassConfig(_Strict):
@@ -413,7 +416,8 @@ class HealthConfig(_Strict):
 class Scenario(_Strict):
     """A complete, resolved scenario: every profile looked up, every default filled in."""
 
-    name: str = ""
+    name: str = Field("", description="names the run's folder, runs/<name>-<time> (default: "
+                                       "the file's name); letters, digits and . _ + -")
     description: str = ""
     seed: int = Field(0, ge=0, description="one seed drives placement, data, fading and sampling")
     device: Literal["cpu", "cuda", "auto"] = Field(
@@ -453,6 +457,8 @@ class Scenario(_Strict):
     engine: EngineConfig = EngineConfig()
     health: HealthConfig = HealthConfig()
     algorithms: list[SerializeAsAny[AlgorithmParams]] = Field(min_length=1)
+
+    _safe_name = field_validator("name")(validated_name)  # names the run folder
 
     @model_validator(mode="after")
     def _stop_needs_a_target(self):

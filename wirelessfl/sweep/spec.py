@@ -15,23 +15,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from wirelessfl.errors import UserError
 from wirelessfl.scenario import catalog
 from wirelessfl.scenario.loader import (
+    check_shape,
     format_validation_error,
     is_sweep_document,
     resolved_document,
     scenario_from_document,
     set_key,
 )
+from wirelessfl.scenario.names import safe_name, validated_name
 
 
 class SweepFile(BaseModel):
     """The keys of a sweep file (docs/sweeps.md)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str | None = Field(None, description="the sweep's name (default: the file's stem)")
     description: str | None = None
@@ -52,6 +54,9 @@ class SweepFile(BaseModel):
             raise ValueError("give exactly one of 'grid' (key.path: [values]) or 'points' "
                              "(a list of {key.path: value})")
         return self
+
+    # The name becomes the study's folder: no '/', no '..' (scenario/names.py).
+    _safe_name = field_validator("name")(validated_name)
 
 
 def _check_shape(spec: SweepFile, source: str) -> None:
@@ -135,6 +140,8 @@ def load_sweep(name_or_path: str) -> Sweep:
     path = catalog.find("scenarios", name_or_path, "sweep")
     source = str(path)
     doc = catalog.read_yaml(path, "sweep file")
+    if isinstance(doc, dict):
+        check_shape(doc, source)
     if not isinstance(doc, dict):
         raise UserError(f"{source}: a sweep file must be a mapping with 'scenario', 'grid' (or "
                         f"'points') and 'seeds', got {type(doc).__name__}")
@@ -186,4 +193,4 @@ def load_sweep(name_or_path: str) -> Sweep:
                 raise UserError(f"{source}: {where}: this point is listed twice")
             seen.add(rid)
             points.append(SweepPoint(rid, seed, combo, scenario_for(assign, where)))
-    return Sweep(path, spec.name or path.stem, spec, keys, points, doc)
+    return Sweep(path, spec.name or safe_name(path.stem, "sweep"), spec, keys, points, doc)

@@ -35,7 +35,7 @@ SUMMARY_METRICS = {"compute_share": "higher", "radio_share": "higher", "idle_sha
 class Claim(BaseModel):
     """One statement of the paper, as a metric comparison with a direction."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     id: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="a short name")
     statement: str = Field(description="the paper's statement, in our words")

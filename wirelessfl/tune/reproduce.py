@@ -14,12 +14,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from wirelessfl.errors import UserError
 from wirelessfl.results.records import package_versions, write_csv, write_json
 from wirelessfl.scenario import catalog
 from wirelessfl.scenario.loader import format_validation_error
+from wirelessfl.scenario.names import safe_name, validated_name
 from wirelessfl.tune.claims import Claim, judge
 from wirelessfl.tune.objectives import OBJECTIVES, score
 from wirelessfl.tune.spec import Tune, load_tune
@@ -31,7 +32,7 @@ KIND = "reproductions"
 class ReproductionFile(BaseModel):
     """The keys of a reproduction file (docs/tuning.md, "Reproductions")."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str | None = None
     title: str = Field(description="one line: what is reproduced")
@@ -39,6 +40,9 @@ class ReproductionFile(BaseModel):
     description: str | None = None
     tune: str = Field(description="the tune file (a catalog name or a path beside this file)")
     claims: list[Claim] = Field(min_length=1)
+
+    # The name becomes the folder reproduced/<name>: no '/', no '..' (scenario/names.py).
+    _safe_name = field_validator("name")(validated_name)
 
     @model_validator(mode="after")
     def _ids_unique(self):
@@ -101,7 +105,7 @@ def load_reproduction(name_or_path: str) -> Reproduction:
         if objective is not None and objective.to_target and not tune.objective.to_target:
             raise UserError(f"{path}: claims[{i}] ({claim.id}): '{claim.metric}' needs a "
                             "target, which the tune file's scenario does not set")
-    return Reproduction(path, spec.name or path.stem, spec, tune, doc)
+    return Reproduction(path, spec.name or safe_name(path.stem, "reproduction"), spec, tune, doc)
 
 
 def _metric(claim: Claim, outcome: dict) -> float:

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from wirelessfl.errors import UserError
 from wirelessfl.scenario import catalog
 from wirelessfl.scenario.loader import (
+    check_shape,
     format_validation_error,
     is_sweep_document,
     is_tune_document,
@@ -29,6 +30,7 @@ from wirelessfl.scenario.loader import (
     scenario_from_document,
     set_key,
 )
+from wirelessfl.scenario.names import safe_name, validated_name
 from wirelessfl.tune.objectives import OBJECTIVES
 
 # A grid this large is almost certainly a mistake (a num: 1000 typo); the error says how to cut it.
@@ -42,7 +44,7 @@ class Range(BaseModel):
     """``{log: [lo, hi], num: n}`` (geometric) or ``{linear: [lo, hi], num: n}`` (even steps);
     ``integer: true`` rounds to whole numbers (duplicates dropped)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     log: tuple[float, float] | None = None
     linear: tuple[float, float] | None = None
@@ -72,7 +74,7 @@ class Range(BaseModel):
 class TuneFile(BaseModel):
     """The keys of a tune file (docs/tuning.md)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str | None = Field(None, description="the study's name (default: the file's stem)")
     description: str | None = None
@@ -98,6 +100,9 @@ class TuneFile(BaseModel):
     compare_untuned: bool = Field(
         True, description="also evaluate every algorithm at the scenario's own (untuned) "
                           "setting, beside the tuned one")
+
+    # The name becomes the study's folder: no '/', no '..' (scenario/names.py).
+    _safe_name = field_validator("name")(validated_name)
 
 
 @dataclass(frozen=True)
@@ -199,6 +204,8 @@ def load_tune(name_or_path: str) -> Tune:
     path = catalog.find("scenarios", name_or_path, "tune file")
     source = str(path)
     doc = catalog.read_yaml(path, "tune file")
+    if isinstance(doc, dict):
+        check_shape(doc, source)
     if not is_tune_document(doc):
         raise UserError(f"{source}: not a tune file: a tune file has 'scenario', 'objective' and "
                         "'search' (docs/tuning.md)")
@@ -249,7 +256,7 @@ def load_tune(name_or_path: str) -> Tune:
             and resolved.problem.name != "classification":
         _fail(source, "objective", f"'{spec.objective}' needs a classification problem")
 
-    tune = Tune(path, spec.name or path.stem, spec, doc, base, base_path, labels)
+    tune = Tune(path, spec.name or safe_name(path.stem, "tune"), spec, doc, base, base_path, labels)
     total = 0
     for label, params in spec.search.items():
         if label not in labels:
