@@ -257,6 +257,22 @@ def test_a_sigkilled_writers_lock_is_free(tmp_path):
     assert not (out / ".lock").exists()
 
 
+def test_a_lock_file_that_is_a_symbolic_link_is_refused(tmp_path):
+    """A crafted run folder whose .lock points at another file: the lock is refused with one
+    line, and the file it points at is neither truncated nor written."""
+    from wirelessfl.errors import UserError
+    from wirelessfl.results.records import acquire_lock
+
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / ".lock").symlink_to(target)
+    with pytest.raises(UserError, match=r"lock file .* symbolic link"):
+        acquire_lock(folder)
+    assert target.read_text() == "keep me"
+
+
 def _listening_ports(pids: list[int]) -> set[int]:
     """TCP ports on which the processes ``pids`` listen (/proc/net/tcp{,6}, state 0A)."""
     inodes = set()

@@ -138,12 +138,13 @@ class FolderLock:
 
     def acquire(self) -> FolderLock:
         for _ in range(100):
-            try:
-                handle = open(self.path, "a+")  # noqa: SIM115 - held open for the writer's life
+            try:  # never through a symbolic link: the file is truncated and written below
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             except OSError as err:
-                raise UserError(f"{self.folder}: cannot create the folder's lock file "
-                                f"{self.path} ({err.strerror}); check the folder's permissions"
-                                ) from None
+                raise UserError(f"{self.folder}: cannot open the folder's lock file {self.path} "
+                                f"({err.strerror}); check the folder's permissions, or remove "
+                                "the file if it is a symbolic link") from None
+            handle = os.fdopen(fd, "r+")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -159,7 +160,8 @@ class FolderLock:
                                 "filesystem does not support file locks); write to a local "
                                 "folder") from None
             try:
-                same = os.fstat(handle.fileno()).st_ino == os.stat(self.path).st_ino
+                ours, there = os.fstat(handle.fileno()), os.stat(self.path)
+                same = (ours.st_dev, ours.st_ino) == (there.st_dev, there.st_ino)
             except FileNotFoundError:
                 same = False
             if not same:  # released and removed meanwhile: lock the file now at the path
