@@ -115,3 +115,13 @@ def test_a_folder_given_twice_is_refused(tmp_path):
     assert run_folders([run]) == [run]
     with pytest.raises(UserError, match="this run folder is given twice; give each folder once"):
         run_folders([run, tmp_path / "." / "run"])
+
+
+@pytest.mark.parametrize("manifest", ["[]", '{"runs": [1]}', '{"runs": [{"status": "complete"}]}'])
+def test_a_damaged_sweep_manifest_is_one_error(tmp_path, manifest):
+    from wirelessfl.errors import UserError
+    from wirelessfl.results.compare import run_folders
+
+    (tmp_path / "sweep.json").write_text(manifest)
+    with pytest.raises(UserError, match="sweep.json: cannot read the sweep manifest"):
+        run_folders([tmp_path])

@@ -62,12 +62,13 @@ def run_folders(dirs: list[str | Path]) -> list[Path]:
     folders, given = [], {}
     for d in map(Path, dirs):
         if (d / SWEEP_MANIFEST).is_file():
-            try:
+            try:  # a damaged manifest (not a mapping, entries without folders) is refused
                 runs = json.loads((d / SWEEP_MANIFEST).read_text())["runs"]
-            except (OSError, ValueError, KeyError) as err:
-                raise UserError(f"{d / SWEEP_MANIFEST}: cannot read the sweep manifest ({err}); "
-                                "re-run the sweep to rewrite it") from None
-            found = [d / r["folder"] for r in runs if r.get("status") in FINISHED]
+                found = [d / r["folder"] for r in runs if r.get("status") in FINISHED]
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+                raise UserError(f"{d / SWEEP_MANIFEST}: cannot read the sweep manifest "
+                                f"({type(err).__name__}: {err}); re-run the sweep to rewrite it"
+                                ) from None
         elif (d / "manifest.json").is_file():
             found = [d]
         else:

@@ -144,7 +144,7 @@ class FolderLock:
                 raise UserError(f"{self.folder}: cannot open the folder's lock file {self.path} "
                                 f"({err.strerror}); check the folder's permissions, or remove "
                                 "the file if it is a symbolic link") from None
-            handle = os.fdopen(fd, "r+")
+            handle = os.fdopen(fd, "r+", encoding="utf-8", errors="replace")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
