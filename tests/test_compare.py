@@ -82,3 +82,46 @@ def test_pareto_front_keeps_only_undominated_points():
     accuracy = np.array([0.5, 0.7, 0.6, 0.9, 0.7, 0.99])
     # 2 (3 J, 0.6) is beaten by 1 (2 J, 0.7); 1 and 4 tie (neither beats the other); NaN is out
     assert pareto_indices(energy, accuracy) == [0, 1, 4, 3]
+
+
+def test_a_repeated_scenario_and_seed_counts_once():
+    """A copy of seed 0's run at power 10 (another folder, another scenario name: the same
+    simulation) is left out with a warning: the configuration keeps its 3 seeds and the
+    hand-computed interval of test_configurations_count_the_seeds_that_reached_the_target."""
+    copy = _record(0, 10, [0.1, 0.85, 0.9], [0.0, 1.0, 3.0])
+    copy.path = Path("/elsewhere/copy")
+    copy.manifest["scenario"]["name"] = "toy-copy"
+    comp = compare_records([*_comparison().records, copy])
+    low = comp.table.set_index("channel.uplink.tx_power_dbm").loc[10]
+    assert (low.seeds, low.reached) == (3, 2)
+    assert low.energy_to_target_j_ci95 == pytest.approx(T975[1] * 0.5, rel=1e-4)
+    assert len(comp.runs) == 5 and "/elsewhere/copy" not in set(comp.runs.run)
+    assert comp.warnings == [("/elsewhere/copy: FedAvg with seed 0 repeats /runs/10-0 (the "
+                              "same scenario and seed); counted once")]
+    # two identical seeds alone: one seed, no interval (before: n = 2 and a zero-width one)
+    alone = compare_records([_record(0, 10, [0.1, 0.9], [0.0, 1.0]),
+                             _record(0, 10, [0.1, 0.9], [0.0, 1.0])])
+    assert alone.table.seeds.tolist() == [1]
+    assert np.isnan(alone.table.energy_j_ci95.iloc[0])
+
+
+def test_a_folder_given_twice_is_refused(tmp_path):
+    from wirelessfl.errors import UserError
+    from wirelessfl.results.compare import run_folders
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text("{}")
+    assert run_folders([run]) == [run]
+    with pytest.raises(UserError, match="this run folder is given twice; give each folder once"):
+        run_folders([run, tmp_path / "." / "run"])
+
+
+@pytest.mark.parametrize("manifest", ["[]", '{"runs": [1]}', '{"runs": [{"status": "complete"}]}'])
+def test_a_damaged_sweep_manifest_is_one_error(tmp_path, manifest):
+    from wirelessfl.errors import UserError
+    from wirelessfl.results.compare import run_folders
+
+    (tmp_path / "sweep.json").write_text(manifest)
+    with pytest.raises(UserError, match="sweep.json: cannot read the sweep manifest"):
+        run_folders([tmp_path])

@@ -43,12 +43,15 @@ def _interruptible(run, study, out: Path, args):
     """``run(study, out, ...)`` with the executor options every study command shares
     (``--executor``, ``--workers``, ``--address``, ``--quiet``, ``--threads``), or None after
     Ctrl-C / SIGTERM with the line saying the finished runs in ``out`` are kept (sweep, tune,
-    reproduce: the same command again finishes the rest)."""
+    reproduce: the same command again finishes the rest). SIGTERM (``scancel``, ``kill``) is
+    Ctrl-C here: the workers are stopped and reaped, what finished is recorded, exit 130."""
+    from wirelessfl.engine.runner import sigterm_as_interrupt
     from wirelessfl.sweep.executors import default_workers
 
     try:
-        return run(study, out, args.executor, args.workers or default_workers(), args.address,
-                   args.quiet, threads=args.threads)
+        with sigterm_as_interrupt():
+            return run(study, out, args.executor, args.workers or default_workers(),
+                       args.address, args.quiet, threads=args.threads)
     except KeyboardInterrupt:
         print(f"interrupted: finished runs are kept in {out}; run the same command again to "
               "finish the rest", file=sys.stderr)
@@ -366,6 +369,8 @@ def _compare(dirs: list[Path], out: Path, html: bool) -> int:
     from wirelessfl.results.records import write_csv
 
     comp = compare_dirs(dirs)
+    for warning in comp.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(format_comparison(comp))
     try:
         out.mkdir(parents=True, exist_ok=True)

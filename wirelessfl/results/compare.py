@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -59,21 +59,29 @@ def flatten(doc, prefix: str = "") -> dict:
 def run_folders(dirs: list[str | Path]) -> list[Path]:
     """The finished run folders of each DIR: a sweep folder's runs (from its sweep.json), or the
     DIR itself when it is a run folder."""
-    folders = []
+    folders, given = [], {}
     for d in map(Path, dirs):
         if (d / SWEEP_MANIFEST).is_file():
-            try:
+            try:  # a damaged manifest (not a mapping, entries without folders) is refused
                 runs = json.loads((d / SWEEP_MANIFEST).read_text())["runs"]
-            except (OSError, ValueError, KeyError) as err:
-                raise UserError(f"{d / SWEEP_MANIFEST}: cannot read the sweep manifest ({err}); "
-                                "re-run the sweep to rewrite it") from None
-            folders += [d / r["folder"] for r in runs if r.get("status") in FINISHED]
+                found = [d / r["folder"] for r in runs if r.get("status") in FINISHED]
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+                raise UserError(f"{d / SWEEP_MANIFEST}: cannot read the sweep manifest "
+                                f"({type(err).__name__}: {err}); re-run the sweep to rewrite it"
+                                ) from None
         elif (d / "manifest.json").is_file():
-            folders.append(d)
+            found = [d]
         else:
             raise UserError(f"{d}: neither a sweep folder (sweep.json) nor a run folder "
                             "(manifest.json); pass what 'wirelessfl sweep' or 'wirelessfl run' "
                             "wrote")
+        for folder in found:  # one run counted twice would be two "seeds" that always agree
+            first = given.setdefault(folder.resolve(), d)
+            if first is not d:
+                how = ("given twice" if first.resolve() == d.resolve()
+                       else f"in the comparison twice (through {first} and {d})")
+                raise UserError(f"{folder}: this run folder is {how}; give each folder once")
+        folders += found
     if not folders:
         raise UserError(f"{', '.join(map(str, dirs))}: no finished runs to compare yet")
     return folders
@@ -82,12 +90,14 @@ def run_folders(dirs: list[str | Path]) -> list[Path]:
 @dataclass
 class Comparison:
     """Per-run, per-algorithm outcomes (``runs``), the configuration table (``table``), the
-    keys that differ between configurations (``keys``) and the records themselves."""
+    keys that differ between configurations (``keys``), the records themselves, and what was
+    left out (``warnings``: repeated runs of one configuration and seed)."""
 
     runs: pd.DataFrame
     table: pd.DataFrame
     keys: list[str]
     records: list[RunRecord]
+    warnings: list[str] = field(default_factory=list)
 
 
 def _config_keys(flat: list[dict]) -> list[str]:
@@ -133,6 +143,7 @@ def compare_records(records: list[RunRecord]) -> Comparison:
         runs[k] = [f.get(k) for f in flat]
     config = ["algorithm", *keys]
     runs["config"] = [json.dumps([r[c] for c in config], default=str) for _, r in runs.iterrows()]
+    runs, warnings = _one_per_seed(runs)
     out = []
     for _, group in runs.groupby("config", sort=False):
         first = group.iloc[0]
@@ -146,7 +157,21 @@ def compare_records(records: list[RunRecord]) -> Comparison:
     table = pd.DataFrame(out)
     if keys:
         table = table.sort_values(keys + ["algorithm"], kind="stable", ignore_index=True)
-    return Comparison(runs, table, keys, records)
+    return Comparison(runs, table, keys, records, warnings)
+
+
+def _one_per_seed(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Keep the first run of each configuration and seed. Two runs of the same scenario (apart
+    from its name and description) and seed compute the same numbers (docs/reliability.md,
+    "Determinism"): counted as two seeds they would narrow the interval with no new information
+    (two identical runs give a zero-width one). A warning names each run left out."""
+    repeated = runs.duplicated(["config", "seed"], keep="first")
+    warnings = []
+    for _, row in runs[repeated].iterrows():
+        first = runs[(runs.config == row.config) & (runs.seed == row.seed)].iloc[0]
+        warnings.append(f"{row.run}: {row.algorithm} with seed {row.seed} repeats {first.run} "
+                        "(the same scenario and seed); counted once")
+    return runs[~repeated].reset_index(drop=True), warnings
 
 
 def compare_dirs(dirs: list[str | Path]) -> Comparison:

@@ -1,13 +1,14 @@
 """A run folder on disk: rounds.parquet, devices.parquet and manifest.json (schema in docs/results.md).
 
 Files are rewritten atomically (temporary file + rename) after every algorithm finishes, so an
-interrupted or failing run never loses what was already recorded. A lock file (``.lock``, the
-writer's process id) refuses a second run writing to the same folder; a lock left by a process
-that no longer exists (killed with SIGKILL) is taken over.
+interrupted or failing run never loses what was already recorded. An ``flock`` on ``.lock`` (the
+file holds the writer's process id) refuses a second run writing to the same folder; the kernel
+releases it when the writer's process ends, however it ends.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import pandas as pd
@@ -119,38 +121,80 @@ LOCK_NAME = ".lock"
 FINISHED = ("complete", "diverged")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+class FolderLock:
+    """An exclusive ``flock`` on ``folder/.lock``, held while the writer lives. The kernel drops
+    it when the process ends, however it ends (SIGKILL, out of memory), so a lock can never be
+    stale and nothing has to be taken over; two writers can never both hold it (the check and
+    the taking are one system call). The file holds the holder's process id, for the message.
 
+    A released lock's file is removed; a writer that opened the file just before and locks it
+    just after would hold a lock on a file no longer at that path, so acquiring checks that the
+    locked file is still the one at the path, and tries again otherwise."""
 
-def acquire_lock(folder: Path) -> Path:
-    """Create ``folder/.lock`` holding this process id, or a UserError if a live process holds
-    it; a stale lock (its process is gone) is replaced."""
-    lock = folder / LOCK_NAME
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self._file = None
+
+    def acquire(self) -> FolderLock:
+        for _ in range(100):
+            try:  # never through a symbolic link: the file is truncated and written below
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as err:
+                raise UserError(f"{self.folder}: cannot open the folder's lock file {self.path} "
+                                f"({err.strerror}); check the folder's permissions, or remove "
+                                "the file if it is a symbolic link") from None
+            handle = os.fdopen(fd, "r+", encoding="utf-8", errors="replace")
             try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and pid != os.getpid() and _pid_alive(pid):
-                raise UserError(f"{folder}: another run (process {pid}) is writing to this "
-                                "folder; wait for it or choose another --out") from None
-            lock.unlink(missing_ok=True)  # stale: its writer was killed
-            continue
-        with os.fdopen(fd, "w") as fh:
-            fh.write(str(os.getpid()))
-        return lock
-    raise UserError(f"{folder}: cannot take the folder's lock file {lock}; remove it if no run "
-                    "is writing there")
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip()
+                handle.close()
+                who = f" (process {holder})" if holder.isdigit() else ""
+                raise UserError(f"{self.folder}: another run{who} is writing to this folder; "
+                                "wait for it or choose another --out") from None
+            except OSError as err:
+                handle.close()
+                raise UserError(f"{self.folder}: cannot lock the folder ({err.strerror}: its "
+                                "filesystem does not support file locks); write to a local "
+                                "folder") from None
+            try:
+                ours, there = os.fstat(handle.fileno()), os.stat(self.path)
+                same = (ours.st_dev, ours.st_ino) == (there.st_dev, there.st_ino)
+            except FileNotFoundError:
+                same = False
+            if not same:  # released and removed meanwhile: lock the file now at the path
+                handle.close()
+                continue
+            handle.seek(0)
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
+            self._file = handle
+            return self
+        raise UserError(f"{self.folder}: cannot take the folder's lock {self.path}; another "
+                        "process keeps replacing it")
+
+    def release(self) -> None:
+        """Remove the file, then drop the lock (in this order: see the class docstring)."""
+        if self._file is None:
+            return
+        self.path.unlink(missing_ok=True)
+        self._file.close()
+        self._file = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def acquire_lock(folder: Path) -> FolderLock:
+    """Lock ``folder`` for this process (FolderLock), or a UserError naming the process that
+    holds it. Use as ``with acquire_lock(folder):`` or call ``.release()``."""
+    return FolderLock(folder).acquire()
 
 
 class RunWriter:
@@ -164,7 +208,7 @@ class RunWriter:
         except OSError as err:
             raise UserError(f"--out {out_dir}: cannot create the results folder ({err.strerror})")
         if (self.dir / "manifest.json").exists():
-            acquire_lock(self.dir).unlink()  # a live writer there is refused first
+            acquire_lock(self.dir).release()  # a live writer there is refused first
             raise UserError(f"--out {out_dir}: already holds a run; choose another folder, or "
                             f"finish it with 'wirelessfl run --resume {out_dir}'")
         self.lock = acquire_lock(self.dir)
@@ -214,7 +258,7 @@ class RunWriter:
         self.manifest["status"] = status
         self.manifest["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         self.flush()
-        self.lock.unlink(missing_ok=True)
+        self.lock.release()
 
     def flush(self) -> None:
         write_table(self.dir / "rounds.parquet", self.round_rows, ROUND_COLUMNS)

@@ -88,7 +88,7 @@ def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str
               quiet: bool = False, threads: int | None = None) -> SweepCounts:
     """Run every unfinished point of ``sweep`` into ``out``; the table is rewritten (atomically)
     after every run, so a kill loses at most the runs in flight. A second sweep on the same
-    folder while this one runs is refused (the folder's lock file). ``threads``: host threads
+    folder while this one runs is refused (the folder's lock, results/records.py). ``threads``: host threads
     per run (default: the available CPUs divided among the workers; results do not depend on
     it)."""
     runs_dir = Path(out) / RUNS
@@ -96,12 +96,9 @@ def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str
         runs_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"--out {out}: cannot create the sweep folder ({err.strerror})") from None
-    lock = acquire_lock(Path(out))
-    try:
+    with acquire_lock(Path(out)):
         return _run_unfinished(sweep, Path(out), runs_dir, executor, workers, address, quiet,
                                threads)
-    finally:
-        lock.unlink(missing_ok=True)
 
 
 def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, workers: int,
@@ -150,9 +147,9 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
     bar = tqdm(total=len(entries), initial=skipped, unit="run", file=sys.stderr,
                disable=True if quiet else None, dynamic_ncols=True, mininterval=0.5)
     bar.set_postfix_str(f"failed 0, remaining {len(tasks)}")
+    results = execute(tasks, executor, workers, address, threads)
     try:
-        for k, result in enumerate(execute(tasks, executor, workers, address, threads),
-                                   start=1):
+        for k, result in enumerate(results, start=1):
             entry = by_run[result["run_id"]]
             if result["files"]:
                 try:
@@ -173,6 +170,7 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
             bar.update(1)
             bar.set_postfix_str(f"failed {failed}, remaining {len(tasks) - k}")
     finally:
+        results.close()  # stops the workers now, whatever ended the loop (Ctrl-C, SIGTERM)
         bar.close()
         _write(Path(out), sweep, entries, info)
     return SweepCounts(len(entries), skipped, len(tasks), failed)

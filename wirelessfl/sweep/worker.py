@@ -3,14 +3,23 @@
 The worker writes the run folder with the same code as `wirelessfl run` (engine/runner.py) into a
 private temporary folder and sends the files back; the sweep process puts them in place with one
 rename. So a Dask worker on another machine needs no shared filesystem.
+
+A local worker process (sweep/executors.py) runs ``serve``: one task at a time from its pipe, the
+result back on it. It never outlives the sweep process: when that one is gone (even killed with
+SIGKILL, which no handler sees) the worker stops its run like SIGTERM would and exits.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
 import socket
+import sys
 import tempfile
+import threading
 import time
+from multiprocessing.connection import wait
 from pathlib import Path
 
 from wirelessfl.engine import threads
@@ -52,3 +61,48 @@ def run_point(task: dict) -> dict:
     result["wall_s"] = time.perf_counter() - start
     result["cpu_s"] = time.process_time() - start_cpu
     return result
+
+
+# Exit code of a worker whose run SIGTERM stopped (128 + the signal, as a shell reports it).
+STOPPED = 128 + signal.SIGTERM
+# Seconds a worker whose sweep process is gone waits for its run to stop at a clean point (its
+# temporary folder removed) before it exits regardless. [D]
+ORPHAN_GRACE_S = 10.0
+
+
+def _exit_with_parent() -> None:
+    """Stop this process when the process that started it is gone. ``parent_process().sentinel``
+    is a pipe the parent holds open until it exits, however it exits, so it reads as closed
+    exactly then (a poll of ``getppid`` would lag and misses a parent whose pid was reused)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch():
+        wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGTERM)  # a run in progress stops like `kill` (runner.py)
+        time.sleep(ORPHAN_GRACE_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="wirelessfl-parent-watch", daemon=True).start()
+
+
+def serve(conn) -> None:
+    """The loop of a local worker process: receive a task, send back ``run_point``'s result,
+    until the sweep closes the pipe. Ctrl-C is left to the sweep process (it reaches the whole
+    process group; the sweep stops its workers with SIGTERM): a worker that also stopped on it
+    could lose a result it was sending. One torch/BLAS thread, as ``threads.single_intra_op``
+    sets for every run."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threads.single_intra_op()
+    _exit_with_parent()
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return  # the sweep is done with this worker, or gone
+        try:
+            result = run_point(task)
+        except KeyboardInterrupt:  # SIGTERM stopped the run: nothing to send
+            sys.exit(STOPPED)
+        conn.send(result)
