@@ -366,17 +366,13 @@ def _compare(dirs: list[Path], out: Path, html: bool) -> int:
     and (with ``html``) report.html into ``out``."""
     from wirelessfl.report.compare_plots import draw_comparison
     from wirelessfl.results.compare import compare_dirs, format_comparison
-    from wirelessfl.results.records import write_csv
+    from wirelessfl.results.records import output_folder, write_csv
 
     comp = compare_dirs(dirs)
     for warning in comp.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(format_comparison(comp))
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"--out {out}: cannot create the folder ({err.strerror})") from None
-    write_csv(out / "comparison.csv", comp.table)
+    write_csv(output_folder(out) / "comparison.csv", comp.table)
     print(f"wrote {out / 'comparison.csv'}")
     figures = draw_comparison(comp, out)
     for path in figures:
@@ -688,6 +684,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Every expected failure ends here as one ``error:`` line and exit code 2:
+    a UserError (bad input, a damaged run folder), and as a last resort the operating system's
+    refusals (disk full, read-only folder, missing path), memory and recursion exhausted. Output
+    piped into a reader that stopped (``| head``) ends quietly. Anything else is a bug and keeps
+    its traceback."""
+    try:
+        code = _dispatch(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _dispatch(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "batch", 1) is not None and getattr(args, "batch", 1) <= 0:
@@ -696,11 +706,46 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return _error(str(err))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        from wirelessfl.errors import os_error_message
+
+        return _error(os_error_message(err))
+    except MemoryError:
+        return _error("out of memory: lower population.num_devices, use a smaller model, or "
+                      "lower engine.max_chunk_mb (docs/reliability.md, 'Memory'); a run keeps "
+                      "what it recorded: finish it with 'wirelessfl run --resume RUN_DIR'")
+    except RecursionError:
+        return _error("the input is nested too deeply to process (Python's recursion limit): "
+                      "flatten the file or value given")
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_USER_ERROR
+
+
+def _reader_gone() -> int:
+    """The reader of our output closed the pipe (``wirelessfl list | head -1``): stop quietly.
+    As Python's documentation advises (signal module, "Note on SIGPIPE"), stdout and stderr are
+    pointed at /dev/null so the interpreter's last flush does not fail again; the exit code is
+    what a command killed by SIGPIPE reports (128 + 13)."""
+    import os
+    import signal
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):  # a stream without a descriptor (captured by a test)
+            pass
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -64,7 +64,9 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
                  ) -> tuple[str, pd.DataFrame]:
     """Simulate every algorithm of ``scenario`` into the run folder ``out`` (rounds.parquet,
     devices.parquet, manifest.json, summary.csv); returns the run's status (``complete``, or
-    ``partial`` when an algorithm diverged) and its summary table.
+    ``partial`` when an algorithm diverged or failed: an exception in one algorithm is recorded
+    as its failure and the others run on) and its summary table. A MemoryError is recorded as
+    the algorithm's failure, marks the run ``failed`` and is re-raised (``--resume`` reruns it).
 
     ``resume``: ``out`` holds an earlier run of this scenario; the algorithms it finished are
     kept, the one that was running continues from its checkpoint (or its start), the rest run.
@@ -115,10 +117,14 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
             if run.status == "interrupted":
                 writer.finish("interrupted")
                 raise KeyboardInterrupt(run.message)
+            if isinstance(run.error, MemoryError):  # the next algorithm would run out too
+                writer.finish("failed")
+                raise run.error
             checkpoint_path.unlink(missing_ok=True)
             if run.status != "complete":
                 status = "partial"
-                warn(f"warning: {run.message}; the other algorithms continue")
+                where = " (its traceback is in manifest.json)" if run.status == "failed" else ""
+                warn(f"warning: {run.message}{where}; the other algorithms continue")
     writer.finish(status)
     record = read_run(out)
     table = summarize(record.rounds, scenario.target_accuracy, world.num_devices,

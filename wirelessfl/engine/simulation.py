@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +36,9 @@ class AlgorithmRun:
     params: AlgorithmParams
     rows: list[dict]
     ledger: Ledger
-    status: str = "complete"  # or "diverged", "interrupted"
+    status: str = "complete"  # or "diverged", "interrupted", "failed" (an exception: ``error``)
     message: str = ""
+    error: BaseException | None = None
     # Merged into the algorithm's manifest entry: "resolved" (Algorithm.resolved) when not empty.
     extra: dict = field(default_factory=dict)
 
@@ -105,7 +107,13 @@ def run_algorithm(world: World, params: AlgorithmParams,
                 save_checkpoint(checkpoint_path, algorithm, completed, kept, start_graph,
                                 fingerprint)
 
-    algorithm = _build(world, params, env, on_round, save)
+    try:
+        algorithm = _build(world, params, env, on_round, save)
+    except UserError:
+        raise  # bad input, not this algorithm's failure: one error line (cli.main)
+    except Exception as err:  # noqa: BLE001 - this algorithm's failure: the others run on
+        run = AlgorithmRun(params.display_name, params, [], Ledger(world.num_devices))
+        return _failed(run, err, 0)
     ctx = algorithm.ctx
     kept = _given(world, algorithm)
     start_graph = None
@@ -142,9 +150,25 @@ def run_algorithm(world: World, params: AlgorithmParams,
                        f"{metrics}; lower its learning rate / step size "
                        f"({step_size_name(type(params).model_fields)})")
         ctx.rows.append(ctx.stop_row(stop.round_index, algorithm.theta))
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - this algorithm's failure: the others run on
+        return _failed(run, err, algorithm.round_index)
     resolved = algorithm.resolved()
     if resolved:  # the parameters' values after the defaults' rules (manifest entry)
         run.extra["resolved"] = resolved
+    return run
+
+
+def _failed(run: AlgorithmRun, err: Exception, round_index: int) -> AlgorithmRun:
+    """``run`` ended by the exception ``err`` (a bug, a library's error, memory): status
+    ``failed``, its rows so far kept, the message (type and text, on one line) and the traceback
+    for its manifest entry; engine/runner.py records it and runs the other algorithms."""
+    said = " ".join(str(err).split())
+    run.status, run.error = "failed", err
+    run.message = (f"{run.label}: failed at round {round_index}: {type(err).__name__}"
+                   + (f": {said[:500]}" if said else ""))
+    run.extra["traceback"] = traceback.format_exc()
     return run
 
 

@@ -15,8 +15,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from wirelessfl.report.plots import _colours
+from wirelessfl.report.plots import _colours, save_figure
 from wirelessfl.results.compare import Comparison, mean_ci
+from wirelessfl.results.records import output_folder
 
 
 def _value(v) -> str:
@@ -102,10 +103,7 @@ def accuracy_bands(comp: Comparison, column: str, xlabel: str, path: Path) -> Pa
     fig.suptitle("mean over seeds, band: 95 % confidence interval (t) of the accuracy"
                  + (f"; dashed: target {target.iloc[0]:g}" if len(target) else ""),
                  fontsize="medium")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 110)
 
 
 def _matches(runs: pd.DataFrame, keys: list[str], row) -> pd.Series:
@@ -160,10 +158,7 @@ def energy_to_target(comp: Comparison, path: Path) -> Path:
         ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     fig.suptitle("energy to target: mean ± 95 % CI over the seeds that reached it; open marker "
                  "and k/n: only k of n seeds reached it; missing: none did", fontsize="medium")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 110)
 
 
 def pareto_front(comp: Comparison, path: Path) -> Path:
@@ -197,10 +192,7 @@ def pareto_front(comp: Comparison, path: Path) -> Path:
     ax.set_title("energy / accuracy across configurations (bars: 95 % CI)", fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small", loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 110)
 
 
 def pareto_indices(energy: np.ndarray, accuracy: np.ndarray) -> list[int]:
@@ -218,8 +210,7 @@ def pareto_indices(energy: np.ndarray, accuracy: np.ndarray) -> list[int]:
 
 def draw_comparison(comp: Comparison, out_dir: Path) -> list[Path]:
     """All comparison figures into ``out_dir``; returns their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(Path(out_dir))
     return [
         accuracy_bands(comp, "energy_j", "cumulative energy, all devices [J]",
                        out / "compare_accuracy_vs_energy.png"),

@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from wirelessfl.report.plots import save_figure
 from wirelessfl.tune.crossover import METRICS, Crossover
 
 
@@ -44,7 +45,4 @@ def draw_crossover(result: Crossover, path: Path) -> Path:
                      fontsize=9)
         ax.legend(fontsize=7, loc="lower right")
     axes[0].set_ylabel("device compute throughput [MAC/s]")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, 110)

@@ -1,5 +1,11 @@
 """One self-contained HTML file for a run folder or a sweep folder: the resolved scenario, the
-tables and the figures (PNG inlined as data: URIs), readable offline, no script, no network."""
+tables and the figures (PNG inlined as data: URIs), readable offline, no script, no network.
+
+Everything a page shows that comes from a run folder (names, labels, messages, manifest fields)
+is text, escaped where it is inserted (_page, _table, _figure, _yaml_block take plain text):
+a folder someone sent cannot put markup in the page. The page also forbids scripts, frames and
+any request outside itself (Content-Security-Policy), so a value that slipped through would
+still not run."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from wirelessfl.results.compare import Comparison, comparison_cells
+from wirelessfl.results.records import write_file
 
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif; margin: 0 auto;
@@ -35,14 +42,23 @@ pre { background: #f6f8fa; padding: 0.8em; overflow-x: auto; font-size: 0.82em; 
 """
 
 
+# Nothing but the page's own style and its inlined images: no script, no request elsewhere.
+POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+
+
+def _text(value) -> str:
+    """``value`` as escaped HTML text (quotes included: safe inside attributes too)."""
+    return html.escape(str(value), quote=True)
+
+
 def _table(cells: list[list[str]], classes: list[str] | None = None,
            message_col: int | None = None) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cells[0])
+    head = "".join(f"<th>{_text(c)}</th>" for c in cells[0])
     body = []
     for i, row in enumerate(cells[1:]):
         cls = f' class="{classes[i]}"' if classes and classes[i] else ""
-        tds = "".join(f'<td class="message">{html.escape(c)}</td>' if j == message_col
-                      else f"<td>{html.escape(c)}</td>" for j, c in enumerate(row))
+        tds = "".join(f'<td class="message">{_text(c)}</td>' if j == message_col
+                      else f"<td>{_text(c)}</td>" for j, c in enumerate(row))
         body.append(f"<tr{cls}>{tds}</tr>")
     return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')
@@ -50,22 +66,25 @@ def _table(cells: list[list[str]], classes: list[str] | None = None,
 
 def _figure(path: Path, caption: str) -> str:
     data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-    return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return (f'<figure><img alt="{_text(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{_text(caption)}</figcaption></figure>")
 
 
 def _yaml_block(title: str, doc: dict, open_: bool = False) -> str:
     text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
-    return (f"<details{' open' if open_ else ''}><summary>{html.escape(title)}</summary>"
-            f"<pre>{html.escape(text)}</pre></details>")
+    return (f"<details{' open' if open_ else ''}><summary>{_text(title)}</summary>"
+            f"<pre>{_text(text)}</pre></details>")
 
 
 def _page(title: str, meta: str, sections: list[str]) -> str:
+    """The page: ``title`` and ``meta`` are plain text; ``sections`` HTML built from escaped
+    text."""
     stamp = datetime.now(UTC).isoformat(timespec="seconds")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{POLICY}">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1><p class=\"meta\">{meta} &middot; report written "
+            f"<title>{_text(title)}</title><style>{CSS}</style></head><body>"
+            f"<h1>{_text(title)}</h1><p class=\"meta\">{_text(meta)} &middot; report written "
             f"{stamp} by wirelessfl</p>{''.join(sections)}</body></html>\n")
 
 
@@ -89,13 +108,14 @@ def sweep_html(sweep_dir: Path, comp: Comparison, figure_paths: list[Path], out:
     for r in runs:
         wall = r.get("wall_s")
         shown = isinstance(wall, int | float) and math.isfinite(wall)
-        cells.append([r["run"], r["status"], str(r["seed"]), *(str(r.get(k)) for k in keys),
+        cells.append([str(r.get("run")), str(r.get("status")), str(r.get("seed")),
+                      *(str(r.get(k)) for k in keys),
                       str(r.get("attempts", "")),
                       f"{wall:.1f}" if shown else "",
                       r.get("message") or ""])
-        classes.append("failed" if r["status"] == "failed" else "")
-    counts = {s: sum(r["status"] == s for r in runs) for s in dict.fromkeys(r["status"]
-                                                                             for r in runs)}
+        classes.append("failed" if r.get("status") == "failed" else "")
+    statuses = [str(r.get("status")) for r in runs]
+    counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
     first = comp.records[0].manifest.get("scenario", {})
     figures = [_figure(p, CAPTIONS.get(p.name, p.name)) for p in figure_paths]
     reached_note = ("Energy and time to target are averaged over the seeds that reached the "
@@ -106,9 +126,9 @@ def sweep_html(sweep_dir: Path, comp: Comparison, figure_paths: list[Path], out:
          f"{reached_note}</p>"), _table(comparison_cells(comp)),
         "<h2>Figures</h2>", *figures,
         "<h2>Sweep</h2>",
-        (f"<p>Base scenario <code>{html.escape(str(manifest.get('base_scenario')))}</code>; "
-         f"swept keys: {', '.join(f'<code>{html.escape(k)}</code>' for k in keys)}; seeds "
-         f"{html.escape(str(manifest.get('seeds')))}.</p>"),
+        (f"<p>Base scenario <code>{_text(manifest.get('base_scenario'))}</code>; "
+         f"swept keys: {', '.join(f'<code>{_text(k)}</code>' for k in keys)}; seeds "
+         f"{_text(manifest.get('seeds'))}.</p>"),
         _yaml_block("the sweep file", manifest.get("sweep", {}), open_=True),
         _yaml_block("the resolved scenario of the first finished run (the others differ only in "
                     "the swept keys and the seed)", first),
@@ -116,10 +136,8 @@ def sweep_html(sweep_dir: Path, comp: Comparison, figure_paths: list[Path], out:
     ]
     status = ", ".join(f"{n} {s}" for s, n in counts.items())
     page = _page(f"Sweep {manifest.get('name', sweep_dir.name)}",
-                 f"{len(runs)} runs ({html.escape(status)}) in {html.escape(str(sweep_dir))}",
-                 sections)
-    out.write_text(page, encoding="utf-8")
-    return out
+                 f"{len(runs)} runs ({status}) in {sweep_dir}", sections)
+    return write_file(out, page)
 
 
 def run_html(record, table_cells: list[list[str]], figures: list[Path], out: Path,
@@ -140,8 +158,7 @@ def run_html(record, table_cells: list[list[str]], figures: list[Path], out: Pat
                 "<h2>Scenario</h2>", _yaml_block("the resolved scenario", scenario, open_=True),
                 _yaml_block("versions", record.manifest.get("versions", {}))]
     meta = (f"seed {record.manifest.get('seed')}, status {record.manifest.get('status')}, "
-            f"{html.escape(str(record.path))}")
-    out.write_text(_page(f"Run {scenario.get('name', record.path.name)}", meta, sections),
-                   encoding="utf-8")
-    return out
+            f"{record.path}")
+    return write_file(out, _page(f"Run {scenario.get('name', record.path.name)}", meta,
+                                 sections))
 

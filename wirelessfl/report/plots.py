@@ -5,18 +5,22 @@ problems with a known optimum, f - f* and ||grad f||^2 against rounds, gradients
 
 from __future__ import annotations
 
+import io
 import textwrap
 from pathlib import Path
 
 import matplotlib
+import matplotlib.text
 import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from wirelessfl.errors import UserError
-from wirelessfl.results.records import RunRecord
+from wirelessfl.results.records import RunRecord, output_folder, write_file
+
+# Never LaTeX, whatever a user's matplotlibrc says: a label would be handed to TeX as markup.
+matplotlib.rcParams["text.usetex"] = False
 
 BREAKDOWN = [("energy_compute_forward_j", "compute (forward)"),
              ("energy_compute_backward_j", "compute (backward)"),
@@ -24,6 +28,34 @@ BREAKDOWN = [("energy_compute_forward_j", "compute (forward)"),
              ("energy_idle_j", "idle")]
 TIME_SPLIT = [("compute_s", "compute"), ("uplink_s", "uplink"), ("downlink_s", "downlink"),
               ("idle_s", "idle")]
+
+
+def literal(text) -> str:
+    """``text`` as matplotlib draws it literally: a pair of '$' would be read as mathtext (an
+    algorithm labelled ``a$x$`` drawn as an italic x, ``$\\foo$`` a crash); an escaped '\\$' is
+    drawn as '$'. For tick labels, which are re-made at every draw (save_figure escapes the
+    other texts)."""
+    return str(text).replace("$", r"\$")
+
+
+def save_figure(fig, path: Path, dpi: int, rect=(0, 0, 1, 1)) -> Path:
+    """Lay ``fig`` out (tight, within ``rect``), render it as PNG in memory, close it, and write
+    it to ``path`` atomically (a temporary file renamed into place, records.write_file): a link
+    planted at ``path`` is replaced, never written through, and a failed write leaves the
+    previous figure. Every text of the figure is drawn as written (``literal``; before the
+    layout, which measures the texts), except the tick labels matplotlib's log formatters write
+    in mathtext (``\\mathdefault``)."""
+    buffer = io.BytesIO()
+    try:
+        for text in fig.findobj(matplotlib.text.Text):
+            shown = text.get_text()
+            if "$" in shown and r"\mathdefault" not in shown:
+                text.set_text(literal(shown))
+        fig.tight_layout(rect=rect)
+        fig.savefig(buffer, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return write_file(path, buffer.getvalue())
 
 
 def _accuracy_against(record: RunRecord, column: str, xlabel: str, path: Path) -> Path:
@@ -41,10 +73,7 @@ def _accuracy_against(record: RunRecord, column: str, xlabel: str, path: Path) -
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     ax.set_title(record.manifest.get("scenario", {}).get("name", ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 120)
 
 
 # x-axes of the optimisation-progress figure (fedred.md A14 / Sec. 5.1 metrics (a)-(c)).
@@ -85,10 +114,7 @@ def optimization_progress(record: RunRecord, path: Path) -> Path | None:
     fig.suptitle(record.manifest.get("scenario", {}).get("name", ""), y=0.99, fontsize=10)
     fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.955),
                ncol=min(6, rounds.algorithm.nunique()), frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.88))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 110, rect=(0, 0, 1, 0.88))
 
 
 def energy_breakdown(record: RunRecord, path: Path) -> Path:
@@ -98,7 +124,7 @@ def energy_breakdown(record: RunRecord, path: Path) -> Path:
     last = record.rounds.sort_values("round").groupby("algorithm", sort=False).tail(1)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     bottom = [0.0] * len(last)
-    names = list(last.algorithm)
+    names = [literal(name) for name in last.algorithm]  # the x axis's categories: tick labels
     for column, label in BREAKDOWN:
         if column not in last:  # runs recorded before idle energy existed
             continue
@@ -121,10 +147,7 @@ def energy_breakdown(record: RunRecord, path: Path) -> Path:
                   else "linear")
     ax.legend()
     ax.set_title("energy by kind")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 120)
 
 
 def label_histogram(record: RunRecord, path: Path) -> Path | None:
@@ -157,10 +180,7 @@ def label_histogram(record: RunRecord, path: Path) -> Path | None:
                                + (f" ({params})" if params else ""), 90)
                  + (f"\nmean total-variation distance to the overall mix {tv:.3f}"
                     if tv is not None else ""), fontsize="medium")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 120)
 
 
 def network_lifetime(record: RunRecord, path: Path) -> Path | None:
@@ -190,10 +210,7 @@ def network_lifetime(record: RunRecord, path: Path) -> Path | None:
                 for a, g in rounds.sort_values("round").groupby("algorithm", sort=False)}
     fig.suptitle("network lifetime: devices whose battery ran out, by algorithm: "
                  + ", ".join(f"{a} {k}" for a, k in depleted.items()), fontsize="medium")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 120)
 
 
 def _colours():
@@ -245,8 +262,9 @@ def device_energy(record: RunRecord, path: Path) -> Path | None:
         ax.set_yscale("log")
     for axis in (ax, time_ax):
         axis.set_xticks(np.arange(len(classes)))
-        axis.set_xticklabels([f"{c}\n({(devices.device_class == c).sum() // len(algorithms)} "
-                              "devices)" for c in classes])
+        per_class = [(devices.device_class == c).sum() // len(algorithms) for c in classes]
+        axis.set_xticklabels([f"{literal(c)}\n({count} devices)"
+                              for c, count in zip(classes, per_class)])
     ax.set_ylabel("energy per device over the run [J]")
     ax.set_title("per-device energy by class", fontsize="medium")
     ax.legend(fontsize="small")
@@ -256,10 +274,7 @@ def device_energy(record: RunRecord, path: Path) -> Path | None:
     time_ax.set_title("where each class's time went (bars: " + ", ".join(algorithms) + ")",
                       fontsize="medium")
     time_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 120)
 
 
 def device_accuracy(record: RunRecord, path: Path) -> Path | None:
@@ -293,7 +308,7 @@ def device_accuracy(record: RunRecord, path: Path) -> Path | None:
                        label=f"{algorithm}: worst k")
     fraction = record.manifest.get("scenario", {}).get("worst_fraction", 0.1)
     ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names, rotation=20, ha="right")
+    ax.set_xticklabels([literal(name) for name in names], rotation=20, ha="right")
     ax.set_ylabel("accuracy on the device's own label mix")
     ax.set_title("per-device accuracy at the last evaluation", fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
@@ -305,10 +320,7 @@ def device_accuracy(record: RunRecord, path: Path) -> Path | None:
                         fontsize="medium")
     energy_ax.grid(True, which="both", alpha=0.3)
     energy_ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 120)
 
 
 def draw_report(record: RunRecord, out_dir: Path | None = None) -> list[Path]:
@@ -316,11 +328,7 @@ def draw_report(record: RunRecord, out_dir: Path | None = None) -> list[Path]:
     only when the manifest has label counts, the lifetime and per-device figures only for runs
     that recorded device energy budgets and classes, the progress figure only where f* is
     known)."""
-    out = Path(out_dir or record.path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"--out {out}: cannot create the folder ({err.strerror})") from None
+    out = output_folder(Path(out_dir or record.path))
     paths = [
         _accuracy_against(record, "energy_j", "cumulative energy, all devices [J]",
                           out / "accuracy_vs_energy.png"),

@@ -3,24 +3,21 @@ the evaluation table, every configuration tried, and the figures (report/html.py
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from wirelessfl.report.compare_plots import draw_comparison
-from wirelessfl.report.html import _figure, _page, _table, _yaml_block
+from wirelessfl.report.html import _figure, _page, _table, _text, _yaml_block
 from wirelessfl.results.compare import compare_dirs
+from wirelessfl.results.records import write_file
 from wirelessfl.tune.tables import choice_cells, evaluation_cells, tuning_cells
 
 
 def tune_html(tune, result, out: Path) -> Path:
     """Write ``out`` for ``result`` (a wirelessfl.tune.study.TuneResult) of ``tune``; the
     comparison figures of the evaluation runs are drawn into the study folder first."""
-    meta = (f"objective {html.escape(tune.spec.objective)}, tuning seeds "
-            f"{html.escape(str(tune.spec.tuning_seeds))}, evaluation seeds "
-            f"{html.escape(str(tune.spec.evaluation_seeds))}, {html.escape(str(result.out))}")
-    out.write_text(_page(f"Tuning {tune.name}", meta, tune_sections(tune, result)),
-                   encoding="utf-8")
-    return out
+    meta = (f"objective {tune.spec.objective}, tuning seeds {tune.spec.tuning_seeds}, "
+            f"evaluation seeds {tune.spec.evaluation_seeds}, {result.out}")
+    return write_file(out, _page(f"Tuning {tune.name}", meta, tune_sections(tune, result)))
 
 
 def reproduce_html(repro, outcome, out: Path) -> Path:
@@ -32,8 +29,8 @@ def reproduce_html(repro, outcome, out: Path) -> Path:
     health = [["method", "seed", "healthy", "health"]] + [
         [str(r.method), str(r.seed), "yes" if r.healthy else "no", str(r.health)]
         for r in runs.itertuples()]
-    sections = [f"<p>{html.escape(repro.spec.paper)}</p>",
-                f"<p>{html.escape(repro.spec.description or '')}</p>",
+    sections = [f"<p>{_text(repro.spec.paper)}</p>",
+                f"<p>{_text(repro.spec.description or '')}</p>",
                 "<h2>Claims and verdicts</h2>",
                 ("<p>Holds / does not hold: the 95 % confidence intervals over the evaluation "
                  "seeds of the tuned settings do not overlap, in the paper's direction or the "
@@ -41,9 +38,8 @@ def reproduce_html(repro, outcome, out: Path) -> Path:
                 _table(verdict_cells(outcome.verdicts), message_col=2),
                 "<h2>Health of every evaluation run</h2>", _table(health, message_col=3),
                 *tune_sections(repro.tune, outcome.tuning)]
-    meta = f"{html.escape(repro.name)}, {html.escape(str(outcome.out))}"
-    out.write_text(_page(f"Reproduction: {repro.spec.title}", meta, sections), encoding="utf-8")
-    return out
+    meta = f"{repro.name}, {outcome.out}"
+    return write_file(out, _page(f"Reproduction: {repro.spec.title}", meta, sections))
 
 
 def tune_sections(tune, result) -> list[str]:
@@ -51,9 +47,9 @@ def tune_sections(tune, result) -> list[str]:
     title = tune.objective.title
     evaluation_dir = result.out / "evaluation"
     comparison = draw_comparison(compare_dirs([evaluation_dir]), result.out)
-    warnings = "".join(f"<li>{html.escape(w)}</li>" for w in result.warnings)
+    warnings = "".join(f"<li>{_text(w)}</li>" for w in result.warnings)
     sections = [
-        "<h2>Verdict</h2>", f"<p><strong>{html.escape(result.verdict)}</strong></p>",
+        "<h2>Verdict</h2>", f"<p><strong>{_text(result.verdict)}</strong></p>",
         ("<p>Only tuned settings that were healthy (and reached the target) on every "
          "evaluation seed compete; a winner is named only when its 95 % interval does not "
          "overlap the runner-up's.</p>"),
@@ -71,7 +67,7 @@ def tune_sections(tune, result) -> list[str]:
         "<h2>Every configuration tried</h2>",
     ]
     for label, spaces in tune.spaces.items():
-        sections += [f"<h3>{html.escape(label)}</h3>",
+        sections += [f"<h3>{_text(label)}</h3>",
                      _table(tuning_cells(result.tuning, label, list(spaces), title),
                             message_col=len(spaces) + 4)]
     return [*sections, _yaml_block("the tune file", tune.document, open_=True)]

@@ -14,6 +14,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from wirelessfl.report.plots import literal, save_figure
+
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "algorithm"
@@ -68,7 +70,7 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
             ax.set_xscale("log")
         if not numeric:
             ax.set_xticks(range(len(info["values"])))
-            ax.set_xticklabels([str(v) for v in info["values"]])
+            ax.set_xticklabels([literal(v) for v in info["values"]])
         if log_y:
             ax.set_yscale("log")
         ax.set_xlabel(param)
@@ -76,10 +78,7 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
     axes[0][0].set_ylabel(f"{title}\n(mean over tuning seeds)")
     axes[0][0].legend(fontsize="small")
     fig.suptitle(f"{label}: tuning", fontsize="medium")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 110)
 
 
 def draw_tuning(tune, table: pd.DataFrame, out_dir: Path) -> list[Path]:

@@ -65,7 +65,8 @@ def run_folders(dirs: list[str | Path]) -> list[Path]:
             try:  # a damaged manifest (not a mapping, entries without folders) is refused
                 runs = json.loads((d / SWEEP_MANIFEST).read_text())["runs"]
                 found = [d / r["folder"] for r in runs if r.get("status") in FINISHED]
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError,
+                    RecursionError) as err:  # unreadable, not JSON, or not a sweep manifest
                 raise UserError(f"{d / SWEEP_MANIFEST}: cannot read the sweep manifest "
                                 f"({type(err).__name__}: {err}); re-run the sweep to rewrite it"
                                 ) from None
@@ -137,6 +138,10 @@ def compare_records(records: list[RunRecord]) -> Comparison:
                          "final_accuracy": s.final_accuracy, "energy_j": s.energy_j,
                          "sim_time_s": s.sim_time_s, "healthy": bool(s.healthy),
                          "health": s.health})
+    if not rows:
+        raise UserError(f"{', '.join(str(r.path) for r in records)}: no algorithm has recorded a "
+                        "round yet; compare the runs once they have (or finish them with "
+                        "'wirelessfl run --resume RUN_DIR')")
     keys = _config_keys(flat)
     runs = pd.DataFrame(rows)
     for k in keys:

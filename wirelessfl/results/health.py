@@ -1,12 +1,12 @@
 """The health verdict of one algorithm's run, from its recorded rows and its status
 (docs/results.md, "How to read the health columns"; DESIGN.md section 7).
 
-A run is unhealthy when it diverged, when more than ``max_clipped_share`` of the quantised values
-it sent clipped at a fixed quantiser range's ends, when its test loss grew above
-``max_loss_growth`` times its starting value or did not fall by the end, when more than
-``max_empty_round_share`` of its rounds delivered no upload, or (where set) when its parameter
-norm grew more than ``max_param_norm_growth`` times. The limits are the scenario's ``health:``
-section (wirelessfl.scenario.schema.HealthConfig).
+A run is unhealthy when it diverged or failed (an exception stopped it), when more than
+``max_clipped_share`` of the quantised values it sent clipped at a fixed quantiser range's ends,
+when its test loss grew above ``max_loss_growth`` times its starting value or did not fall by the
+end, when more than ``max_empty_round_share`` of its rounds delivered no upload, or (where set)
+when its parameter norm grew more than ``max_param_norm_growth`` times. The limits are the
+scenario's ``health:`` section (wirelessfl.scenario.schema.HealthConfig).
 """
 
 from __future__ import annotations
@@ -26,6 +26,13 @@ HEALTH_FIELDS = ["healthy", "health", "clipped_share", "loss_growth", "final_los
 STEP_SIZE_PARAMS = ("lr", "alpha0", "gamma0", "alpha", "eta")
 # Written where the rows predate the counters (run folders recorded before these columns).
 NOT_RECORDED = "clipping and empty rounds not recorded: the run predates the health columns"
+
+
+def failed_reason(when: str) -> str:
+    """Why an algorithm that raised an exception (status ``failed``, engine/simulation.py) is
+    unhealthy; ``when``: "after round R" or "before its first evaluation"."""
+    return (f"failed: an error stopped it {when} (its message and traceback are in the "
+            "manifest's algorithms entry)")
 
 
 def step_size_name(fields: Iterable[str] | None) -> str:
@@ -94,6 +101,8 @@ def assess(group: pd.DataFrame, status: str | None = None, limits: HealthConfig 
         what = f"{nonfinite} non-finite upload(s)" if nonfinite else "NaN/inf in its model or loss"
         reasons.append(f"diverged ({what}; the run stopped at round {int(last['round'])}): "
                        f"lower {step}")
+    if status == "failed":
+        reasons.append(failed_reason(f"after round {int(last['round'])}"))
 
     clipped_share = empty_share = math.nan
     if recorded:
@@ -149,7 +158,9 @@ def manifest_entry(rows: list[dict], status: str, limits: HealthConfig,
     the final counters (JSON-safe: NaN as null)."""
     frame = pd.DataFrame(rows)
     if frame.empty:
-        return {"healthy": status != "diverged", "health": "no rows recorded"}
+        return {"healthy": status not in ("diverged", "failed"),
+                "health": (failed_reason("before its first evaluation") if status == "failed"
+                           else "no rows recorded")}
     verdict = assess(frame, status, limits, fields)
     last = frame.sort_values("round").iloc[-1]
     counts = {k: int(last[k]) for k in ("quantized_up", "clipped_up", "quantized_down",

@@ -8,12 +8,16 @@ releases it when the writer's process ends, however it ends.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+import math
 import os
 import platform
+import re
+import secrets
 import shutil
-import tempfile
+import socket
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -23,7 +27,7 @@ from typing import Self
 import numpy as np
 import pandas as pd
 
-from wirelessfl.errors import UserError
+from wirelessfl.errors import UserError, os_error_message
 from wirelessfl.learning.partition import mean_tv_distance
 
 ROUND_COLUMNS = [
@@ -46,20 +50,102 @@ DEVICE_COLUMNS = [
 PACKAGES = ("wirelessfl", "torch", "numpy", "scipy", "simpy", "pydantic", "pandas", "pyarrow")
 
 
-def atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+# Temporary files and folders of an unfinished write: ".NAME.tmp-PID-HOST-RANDOM" beside NAME.
+# The writer's process id and host tell a stale one (its writer is gone) from one being written.
+TEMP_MARK = ".tmp-"
+_TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-(?P<host>[A-Za-z0-9_.-]*)-[0-9a-f]{8}$")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64]
+
+
+def _temp_path(path: Path) -> Path:
+    return path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}-{_host()}-{secrets.token_hex(4)}"
+
+
+def _writer_alive(pid: int, host: str) -> bool:
+    """Whether the process that named a temporary file may still be writing it (a process on
+    another host sharing the folder is assumed alive)."""
+    if host != _host():
+        return True
     try:
-        write(tmp)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temps(folder: Path, name: str | None = None) -> None:
+    """Delete the temporary files and folders that interrupted writes (a kill, a full disk) left
+    in ``folder`` (only those of ``name`` when given), never one whose writer still runs."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        found = _TEMP.match(entry.name)
+        if not found or (name is not None and found["name"] != name) \
+                or _writer_alive(int(found["pid"]), found["host"]):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+
+
+def _new_temp(path: Path) -> Path:
+    """Create an empty temporary file for ``path`` (O_EXCL: never an existing file or link)."""
+    while True:
+        tmp = _temp_path(path)
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o666))
+        except FileExistsError:  # a 32-bit random name taken: draw another
+            continue
+        return tmp
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call ``write(tmp)`` on a new temporary file beside ``path``, then rename it onto ``path``.
+
+    The rename replaces whatever ``path`` is, a symbolic link included, and never writes through
+    it; a reader sees the old file or the whole new one; a failed write (a full disk) leaves the
+    old file as it was and no temporary file behind. The file gets the permissions of any file
+    this process creates (0666 less the umask), so the group reads tables as it reads figures.
+    An OSError becomes a UserError naming ``path`` and the fix."""
+    path = Path(path)
+    remove_stale_temps(path.parent, path.name)
+    tmp = None
+    try:
+        tmp = _new_temp(path)
+        write(str(tmp))
         os.replace(tmp, path)
+    except OSError as err:
+        raise UserError(f"cannot write {os_error_message(err, path)}; the file as it was before "
+                        "is kept") from err
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.lexists(tmp):
             os.unlink(tmp)
 
 
+def write_file(path: Path, content: bytes | str) -> Path:
+    """Write ``content`` (text as UTF-8) to ``path`` atomically (atomic_write); returns ``path``."""
+    data = content.encode("utf-8") if isinstance(content, str) else content
+
+    def write(tmp: str) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+
+    atomic_write(path, write)
+    return Path(path)
+
+
 def write_json(path: Path, data: dict) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
+    write_file(path, json.dumps(data, indent=2) + "\n")
 
 
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
@@ -71,25 +157,50 @@ def write_table(path: Path, rows: list[dict], columns: list[str]) -> None:
     atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
+def output_folder(folder: Path, flag: str = "--out") -> Path:
+    """Create ``folder`` (and its parents) for outputs and clear the temporary files interrupted
+    writes left there; an OSError becomes a UserError naming ``flag``. A folder the user names
+    that is a symbolic link is followed (a scratch disk linked into place is common); inside it,
+    files are replaced by rename (atomic_write), never written through a link planted there."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"{flag} {folder}: cannot create the folder: "
+                        f"{os_error_message(err, None)}") from None
+    remove_stale_temps(folder)
+    return folder
+
+
 def publish_folder(files: dict[str, bytes], final: Path) -> None:
     """Make ``final`` a folder holding exactly ``files`` (name -> content) in one rename: they are
     written to a hidden sibling folder first, so a reader (or a rerun after a kill) sees either
     the old folder or the whole new one, never a half-written one."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".partial"))
+    output_folder(final.parent)
+    for name in files:
+        if name in ("", ".", "..") or os.sep in name or (os.altsep and os.altsep in name):
+            raise UserError(f"{final}: refusing the file name {name!r} (not a plain file name)")
+    staging = _temp_path(final)
     try:
+        os.mkdir(staging, 0o777)  # less the umask, like every output
         for name, content in files.items():
-            (staging / name).write_bytes(content)
-        if final.exists():  # a stale or failed earlier attempt: swap it out, then delete it
-            old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".old"))
-            os.replace(final, old / "run")
+            write_file(staging / name, content)
+        if os.path.lexists(final):  # a stale or failed earlier attempt: swap it out, delete it
+            old = _temp_path(final)
+            os.replace(final, old)
             os.replace(staging, final)
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_symlink():
+                old.unlink()
+            else:
+                shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, final)
+    except OSError as err:
+        raise UserError(f"cannot write {os_error_message(err, final)}; the folder as it was "
+                        "before is kept") from err
     finally:
-        if staging.exists():
+        if os.path.lexists(staging):
             shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -202,11 +313,7 @@ class RunWriter:
 
     def __init__(self, out_dir: Path, scenario_doc: dict, seed: int, extra: dict | None = None,
                  partition: dict | None = None):
-        self.dir = Path(out_dir)
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise UserError(f"--out {out_dir}: cannot create the results folder ({err.strerror})")
+        self.dir = output_folder(Path(out_dir))
         if (self.dir / "manifest.json").exists():
             acquire_lock(self.dir).release()  # a live writer there is refused first
             raise UserError(f"--out {out_dir}: already holds a run; choose another folder, or "
@@ -241,6 +348,7 @@ class RunWriter:
         writer = cls.__new__(cls)
         writer.dir = Path(out_dir)
         writer.lock = acquire_lock(writer.dir)
+        remove_stale_temps(writer.dir)
         writer.manifest = record.manifest
         done = {k: v for k, v in record.manifest.get("algorithms", {}).items()
                 if v.get("status") in FINISHED}
@@ -284,18 +392,125 @@ class RunRecord:
         return self.manifest.get("scenario", {}).get("target_suboptimality")
 
 
+# What the readers of a run folder (report, compare, --resume) rely on without a check for runs
+# recorded by older versions: these columns, numeric, and an ``algorithm`` column of labels.
+REQUIRED_ROUNDS = ("algorithm", "round", "sim_time_s", "energy_j", "energy_compute_j",
+                   "energy_uplink_j", "energy_downlink_j", "bits_up", "delivered_fraction",
+                   "test_accuracy")
+REQUIRED_DEVICES = ("algorithm", "device")
+TEXT_COLUMNS = ("algorithm", "device_class", "device_accuracy")  # the rest are numbers
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _damaged(where: Path, what: str) -> UserError:
+    return UserError(f"{where}: {what}; the run folder is damaged: restore it from a copy, or "
+                     "run the scenario again into a new folder")
+
+
+def _is_number(value, optional: bool = False) -> bool:
+    if value is None:
+        return optional
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_table(frame: pd.DataFrame, where: Path, required: tuple[str, ...]) -> None:
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise _damaged(where, f"columns {', '.join(missing)} are missing")
+    for column in frame.columns:
+        values = frame[column]
+        if column in TEXT_COLUMNS or values.isna().all():
+            continue
+        if not (pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values)):
+            raise _damaged(where, f"column {column!r} holds {values.dtype} values, not numbers")
+    labels = frame["algorithm"]
+    if labels.isna().any() or not all(isinstance(v, str) and not _CONTROL.search(v)
+                                      for v in labels.unique()):
+        raise _damaged(where, "the 'algorithm' column holds values that are not printable labels")
+
+
+def _check_manifest(manifest, where: Path) -> None:
+    """The manifest keys and types the readers use (docs/results.md, "manifest.json")."""
+    from pydantic import ValidationError
+
+    from wirelessfl.scenario.schema import HealthConfig
+
+    if not isinstance(manifest, dict):
+        raise _damaged(where, f"holds a JSON {type(manifest).__name__}, not an object")
+    for key, kind, what in (("status", str, "a text"), ("scenario", dict, "an object"),
+                            ("algorithms", dict, "an object")):
+        if not isinstance(manifest.get(key), kind):
+            raise _damaged(where, f"'{key}' is missing or not {what}")
+    seed = manifest.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise _damaged(where, "'seed' is missing or not an integer")
+    for label, entry in manifest["algorithms"].items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("status", ""), str) \
+                or not isinstance(entry.get("params", {}), dict):
+            raise _damaged(where, f"'algorithms.{label}' is not an algorithm's entry")
+    scenario = manifest["scenario"]
+    population = scenario.get("population", {})
+    checks = [
+        ("scenario.name", isinstance(scenario.get("name", ""), str)),
+        ("scenario.population.num_devices", isinstance(population, dict) and isinstance(
+            population.get("num_devices", 1), int) and population.get("num_devices", 1) > 0),
+        ("scenario.target_accuracy", _is_number(scenario.get("target_accuracy"), True)),
+        ("scenario.target_suboptimality", _is_number(scenario.get("target_suboptimality"), True)),
+        ("scenario.worst_fraction", _is_number(scenario.get("worst_fraction", 0.1))),
+        ("scenario.algorithms", isinstance(scenario.get("algorithms", []), list) and all(
+            isinstance(a, dict) for a in scenario.get("algorithms", []))),
+    ]
+    for key, ok in checks:
+        if not ok:
+            raise _damaged(where, f"'{key}' has a value of the wrong kind")
+    try:
+        HealthConfig.model_validate(scenario.get("health") or {})
+    except ValidationError:
+        raise _damaged(where, "'scenario.health' is not a valid health section") from None
+    partition = manifest.get("partition")
+    if partition is not None:
+        try:
+            counts = np.asarray(partition.get("label_counts") or [], dtype=float)
+            ok = counts.ndim in (1, 2) and isinstance(partition.get("params") or {}, dict) \
+                and _is_number(partition.get("mean_label_tv"), True)
+        except (AttributeError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise _damaged(where, "'partition' is not a partition entry")
+
+
 def read_run(path: str | Path) -> RunRecord:
-    """Load a run folder, with a clean error naming what is missing."""
+    """Load a run folder, checked for what its readers rely on: a missing file, a file that is not
+    what it should be (truncated, not JSON, not Parquet), a missing key or column or a value of the
+    wrong kind ends in a UserError naming the file and the fix, never in a traceback further on."""
+    import pyarrow
+
     folder = Path(path)
     missing = [f for f in ("rounds.parquet", "devices.parquet", "manifest.json")
                if not (folder / f).is_file()]
     if missing:
         raise UserError(f"{folder}: not a wirelessfl run folder (missing {', '.join(missing)}); "
                         "pass the folder that 'wirelessfl run' wrote (see its --out)")
+    where = folder / "manifest.json"
     try:
-        manifest = json.loads((folder / "manifest.json").read_text())
-        rounds = pd.read_parquet(folder / "rounds.parquet")
-        devices = pd.read_parquet(folder / "devices.parquet")
-    except (OSError, ValueError) as err:
-        raise UserError(f"{folder}: cannot read the run's files ({err}); rerun the scenario")
-    return RunRecord(folder, rounds, devices, manifest)
+        manifest = json.loads(where.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise UserError(f"cannot read {os_error_message(err, where)}") from None
+    except (ValueError, RecursionError) as err:  # not UTF-8, not JSON, nested too deep
+        raise _damaged(where, f"not a JSON document ({type(err).__name__})") from None
+    _check_manifest(manifest, where)
+    tables = {}
+    for name, required in (("rounds.parquet", REQUIRED_ROUNDS),
+                           ("devices.parquet", REQUIRED_DEVICES)):
+        where = folder / name
+        try:
+            tables[name] = pd.read_parquet(where)
+        except OSError as err:
+            if err.errno is None:  # pyarrow's error for bytes that are not a Parquet file
+                raise _damaged(where, f"not a readable Parquet file ({err})") from None
+            raise UserError(f"cannot read {os_error_message(err, where)}") from None
+        except (ValueError, TypeError, KeyError, pyarrow.ArrowException) as err:
+            raise _damaged(where, f"not a readable Parquet file ({type(err).__name__}: "
+                                  f"{str(err)[:200]})") from None
+        _check_table(tables[name], where, required)
+    return RunRecord(folder, tables["rounds.parquet"], tables["devices.parquet"], manifest)

@@ -7,7 +7,12 @@ import math
 
 import pandas as pd
 
-from wirelessfl.results.health import HEALTH_FIELDS, assess, manifest_health
+from wirelessfl.results.health import (
+    HEALTH_FIELDS,
+    assess,
+    failed_reason,
+    manifest_health,
+)
 
 SUMMARY_COLUMNS = [
     "algorithm", "rounds_to_target", "time_to_target_s", "energy_to_target_j",
@@ -44,7 +49,8 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
     The health columns (``healthy``, ``health`` and the numbers behind them, results/health.py)
     read the run's ``manifest`` for each algorithm's status, parameter names and the scenario's
     ``health:`` limits; without it the default limits apply and a diverged run is recognised by
-    its last row (NaN test loss)."""
+    its last row (NaN test loss). An algorithm that failed before recording a row (status
+    ``failed`` in the manifest) gets a row of its own, unhealthy, its numbers NaN."""
     limits, algorithms = manifest_health(manifest)
     out = []
     for algorithm, group in rounds.groupby("algorithm", sort=False):
@@ -89,6 +95,11 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
             "late_uploads": int(last.get("late_uploads", 0) or 0),
             **health,
         })
+    recorded = {row["algorithm"] for row in out}
+    for algorithm, (status, _) in algorithms.items():  # failed before its first evaluation
+        if status == "failed" and algorithm not in recorded:
+            out.append({"algorithm": algorithm, "rounds": 0, "healthy": False,
+                        "health": failed_reason("before its first evaluation")})
     return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
 
 
