@@ -108,6 +108,30 @@ def test_every_file_of_a_run_folder_is_readable_as_open_would_make_it(recorded, 
         assert (copy / name).stat().st_mode & 0o777 == 0o640, name
 
 
+def test_a_published_run_folder_replaces_a_planted_link_and_is_group_readable(tmp_path):
+    """A sweep's run folder (records.publish_folder): a link planted at its name is swapped out,
+    never written through; folder 0777 & ~umask, files 0666 & ~umask; no staging left."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "manifest.json").write_text("precious")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "r").symlink_to(outside)
+    previous = os.umask(0o007)
+    try:
+        records.publish_folder({"manifest.json": b"{}", "rounds.parquet": b"x"}, runs / "r")
+    finally:
+        os.umask(previous)
+    assert (outside / "manifest.json").read_text() == "precious"
+    assert not (runs / "r").is_symlink() and (runs / "r" / "manifest.json").read_bytes() == b"{}"
+    assert (runs / "r").stat().st_mode & 0o777 == 0o770
+    assert {p.stat().st_mode & 0o777 for p in (runs / "r").iterdir()} == {0o660}
+    assert sorted(p.name for p in runs.iterdir()) == ["r"]
+    with pytest.raises(records.UserError, match="not a plain file name"):
+        records.publish_folder({"../escape": b"x"}, runs / "s")
+    assert not (tmp_path / "escape").exists()
+
+
 # ---- symbolic links and temporary files ---------------------------------------------------------
 
 def test_report_replaces_links_planted_in_the_run_folder_and_never_writes_through_them(
@@ -185,19 +209,24 @@ def _limited_file_size(limit: int):
     return preexec
 
 
-def test_a_write_that_fails_midway_leaves_the_previous_report_intact(run_copy, capsys):
+@pytest.mark.parametrize(("limit", "failing"), [(20_000, "accuracy_vs_energy.png"),
+                                                 (200_000, "report.html")])
+def test_a_write_that_fails_midway_leaves_the_previous_report_intact(limit, failing, run_copy,
+                                                                     capsys):
     """The kernel refuses to let a file grow past RLIMIT_FSIZE (EFBIG), as a full disk refuses
-    with ENOSPC: the figures and report.html written before stay byte for byte, no temporary
-    file is left, and the command says so in one line."""
+    with ENOSPC: at 20 kB the first figure fails, at 200 kB report.html (the figures, 30-70 kB,
+    are written again, the same bytes); what was written before stays byte for byte, no
+    temporary file is left, and the command says so in one line."""
     assert _cli(capsys, "report", run_copy, "--html")[0] == 0
     before = snapshot(run_copy)
+    assert (run_copy / "report.html").stat().st_size > 200_000
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-m", "wirelessfl", "report", str(run_copy), "--html"],
                           capture_output=True, text=True, env=env, timeout=240,
-                          preexec_fn=_limited_file_size(20_000), check=False)
-    assert_refused(proc, "file size limit", "accuracy_vs_energy.png")
+                          preexec_fn=_limited_file_size(limit), check=False)
+    assert_refused(proc, "file size limit", str(run_copy / failing), "as it was before is kept")
     assert snapshot(run_copy) == before
 
 

@@ -174,33 +174,41 @@ def output_folder(folder: Path, flag: str = "--out") -> Path:
 
 def publish_folder(files: dict[str, bytes], final: Path) -> None:
     """Make ``final`` a folder holding exactly ``files`` (name -> content) in one rename: they are
-    written to a hidden sibling folder first, so a reader (or a rerun after a kill) sees either
-    the old folder or the whole new one, never a half-written one."""
+    written to a hidden sibling folder first (``.NAME.XXXXXXXX.partial``, which a sweep's next
+    start removes if a kill left it), so a reader (or a rerun after a kill) sees either the old
+    folder or the whole new one, never a half-written one. The folder gets 0777 less the umask,
+    its files 0666 less the umask, like every output."""
     final = Path(final)
     output_folder(final.parent)
     for name in files:
         if name in ("", ".", "..") or os.sep in name or (os.altsep and os.altsep in name):
             raise UserError(f"{final}: refusing the file name {name!r} (not a plain file name)")
-    staging = _temp_path(final)
+    sibling = lambda suffix: final.parent / f".{final.name}.{secrets.token_hex(4)}{suffix}"
+    staging = None
     try:
-        os.mkdir(staging, 0o777)  # less the umask, like every output
+        while staging is None:
+            staging = sibling(".partial")
+            try:
+                os.mkdir(staging, 0o777)
+            except FileExistsError:  # a 32-bit random name taken: draw another
+                staging = None
         for name, content in files.items():
             write_file(staging / name, content)
         if os.path.lexists(final):  # a stale or failed earlier attempt: swap it out, delete it
-            old = _temp_path(final)
+            old = sibling(".old")
             os.replace(final, old)
             os.replace(staging, final)
-            if old.is_symlink():
-                old.unlink()
-            else:
+            if old.is_dir() and not old.is_symlink():
                 shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink()
         else:
             os.replace(staging, final)
     except OSError as err:
         raise UserError(f"cannot write {os_error_message(err, final)}; the folder as it was "
                         "before is kept") from err
     finally:
-        if os.path.lexists(staging):
+        if staging is not None and os.path.lexists(staging):
             shutil.rmtree(staging, ignore_errors=True)
 
 
