@@ -239,6 +239,14 @@ def _idx_dims(root: str | None, base: str) -> tuple[int, int, int]:
 
 
 _FEATURE = re.compile(rb"(\d+):")
+# Feature indices a LIBSVM reader accepts (int32); a larger one is the loader's error to report.
+LIBSVM_INDEX_LIMIT = 2**31 - 1
+
+
+def _largest_index(block: bytes) -> int:
+    """1 + the largest valid feature index in ``block`` (0 without any)."""
+    found = [i for i in map(int, _FEATURE.findall(block)) if i < LIBSVM_INDEX_LIMIT]
+    return max(found) + 1 if found else 0
 
 
 def _libsvm_shape(data, limit_bytes: float) -> tuple[int, int, int | None]:
@@ -262,13 +270,11 @@ def _libsvm_shape(data, limit_bytes: float) -> tuple[int, int, int | None]:
                         cut = block.rfind(b"\n") + 1
                         block, tail = block[:cut], block[cut:]
                         count += block.count(b"\n")
-                        found = _FEATURE.findall(block)
-                        if found:
-                            features = max(features, max(map(int, found)) + 1)
+                        features = max(features, _largest_index(block))
                         if (sum(lines) + count) * features * BYTES_PER_FLOAT > limit_bytes:
                             return sum(lines) + count, features, None
                     count += bool(tail.strip())
-                    features = max([features, *(int(v) + 1 for v in _FEATURE.findall(tail))])
+                    features = max(features, _largest_index(tail))
             except (OSError, EOFError, ValueError, zlib.error):
                 pass
             break
