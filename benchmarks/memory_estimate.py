@@ -143,10 +143,10 @@ def measure(family: str, n: int, work: Path) -> dict:
 
 
 def refusal(work: Path) -> dict:
-    """``num_devices: 1000000000``: the check's own time here, and the commands' wall time."""
-    doc = scenario_doc("dzofl", 10)
-    doc["population"]["num_devices"] = 1_000_000_000
-    doc["data"] = {"name": "digits"}
+    """``num_devices: 1000000000`` (on the bilevel problem, which has no data split for the
+    other checks to refuse first): the check's own time here, and the commands' wall time and
+    error line."""
+    doc = scenario_doc("bilevel", 1_000_000_000)  # no data split to refuse it first
     path = work / "billion.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     start = time.perf_counter()
@@ -163,8 +163,10 @@ def refusal(work: Path) -> dict:
         if command == "run":
             argv += ["--out", str(work / "billion")]
         _, seconds, code, err = peak_rss(argv)
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
         out[command] = {"exit_code": code, "wall_seconds": round(seconds, 2),
-                        "error_lines": sum(line.startswith("error:") for line in err.splitlines()),
+                        "error_lines": len(lines), "memory_refusal": any(
+                            "needs about" in line for line in lines),
                         "run_folder_created": (work / "billion").exists()}
     _, seconds, _, _ = peak_rss([sys.executable, "-c", "import wirelessfl.cli, torch"])
     out["import_wall_seconds"] = round(seconds, 2)
