@@ -86,10 +86,10 @@ DEVICE_RUN_BYTES = 512
 SAMPLE_BYTES = 40
 # Per value of a [rows, d] block quantised at fewer than 32 bits (quantize_rows): the float32
 # input and output and the float64 work copies (clipped, position, floor, uniforms, result).
-# Blocks whose float64 copy is below glibc's mmap threshold (32 MiB as engine/allocator.py sets
-# it) come from the heap, where the copies' freed space is reused less tightly.
+# Blocks below glibc's mmap threshold (32 MiB as engine/allocator.py sets it) come from the heap,
+# where freed space is reused less tightly: HEAP_FACTOR times as much (104 B a quantised value).
 QUANTIZE_VALUE_BYTES = 64
-QUANTIZE_HEAP_VALUE_BYTES = 104
+HEAP_FACTOR = 104 / 64
 MMAP_THRESHOLD_BYTES = 32 * MIB
 # Per value of a [rows, d] block of per-device models, gradients or updates in a round
 # (the block itself, the gradient and the update), in the compute precision's itemsize.
@@ -340,6 +340,13 @@ def chunk_devices(facts: ProblemFacts, n: int, batch: int, max_chunk_mb: float) 
     return max(1, min(n, int(max_chunk_mb * MIB // per)))
 
 
+def on_heap(nbytes: float, block_bytes: int) -> int:
+    """``nbytes`` of temporaries made of blocks of ``block_bytes`` each: as they are when the
+    blocks are mmapped (at or above glibc's threshold), and HEAP_FACTOR times that when they come
+    from the heap, whose freed space is reused less tightly."""
+    return int(nbytes if block_bytes >= MMAP_THRESHOLD_BYTES else nbytes * HEAP_FACTOR)
+
+
 def round_compute(cls, params, facts: ProblemFacts, n: int, chunk: int, bits: int
                   ) -> tuple[int, bool]:
     """(bytes, chunked) of one algorithm's largest round temporaries beyond its state: what the
@@ -348,16 +355,17 @@ def round_compute(cls, params, facts: ProblemFacts, n: int, chunk: int, bits: in
     d, size, module = facts.d, facts.itemsize, cls.__module__
     samples = BYTES_PER_FLOAT * params.batch_size * (
         facts.input_size + ACTIVATION_COPIES * facts.activations_per_sample)
-    if module == "wirelessfl.algorithms.dzofl":  # forward passes, one scalar a device
+    if module == "wirelessfl.algorithms.dzofl":  # forward passes (inputs and activations, no
+        # autograd copies), one scalar a device
         return chunk * BYTES_PER_FLOAT * params.batch_size * (
-            facts.input_size + facts.activations_per_sample) // 2, True
+            facts.input_size + facts.activations_per_sample), True
     if module == "wirelessfl.algorithms.fgdro":  # quantised in runs of consecutive devices
-        return chunk * (samples + FGDRO_ROW_COPIES * d * size), True
+        return chunk * samples + on_heap(FGDRO_ROW_COPIES * chunk * d * size, chunk * d * size), \
+            True
     rows = n if module in ALL_ROWS_MODULES else chunk
     per_value = 2 * size
     if bits < 32:
-        per_value = (QUANTIZE_VALUE_BYTES if rows * d * 8 >= MMAP_THRESHOLD_BYTES
-                     else QUANTIZE_HEAP_VALUE_BYTES)
+        per_value = on_heap(QUANTIZE_VALUE_BYTES, rows * d * 8)
     if module in ALL_ROWS_MODULES:  # the uploads of all N, quantised after the local work
         return rows * d * per_value, False
     return chunk * (samples + ROW_VALUE_COPIES * d * size) + rows * d * per_value, True
