@@ -1354,6 +1354,32 @@ def sweep_speedup_contended() -> str:
             "than with one.")
 
 
+@block("memory-estimate", "benchmarks/memory_estimate.json")
+def memory_estimate() -> str:
+    """The pre-run memory estimate against each family's measured peak (docs/reliability.md)."""
+    m = _json("benchmarks/memory_estimate.json")
+    rows = [[c["family"] + " (" + ", ".join(c["algorithms"]) + ")", i0(c["num_devices"]),
+             i0(c["d"]), f"{c['baseline_mb']:,.0f}", f"{c['peak_rss_mb']:,.0f}",
+             f"{c['measured_mb']:,.0f}", f"{c['estimate_mb']:,.0f}", f"{c['ratio']:.2f}"]
+            for c in m["cases"]]
+    low, high = m["target"]
+    ref = m["refusal"]
+    return (table(["family (algorithms)", "N", "d", "baseline [MB]", "peak RSS [MB]",
+                   "measured [MB]", "estimate [MB]", "estimate / measured"], rows)
+            + f"\n\nEvery ratio is between {m['min_ratio']:.2f} and {m['max_ratio']:.2f} "
+            f"(target {low}-{high}: {'met' if m['all_within'] else 'NOT met'}). Recorded "
+            f"{m['date'][:10]} on `{m['machine']['platform']}` ({m['machine']['cpus']} CPUs, "
+            f"{m['machine']['memory_total_gb']:g} GB), `{m['command'].strip()}`. "
+            f"`num_devices: 1000000000` is refused by the check in "
+            f"{ref['check_seconds'] * 1000:.0f} ms; `validate` and `run` exit with code "
+            f"{ref['validate']['exit_code']} and {ref['run']['exit_code']}, one `error:` line "
+            f"each, no run folder, in {ref['validate']['wall_seconds']:.1f} and "
+            f"{ref['run']['wall_seconds']:.1f} s of wall time; that is the interpreter starting "
+            f"and importing torch (a bare `import wirelessfl.cli, torch` took "
+            f"{ref['import_wall_seconds']:.1f} s in the same minutes on this shared machine), "
+            "not the check.")
+
+
 # ---------------------------------------------------------------- rendering
 
 

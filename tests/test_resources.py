@@ -1,9 +1,12 @@
-"""The pre-run memory estimate: its formula by hand, a refusal that names the numbers and the
-fix, and each algorithm's declared peak of [N, d] arrays against the state it really keeps."""
+"""The pre-run memory estimate: its parts by hand from the arrays a run holds, sizes read from
+file headers without loading, a refusal that names the numbers and the fix before anything is
+built, and each algorithm's declared peak of [N, d] arrays against the state it really keeps."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import bz2
+import gzip
+import struct
 
 import pytest
 import torch
@@ -13,42 +16,136 @@ from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
 from wirelessfl.cli import main
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.checkpoint import read_checkpoint
-from wirelessfl.engine.resources import check_memory, run_bytes
+from wirelessfl.engine.resources import (
+    check_memory_from_scenario,
+    dataset_shape,
+    estimate_memory,
+    problem_facts,
+)
+from wirelessfl.engine.runner import run_scenario
 from wirelessfl.engine.simulation import restore_algorithm, run_algorithm
 from wirelessfl.errors import UserError
+from wirelessfl.learning.datasets import DataConfig
 
 _load_builtin_algorithms()
 
 
-def test_run_bytes_by_hand():
-    # 7 arrays of 1,000 devices x 100 parameters in float64, plus a 16 MiB chunk
-    assert run_bytes(1000, 100, 7, 8, 16.0) == 7 * 1000 * 100 * 8 + 16 * 2**20
+def test_bilevel_estimate_by_hand():
+    """50 clients of fedmsa.md's quadratic (d_x = 3, d_w = 4, so d = 11, float64), FedMSA for
+    3 rounds evaluated every round, 16-bit uploads: every part from the array inventory."""
+    sc = algorithm_scenario({"name": "fedmsa", "rounds": 3, "eval_every": 1},
+                            ["population.num_devices=50"])
+    n, d = 50, 3 + 2 * 4
+    facts = problem_facts(sc)
+    data = 8 * n * 4 * (4 + 3 + 1)  # A [4, 4], B [4, 3], c [4] per client, float64
+    assert (facts.data_bytes, facts.load_bytes) == (data, data + 8 * n * 4 * 4)  # + G_m
+    est = estimate_memory(sc, facts)
+    assert est.parts["fixed"] == 60 * 2**20  # no torch model
+    assert est.parts["data"] == data
+    assert est.parts["population"] == n * 600  # no labels: no counts
+    state = 7 * n * d * 8  # DriftCorrected's seven [N, d] float64 arrays
+    # all N uploads through the quantiser: float64 work from the heap (4.4 kB < 32 MiB)
+    compute = n * d * 104
+    rows = 1 + 3  # round 0 and each of the 3 rounds
+    assert (est.parts["state"], est.parts["compute"]) == (state, compute)
+    assert est.parts["records"] == n * 512 + rows * 4096
+    assert est.total == 60 * 2**20 + data + n * 600 + state + compute + n * 512 + rows * 4096
+    assert (est.worst, est.d, est.itemsize, est.chunked) == ("fedmsa", d, 8, False)
 
 
-def test_a_run_over_the_limit_is_refused_with_the_numbers_and_a_fix(scenario_file, capsys):
-    sc = small_scenario(["engine.memory_limit_mb=8", "engine.max_chunk_mb=64"])
-    with pytest.raises(UserError, match=r"needs about 0\.06 GiB .* 8 devices x 650 parameters "
-                                        r"x 4 B .* engine\.max_chunk_mb = 64 MiB\), but 0\.01 "
-                                        r"GiB is the engine\.memory_limit_mb; use a smaller "
-                                        r"chunk \(--set engine\.max_chunk_mb=16\)"):
-        check_memory(build_world(sc))
+@pytest.mark.parametrize("n", [8, 400])
+def test_classifier_estimate_by_hand(n):
+    """The small scenario: N devices on digits (1,797 samples, 450 held out for testing), a
+    softmax model (d = 65 x 10 = 650, 74 activations a sample), DZOFL 30 rounds / 10, FedSGD
+    6 / 2 and FedAvg 4 / 2 at 16 bits, batch 10, one chunk of all N devices. With 8 devices
+    loading the data is the peak; with 400 the round of a vector method is."""
+    sc = small_scenario([f"population.num_devices={n}"])
+    facts = problem_facts(sc)
+    assert (facts.d, facts.train_samples, facts.test_samples, facts.input_size,
+            facts.activations_per_sample, facts.num_classes) == (650, 1347, 450, 64, 74, 10)
+    # held: the device-ordered and loaded training inputs, the test inputs, 40 B a sample;
+    # loading: 1,797 x 64 values at 24 B (float64 draws, a float32 copy, the split)
+    assert facts.data_bytes == 4 * 64 * (2 * 1347 + 450) + 40 * 1347
+    assert facts.load_bytes == 24 * 1797 * 64
+    est = estimate_memory(sc, facts)
+    d = 650
+    population = n * 600 + n * (64 + 8 * 10 + 16 * 10)
+    row = n * 40 + 4096  # a rounds row: its dict and one float per device
+    vectors = n * 4 * 10 * (64 + 3 * 74) + n * 3 * d * 4 + n * d * 104  # chunk + quantiser
+    fedsgd = n * 512 + vectors + (4 * row + n * 1016) + 4 * row  # after DZOFL's records
+    fedavg = n * 512 + vectors + (8 * row + 2 * n * 1016) + 3 * row
+    held = facts.data_bytes + population + max(fedsgd, fedavg)
+    assert est.total == (60 + 30) * 2**20 + max(facts.load_bytes, held)
+    if n == 8:
+        assert est.parts["data"] == facts.load_bytes and est.parts["compute"] == 0
+    else:
+        assert (est.parts["compute"], est.parts["state"], est.worst) == (vectors, 0, "fedavg")
+
+
+def test_dataset_sizes_come_from_headers_without_loading(tmp_path):
+    """IDX: the 16-byte header of a gzip file (its body is not there at all); LIBSVM: lines and
+    the largest feature index of one streaming pass (plain and .bz2)."""
+    header = struct.pack(">4i", 2051, 60_000, 28, 28)
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(header))
+    (tmp_path / "t10k-images-idx3-ubyte").write_bytes(struct.pack(">4i", 2051, 10_000, 28, 28))
+    shape = dataset_shape(DataConfig(name="mnist", root=str(tmp_path), classes=[6, 7]))
+    assert (shape.train, shape.test, shape.input_shape) == (12_000, 2_000, (1, 28, 28))
+    assert (shape.classes, shape.loaded_values) == (2, 70_000 * 784)
+    (tmp_path / "a.txt").write_text("1 3:0.5 17:1\n-1 2:1\n+1 1:1 40:2\n")
+    (tmp_path / "a.t.bz2").write_bytes(bz2.compress(b"-1 5:1\n1 2:3"))  # no final newline
+    shape = dataset_shape(DataConfig(name="libsvm", root=str(tmp_path), file="a.txt",
+                                     test_file="a.t"))
+    assert (shape.train, shape.test, shape.input_shape) == (3, 2, (41,))
+
+
+def test_a_run_over_the_limit_is_refused_before_the_world_is_built(monkeypatch, tmp_path):
+    sc = small_scenario(["engine.memory_limit_mb=8"])
+    est = estimate_memory(sc)
+    with pytest.raises(UserError, match=rf"small: this run needs about {est.total / 2**30:.2f} "
+                                         r"GiB \(by part, GiB: fixed 0\.09.*but 0\.01 GiB is "
+                                         r"the engine\.memory_limit_mb; use a larger "
+                                         r"engine\.memory_limit_mb or machine"):
+        check_memory_from_scenario(sc)
+
+    def no_build(scenario):
+        raise AssertionError("built before the memory check")
+
+    monkeypatch.setattr("wirelessfl.engine.runner.build_world", no_build)
+    with pytest.raises(UserError, match="needs about"):
+        run_scenario(sc, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    check_memory_from_scenario(small_scenario(["engine.memory_limit_mb=200"]))  # fits
+
+
+def test_the_cli_refuses_with_one_line(scenario_file, capsys):
     assert main(["run", str(scenario_file(small_doc())), "--set", "engine.memory_limit_mb=8",
-                 "--set", "engine.max_chunk_mb=64", "--quiet"]) == 2
+                 "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: small: this run needs about") and err.count("\n") == 1
-    check_memory(build_world(small_scenario(["engine.memory_limit_mb=100",
-                                             "engine.max_chunk_mb=64"])))  # fits: no error
 
 
-def test_many_devices_of_a_stateful_method_suggest_fewer_devices():
+def test_many_devices_of_a_stateful_method_name_the_state_and_suggest_fewer_devices():
     sc = algorithm_scenario({"name": "fedred", "rounds": 1},
-                            ["engine.memory_limit_mb=20", "engine.max_chunk_mb=1"])
-    # the estimate reads only N, d and the precision: a world of 100,000 devices, not built
-    world = SimpleNamespace(scenario=sc, num_devices=100_000,
-                            evaluator=SimpleNamespace(d=650, compute_dtype=torch.float32))
-    with pytest.raises(UserError, match=r"fedred: 7 per-device vectors x 100,000 devices.*use "
-                                        r"fewer devices \(population\.num_devices\)"):
-        check_memory(world)
+                            ["engine.memory_limit_mb=2000", "population.num_devices=100000",
+                             "data.name=synthetic", "data.synthetic.num_samples=1000000",
+                             "model.name=mlp", "model.hidden=[256]"])
+    d = 20 * 256 + 256 + 256 * 2 + 2
+    with pytest.raises(UserError, match=rf"fedred: 7 per-device vectors x 100,000 devices x "
+                                        rf"{d:,} parameters x 4 B = "
+                                        rf"{7 * 100_000 * d * 4 / 2**30:.2f} GiB.*use fewer "
+                                        r"devices \(population\.num_devices\), a smaller model"):
+        check_memory_from_scenario(sc)
+
+
+def test_compute_dominated_runs_suggest_a_smaller_chunk():
+    sc = small_scenario(["engine.memory_limit_mb=300", "population.num_devices=5000",
+                         "data.name=synthetic", "data.synthetic.num_samples=50000",
+                         "model.name=mlp", "model.hidden=[256]"],
+                        algorithms=[{"name": "fedsgd", "rounds": 1}])
+    est = estimate_memory(sc)
+    assert max(est.parts, key=est.parts.get) == "compute"
+    with pytest.raises(UserError, match=r"use a smaller chunk \(--set engine\.max_chunk_mb="):
+        check_memory_from_scenario(sc)
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

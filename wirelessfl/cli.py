@@ -63,7 +63,7 @@ def _cmd_run(args) -> int:
 
     from wirelessfl.engine import threads
     from wirelessfl.engine.build import build_world
-    from wirelessfl.engine.resources import check_memory
+    from wirelessfl.engine.resources import check_memory_from_scenario
     from wirelessfl.engine.runner import run_scenario
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import FINISHED, read_run
@@ -94,8 +94,8 @@ def _cmd_run(args) -> int:
         out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
     threads.configure(args.threads)  # before any numerics, building the world's included
     check_runnable(scenario, args.checkpoint_every)  # before the data is loaded (warnings: below)
+    check_memory_from_scenario(scenario)  # before anything is loaded, built or written
     world = build_world(scenario)
-    check_memory(world)  # before anything is printed or written (run_scenario checks it too)
     d = world.evaluator.d
     what = (f"model {scenario.model.name} (d = {d:,}), dataset {scenario.data.name}"
             if world.flat is not None else f"problem {scenario.problem.name} (d = {d:,})")
@@ -298,8 +298,11 @@ def _cmd_validate(args) -> int:
               f"{len(sweep.spec.seeds)} seeds; keys: {', '.join(sweep.keys)})")
         return 0
     scenario = load_scenario(args.scenario, args.set or [])
+    from wirelessfl.engine.resources import check_memory_from_scenario
+
     try:
         warnings = check_runnable(scenario)
+        check_memory_from_scenario(scenario)  # what run checks next, before loading anything
     except UserError as err:
         raise UserError(f"{path}: {err}") from None
     for line in warnings:

@@ -1,26 +1,149 @@
-"""Will a run fit in memory? An estimate made before anything runs, and a clear refusal.
+"""Will a run fit in memory? An estimate made from the scenario alone, before any large array
+exists, and a clear refusal.
 
-The data set, the model and the problem are already loaded when the check runs (after
-``build_world``), so what is estimated is what a run adds on top: the [N, d] arrays an algorithm
-holds at its peak (``Algorithm.peak_device_arrays``, in the problem's compute precision: control
-variates, local models, local solves) plus one chunk of the batched learning compute, which
-``engine.max_chunk_mb`` bounds. It is compared with the memory the machine has
-available now (``/proc/meminfo``'s MemAvailable) or with ``engine.memory_limit_mb``.
+``estimate_memory(scenario)`` reads only the scenario and cheap facts: the dataset's size from
+the catalog (built-in sets), the synthetic section, the IDX files' 16-byte headers or one
+streaming pass over a LIBSVM file (stopped as soon as it is too large), the problem's dimensions,
+and the model's parameter and activation counts from its architecture (the module is built, the
+data is not). It returns what a whole ``wirelessfl run`` adds to the interpreter and its imports,
+report figures included, as named parts (docs/reliability.md, "Memory"):
+
+* ``fixed``: first use of the parquet writer, the figures' canvas and fonts, and of a torch
+  model's batched passes (constants);
+* ``data``: the problem's arrays as the run holds them (a classifier's inputs as loaded and in
+  device order, the test set, per-sample bookkeeping; a quadratic or bilevel problem's
+  per-client matrices), or the loader's own peak when that is the largest moment;
+* ``population``: per-device arrays every algorithm shares (positions, classes, shards, label
+  counts as the manifest holds them);
+* ``state``: the largest algorithm's [N, d] arrays (``Algorithm.peak_device_arrays``) in the
+  problem's compute precision;
+* ``compute``: that algorithm's largest round temporaries (``round_compute``): one chunk of the
+  batched learning compute (the evaluator's own chunk rule under ``engine.max_chunk_mb``) and
+  the float64 work of the unbiased quantiser on the rows it quantises at once (a chunk, or all
+  N rows for the drift-corrected family, FedMSA and FedNest);
+* ``records``: each algorithm's ledger and network arrays, and what is recorded, held as Python
+  objects until the run ends (one dict per device per algorithm, each device's accuracy at each
+  evaluation); at the end, its conversion to tables and JSON when written, or the report's
+  reading of it back for the figures, whichever is larger.
+
+The peak is the largest of three moments: loading the data (nothing else held yet), the worst
+algorithm's round (data + population + state + compute + the records so far) and the end (data
++ population + the records being written or read back). The per-object sizes below were
+measured on CPython 3.11; the fixed parts and the round temporaries' bytes per value are
+calibrated [D] against the measured peak RSS of every algorithm family at two population sizes
+(benchmarks/memory_estimate.py, recorded in benchmarks/memory_estimate.json).
+
+The estimate is compared with the memory the machine has available now (``/proc/meminfo``'s
+MemAvailable; 80 % of it may be planned) or with ``engine.memory_limit_mb``.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import math
 import os
-
-import torch
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from wirelessfl.algorithms.base import algorithm_class
 from wirelessfl.errors import UserError
 
 MIB = 2**20
-# Share of the available memory a run may plan to use: the rest is the allocator's slack,
-# evaluation buffers and the interpreter.
+# Share of the available memory a run may plan to use: the rest is the allocator's slack and
+# what the estimate leaves out.
 HEADROOM = 0.8
+
+# ---- sizes [B] of what a run holds, measured on CPython 3.11 / numpy 2 / torch 2 [D] ----------
+# First use of pyarrow's parquet writer and of matplotlib's Agg canvas and fonts.
+FIXED_BYTES = 60 * MIB
+# First use of a torch model's batched passes (autograd, the thread pool's module copies).
+MODEL_FIXED_BYTES = 30 * MIB
+# One devices.parquet row as the Python dict the writer keeps (22 keys, their floats and ints).
+DEVICE_ROW_BYTES = 1016
+# The same row as table columns while written (22 x 8 B) and read back (plus two string cells).
+DEVICE_COLUMN_BYTES = 22 * 8
+DEVICE_READ_BYTES = 22 * 8 + 2 * 60
+# One device's accuracy in a rounds row: a Python float in a list (32 B) and its list slot.
+ACCURACY_VALUE_BYTES = 40
+# One rounds row without the device accuracies (a dict of 40 entries).
+ROUND_ROW_BYTES = 4096
+# The manifest's label counts: a list of C ints per device (64 + 8 C B) and, while the manifest
+# is written (json.dumps with indent builds one str chunk per number), about this per count.
+COUNT_LIST_BYTES = 64
+JSON_COUNT_BYTES = 90
+# Per device, arrays every run keeps whatever the algorithm: cell geometry and mean SNRs,
+# device classes, the shard list (a numpy array object each), label mixes.
+DEVICE_STATIC_BYTES = 600
+# Per device while an algorithm runs: its ledger (176 B) and the network's per-phase arrays
+# (plan, fading, airtime, outcome: about 40 float64 [N] arrays).
+DEVICE_RUN_BYTES = 512
+# Per sample of a classifier's training set beyond its inputs: labels twice, the minibatch
+# owner sizes and the objective's sample weights, the shard indices (int64 / float64 each).
+SAMPLE_BYTES = 40
+# Per value of a [rows, d] block quantised at fewer than 32 bits (quantize_rows): the float32
+# input and output and the float64 work copies (clipped, position, floor, uniforms, result).
+# Blocks below glibc's mmap threshold (32 MiB as engine/allocator.py sets it) come from the heap,
+# where freed space is reused less tightly: HEAP_FACTOR times as much (104 B a quantised value).
+QUANTIZE_VALUE_BYTES = 64
+HEAP_FACTOR = 104 / 64
+MMAP_THRESHOLD_BYTES = 32 * MIB
+# Per value of a [rows, d] block of per-device models, gradients or updates in a round
+# (the block itself, the gradient and the update), in the compute precision's itemsize.
+ROW_VALUE_COPIES = 3
+# FGDRO's chunk: w, m and q of the chunk's devices, their gradients, updates and uploads (it
+# quantises runs of consecutive devices, each small).
+FGDRO_ROW_COPIES = 13
+# Autograd copies of each activation (the evaluator's own chunk rule, learning/evaluator.py).
+ACTIVATION_COPIES = 3
+BYTES_PER_FLOAT = 4
+
+# Built-in datasets: (samples, input shape, classes), before the train/test split.
+BUILTIN_SETS = {"digits": (1797, (64,), 10), "digits28": (1797, (1, 28, 28), 10),
+                "breast_cancer": (569, (30,), 2)}
+IDX_FILES = ("train-images-idx3-ubyte", "t10k-images-idx3-ubyte")
+# Algorithm modules that quantise all N devices' rows at once (DriftCorrected.average); the
+# others quantise one chunk of devices at a time.
+ALL_ROWS_MODULES = ("wirelessfl.algorithms.drift", "wirelessfl.algorithms.fedmsa",
+                    "wirelessfl.algorithms.fednest")
+
+
+@dataclass(frozen=True)
+class ProblemFacts:
+    """What the estimate needs to know of the learning problem, found without building it."""
+
+    d: int  # parameters
+    itemsize: int  # bytes per value in the compute precision
+    data_bytes: int  # the problem's arrays as the run holds them
+    load_bytes: int  # the loader's peak (the data as read, before selection and subsampling)
+    train_samples: int = 0  # on devices (0: a problem without data)
+    test_samples: int = 0
+    input_size: int = 0  # values per sample
+    activations_per_sample: int = 0
+    num_classes: int = 0  # 0: no per-device accuracy or label counts
+
+
+@dataclass
+class MemoryEstimate:
+    """Estimated bytes a run adds to the interpreter and its imports, by part (module
+    docstring); ``worst`` names the algorithm at the round-time peak."""
+
+    parts: dict[str, int] = field(default_factory=dict)
+    worst: str = ""
+    state_arrays: int = 0  # the worst algorithm's peak_device_arrays
+    num_devices: int = 0
+    d: int = 0
+    itemsize: int = 4
+    # the worst algorithm's round temporaries shrink with engine.max_chunk_mb (False: they span
+    # all N devices, the drift-corrected family's quantised uploads)
+    chunked: bool = True
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.parts.values()))
 
 
 def available_bytes() -> int | None:
@@ -38,38 +161,303 @@ def available_bytes() -> int | None:
         return None
 
 
-def run_bytes(num_devices: int, d: int, peak_device_arrays: int, itemsize: int,
-              max_chunk_mb: float) -> int:
-    """Estimated memory a run adds [B]: peak_device_arrays x N x d x itemsize + one chunk."""
-    return int(peak_device_arrays * num_devices * d * itemsize + max_chunk_mb * MIB)
+# ---- the problem's facts -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class DataShape:
+    """A dataset's size as the run will hold it, and as it is loaded (before label selection
+    and subsampling): ``loaded_values`` input values at ``load_bytes`` bytes each at the
+    loader's peak."""
+
+    train: int
+    test: int
+    input_shape: tuple[int, ...]
+    classes: int
+    loaded_values: int = 0
+    load_bytes: int = 0
 
 
-def check_memory(world, algorithms=None) -> None:
-    """Refuse (UserError) a scenario whose largest algorithm will not fit, with the numbers and
-    what to change."""
-    sc = world.scenario
-    n, d = world.num_devices, world.evaluator.d
-    itemsize = torch.empty((), dtype=getattr(world.evaluator, "compute_dtype",
-                                             torch.float32)).element_size()
-    worst = max(algorithms or sc.algorithms,
-                key=lambda p: algorithm_class(p.name).peak_device_arrays)
-    copies = algorithm_class(worst.name).peak_device_arrays
-    need = run_bytes(n, d, copies, itemsize, sc.engine.max_chunk_mb)
-    limit = (sc.engine.memory_limit_mb * MIB if sc.engine.memory_limit_mb is not None
-             else available_bytes())
-    if limit is None:
-        return
-    budget = limit if sc.engine.memory_limit_mb is not None else HEADROOM * limit
-    if need <= budget:
-        return
-    state = copies * n * d * itemsize
-    hint = (f"fewer devices (population.num_devices), a smaller model, or run "
-            f"'{worst.display_name}' on a larger machine" if state > budget / 2 else
-            f"a smaller chunk (--set engine.max_chunk_mb={max(16, int(budget / MIB / 4))})")
+# Bytes per input value at a loader's peak: IDX uint8 + float32 + the scaled float32;
+# LIBSVM float64 dense + float32 (plus the sparse matrix, about as large again at worst);
+# make_classification's float64 draws, their float32 copy and the standardised split.
+LOAD_BYTES = {"idx": 9, "libsvm": 24, "synthetic": 24, "builtin": 24}
+
+
+def dataset_shape(data, limit_bytes: float = math.inf) -> DataShape:
+    """The size of ``data`` (a DataConfig) without loading it: the catalog's sizes, the
+    synthetic section, the IDX headers, or a streaming count of a LIBSVM file's lines and
+    largest feature index (stopped once the dense float32 array would exceed ``limit_bytes``).
+    Unreadable files count as empty: the loader reports them."""
+    name = data.name
+    test = None
+    if name in BUILTIN_SETS:
+        samples, shape, classes = BUILTIN_SETS[name]
+        kind = "builtin"
+    elif name == "synthetic":
+        cfg = data.synthetic
+        samples, shape, classes = cfg.num_samples, (cfg.num_features,), cfg.num_classes
+        kind = "synthetic"
+    elif name == "libsvm":
+        samples, features, test = _libsvm_shape(data, limit_bytes)
+        shape, classes, kind = (features,), 2, "libsvm"
+    else:  # mnist, fashionmnist: the IDX headers give (count, rows, cols)
+        counts = [_idx_dims(data.root, f) for f in IDX_FILES]
+        samples, test = counts[0][0], counts[1][0]
+        shape, classes, kind = (1, *counts[0][1:]), 10, "idx"
+    loaded = (samples + (test or 0)) * math.prod(shape)
+    if test is None:  # one set, split: the stratified test share
+        test = math.ceil(data.test_fraction * samples)
+        samples -= test
+    if data.classes is not None and name != "libsvm":  # a share of the labels is kept
+        keep = len(data.classes) / classes
+        samples, test = math.ceil(keep * samples), math.ceil(keep * test)
+    if data.classes is not None:
+        classes = len(data.classes)
+    elif data.positive_classes is not None:
+        classes = 2
+    samples = min(samples, data.max_train_samples or samples)
+    test = min(test, data.max_test_samples or test)
+    return DataShape(samples, test, shape, classes, loaded, LOAD_BYTES[kind])
+
+
+def _idx_dims(root: str | None, base: str) -> tuple[int, int, int]:
+    """(count, rows, cols) from an IDX image file's header (plain or .gz: 16 bytes are
+    decompressed), or zeros when it cannot be read."""
+    if root is None:
+        return 0, 0, 0
+    folder = Path(root).expanduser()
+    for path, opener in ((folder / base, open), (folder / f"{base}.gz", gzip.open)):
+        if path.is_file():
+            try:
+                with opener(path, "rb") as fh:
+                    head = fh.read(16)
+            except (OSError, EOFError, zlib.error):
+                return 0, 0, 0
+            if len(head) == 16:
+                _, *dims = struct.unpack(">4i", head)
+                return tuple(max(0, v) for v in dims)
+    return 0, 0, 0
+
+
+_FEATURE = re.compile(rb"(\d+):")
+# Feature indices a LIBSVM reader accepts (int32); a larger one is the loader's error to report.
+LIBSVM_INDEX_LIMIT = 2**31 - 1
+
+
+def _largest_index(block: bytes) -> int:
+    """1 + the largest valid feature index in ``block`` (0 without any)."""
+    found = [i for i in map(int, _FEATURE.findall(block)) if i < LIBSVM_INDEX_LIMIT]
+    return max(found) + 1 if found else 0
+
+
+def _libsvm_shape(data, limit_bytes: float) -> tuple[int, int, int | None]:
+    """(training lines, features, test lines or None) of a LIBSVM file pair, by one streaming
+    pass (plain, .gz or .bz2); stops once lines x features x 4 B exceeds ``limit_bytes``."""
+    if data.root is None:
+        return 0, 0, None
+    folder = Path(data.root).expanduser()
+    lines, features = [], 0
+    for name in filter(None, (data.file, data.test_file)):
+        count = 0
+        for path, opener in ((folder / name, open), (folder / f"{name}.gz", gzip.open),
+                             (folder / f"{name}.bz2", bz2.open)):
+            if not path.is_file():
+                continue
+            try:
+                with opener(path, "rb") as fh:
+                    tail = b""
+                    while block := fh.read(16 * MIB):
+                        block = tail + block
+                        cut = block.rfind(b"\n") + 1
+                        block, tail = block[:cut], block[cut:]
+                        count += block.count(b"\n")
+                        features = max(features, _largest_index(block))
+                        if (sum(lines) + count) * features * BYTES_PER_FLOAT > limit_bytes:
+                            return sum(lines) + count, features, None
+                    count += bool(tail.strip())
+                    features = max(features, _largest_index(tail))
+            except (OSError, EOFError, ValueError, zlib.error):
+                pass
+            break
+        lines.append(count)
+    return lines[0], features, (lines[1] if len(lines) > 1 else None)
+
+
+def problem_facts(scenario, limit_bytes: float = math.inf) -> ProblemFacts:
+    """The problem's size, from the scenario alone (``dataset_shape`` for data; the model is
+    built to count its parameters and activations, the dataset is not loaded)."""
+    p, n = scenario.problem, scenario.population.num_devices
+    if p.name == "quadratic":  # A_i [N, d, d] and c_i [N, d] float64; the draw makes copies
+        held = 8 * n * p.dimension * (p.dimension + 1)
+        return ProblemFacts(p.dimension, 8, held, 3 * held)
+    if p.name == "bilevel-quadratic":  # A_m, B_m, c_m float64; the draw's G_m beside them
+        held = 8 * n * p.dimension_w * (p.dimension_w + p.dimension_x + 1)
+        return ProblemFacts(p.dimension_x + 2 * p.dimension_w, 8, held,
+                            held + 8 * n * p.dimension_w**2)
+    if p.name == "risk-averse-mco":
+        held = 8 * p.samples * (p.dimension + 2)
+        return ProblemFacts(p.dimension, 8, held, 3 * held)
+    shape_ = dataset_shape(scenario.data, limit_bytes)
+    samples, shape, classes, test = shape_.train, shape_.input_shape, shape_.classes, shape_.test
+    input_size = math.prod(shape)
+    # the dataset in device order and as loaded, the test set, per-sample bookkeeping
+    data_bytes = BYTES_PER_FLOAT * input_size * (2 * samples + test) + SAMPLE_BYTES * samples
+    load_bytes = shape_.load_bytes * shape_.loaded_values
+    on_devices = round(samples * (1 - scenario.data.server_fraction))
+    if p.name == "logistic":
+        return ProblemFacts(input_size, 8, data_bytes + 8 * input_size * samples, load_bytes,
+                            on_devices, test, input_size, 1, classes)
+    if p.name == "loss-tuning":
+        return ProblemFacts(input_size * classes + classes, 4, data_bytes, load_bytes,
+                            on_devices, test, input_size, classes, classes)
+    if max(data_bytes, load_bytes) > limit_bytes:  # no model needed to refuse
+        return ProblemFacts(0, 4, data_bytes, load_bytes, on_devices, test, input_size, 0,
+                            classes)
+    from wirelessfl.energy import profile_model
+    from wirelessfl.learning.models import build_model
+
+    if not all(shape):
+        return ProblemFacts(0, 4, 0, 0)  # files missing or unreadable: the loader says which
+    model = build_model(scenario.model.name, shape, classes, hidden=tuple(scenario.model.hidden))
+    prof = profile_model(model, shape)
+    d = sum(v.numel() for v in model.parameters())
+    return ProblemFacts(d, 4, data_bytes, load_bytes, on_devices, test, prof.input_size,
+                        prof.activations_per_sample, classes)
+
+
+# ---- the estimate ------------------------------------------------------------------------------
+def evaluations(params) -> int:
+    """Rounds rows an algorithm records: round 0, every eval_every-th round and the last."""
+    return 1 + params.rounds // params.eval_every + bool(params.rounds % params.eval_every)
+
+
+def chunk_devices(facts: ProblemFacts, n: int, batch: int, max_chunk_mb: float) -> int:
+    """Devices in one chunk of per-device models (BatchedEvaluator.chunk_size's rule; a problem
+    without data computes all devices at once)."""
+    if not facts.train_samples:
+        return n
+    per = BYTES_PER_FLOAT * (batch * (facts.input_size + ACTIVATION_COPIES
+                                      * facts.activations_per_sample) + 4 * facts.d)
+    return max(1, min(n, int(max_chunk_mb * MIB // per)))
+
+
+def on_heap(nbytes: float, block_bytes: int) -> int:
+    """``nbytes`` of temporaries made of blocks of ``block_bytes`` each: as they are when the
+    blocks are mmapped (at or above glibc's threshold), and HEAP_FACTOR times that when they come
+    from the heap, whose freed space is reused less tightly."""
+    return int(nbytes if block_bytes >= MMAP_THRESHOLD_BYTES else nbytes * HEAP_FACTOR)
+
+
+def round_compute(cls, params, facts: ProblemFacts, n: int, chunk: int, bits: int
+                  ) -> tuple[int, bool]:
+    """(bytes, chunked) of one algorithm's largest round temporaries beyond its state: what the
+    evaluator holds for one chunk of devices and what the quantiser works on at once; chunked
+    is False where they span all N devices (they do not shrink with engine.max_chunk_mb)."""
+    d, size, module = facts.d, facts.itemsize, cls.__module__
+    samples = BYTES_PER_FLOAT * params.batch_size * (
+        facts.input_size + ACTIVATION_COPIES * facts.activations_per_sample)
+    if module == "wirelessfl.algorithms.dzofl":  # forward passes (inputs and activations, no
+        # autograd copies), one scalar a device
+        return chunk * BYTES_PER_FLOAT * params.batch_size * (
+            facts.input_size + facts.activations_per_sample), True
+    if module == "wirelessfl.algorithms.fgdro":  # quantised in runs of consecutive devices
+        return chunk * samples + on_heap(FGDRO_ROW_COPIES * chunk * d * size, chunk * d * size), \
+            True
+    rows = n if module in ALL_ROWS_MODULES else chunk
+    per_value = 2 * size
+    if bits < 32:
+        per_value = on_heap(QUANTIZE_VALUE_BYTES, rows * d * 8)
+    if module in ALL_ROWS_MODULES:  # the uploads of all N, quantised after the local work
+        return rows * d * per_value, False
+    return chunk * (samples + ROW_VALUE_COPIES * d * size) + rows * d * per_value, True
+
+
+def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstimate:
+    """The estimate of a whole ``wirelessfl run`` of ``scenario`` by part (module docstring)."""
+    facts = facts or problem_facts(scenario)
+    n, d, size = scenario.population.num_devices, facts.d, facts.itemsize
+    classes = facts.num_classes
+    fixed = FIXED_BYTES + (MODEL_FIXED_BYTES if facts.train_samples else 0)
+    counts = n * (COUNT_LIST_BYTES + 8 * classes + 2 * 8 * classes) if classes else 0
+    population = n * DEVICE_STATIC_BYTES + counts
+    accuracy = n * ACCURACY_VALUE_BYTES if classes else 0
+    round_peak, worst, records = 0, None, 0
+    for params in scenario.algorithms:
+        cls = algorithm_class(params.name)
+        rows = evaluations(params)
+        chunk = chunk_devices(facts, n, params.batch_size, scenario.engine.max_chunk_mb)
+        bits = params.bits if params.bits is not None else scenario.quantization_bits
+        compute, chunked = round_compute(cls, params, facts, n, chunk, bits)
+        state = cls.peak_device_arrays * n * d * size
+        during = (n * DEVICE_RUN_BYTES + state + compute + records
+                  + rows * (accuracy + ROUND_ROW_BYTES))
+        if during > round_peak:
+            round_peak = during
+            worst = (params, cls.peak_device_arrays, state, compute, chunked)
+        records += rows * (accuracy + ROUND_ROW_BYTES) + n * DEVICE_ROW_BYTES
+    algorithms = len(scenario.algorithms)
+    total_rows = sum(evaluations(p) for p in scenario.algorithms)
+    written = (records + algorithms * n * DEVICE_COLUMN_BYTES + total_rows * n * 8 * bool(classes)
+               + n * classes * JSON_COUNT_BYTES)
+    read = (algorithms * n * DEVICE_READ_BYTES + total_rows * n * 8 * bool(classes) + counts
+            + total_rows * ROUND_ROW_BYTES)
+    end = max(written, read)
+    params, copies, state, compute, chunked = worst
+    est = MemoryEstimate(worst=params.display_name, state_arrays=copies, num_devices=n, d=d,
+                         itemsize=size, chunked=chunked)
+    if facts.load_bytes > facts.data_bytes + population + max(round_peak, end):
+        # loading the data is the peak: nothing else is held yet
+        est.parts = {"fixed": fixed, "data": facts.load_bytes, "population": 0, "state": 0,
+                     "compute": 0, "records": 0}
+    elif round_peak >= end:
+        est.parts = {"fixed": fixed, "data": facts.data_bytes, "population": population,
+                     "state": state, "compute": compute, "records": round_peak - state - compute}
+    else:
+        est.parts = {"fixed": fixed, "data": facts.data_bytes, "population": population,
+                     "state": 0, "compute": 0, "records": end}
+    return est
+
+
+def memory_budget(scenario) -> tuple[float | None, str]:
+    """(bytes a run may plan to use, what that is) from engine.memory_limit_mb or 80 % of the
+    memory available now; (None, '') where the system does not say."""
+    if scenario.engine.memory_limit_mb is not None:
+        return scenario.engine.memory_limit_mb * MIB, "is the engine.memory_limit_mb"
+    limit = available_bytes()
+    return (None, "") if limit is None else (HEADROOM * limit, "is available")
+
+
+def check_memory_from_scenario(scenario) -> MemoryEstimate:
+    """Refuse (UserError) a scenario whose run will not fit, with the numbers and what to
+    change; before anything is loaded or built (``wirelessfl run``, ``validate``). Returns the
+    estimate."""
+    budget, what = memory_budget(scenario)
+    facts = problem_facts(scenario, budget if budget is not None else math.inf)
+    est = estimate_memory(scenario, facts)
+    if budget is None or est.total <= budget:
+        return est
+    gib = 2**30
+    parts = ", ".join(f"{name} {value / gib:.2f}" for name, value in est.parts.items() if value)
+    state = est.parts["state"]
+    largest = max(est.parts, key=est.parts.get)
+    if largest == "fixed":
+        hint = ("a larger engine.memory_limit_mb or machine (any run takes this much for its "
+                "writers, figures and passes)")
+    elif largest == "data":
+        hint = ("a smaller data set (fewer samples in its files; data.max_train_samples caps "
+                "what is kept, not what is loaded) or a larger machine")
+    elif largest == "compute" and est.chunked:
+        hint = (f"a smaller chunk (--set engine.max_chunk_mb="
+                f"{max(16, int(budget / MIB / 8))}), fewer devices or a smaller model")
+    elif largest in ("state", "compute"):
+        hint = (f"fewer devices (population.num_devices), a smaller model, or run "
+                f"'{est.worst}' on a larger machine")
+    else:  # per-device arrays and records
+        hint = "fewer devices (population.num_devices) or a larger machine"
+    detail = (f"{est.worst}: {est.state_arrays} per-device vectors x {est.num_devices:,} devices "
+              f"x {est.d:,} parameters x {est.itemsize} B = {state / gib:.2f} GiB; "
+              if state else "")
     raise UserError(
-        f"{sc.name}: this run needs about {need / 2**30:.2f} GiB ({worst.display_name}: {copies} "
-        f"per-device vectors x {n:,} devices x {d:,} parameters x {itemsize} B = "
-        f"{state / 2**30:.2f} GiB, plus one compute chunk of engine.max_chunk_mb = "
-        f"{sc.engine.max_chunk_mb:g} MiB), but {budget / 2**30:.2f} GiB "
-        f"{'is the engine.memory_limit_mb' if sc.engine.memory_limit_mb is not None else 'is available'}"
-        f"; use {hint}")
+        f"{scenario.name}: this run needs about {est.total / gib:.2f} GiB ({detail}by part, GiB: "
+        f"{parts}; engine.max_chunk_mb = {scenario.engine.max_chunk_mb:g} MiB), but "
+        f"{budget / gib:.2f} GiB {what}; use {hint}")
+

@@ -16,7 +16,7 @@ import pandas as pd
 from wirelessfl.engine.build import World, build_world
 from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint, refuse_legacy
 from wirelessfl.engine.fingerprint import MANIFEST_KEY, check_resumable, scenario_fingerprint
-from wirelessfl.engine.resources import check_memory
+from wirelessfl.engine.resources import check_memory_from_scenario
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.engine.threads import ensure as ensure_threads
 from wirelessfl.results.health import manifest_entry
@@ -71,14 +71,15 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
     ``resume``: ``out`` holds an earlier run of this scenario; the algorithms it finished are
     kept, the one that was running continues from its checkpoint (or its start), the rest run.
     ``checkpoint_every``: save the running algorithm's state every that many rounds. The memory
-    check runs first. Ctrl-C / SIGTERM record the running algorithm's rounds as ``interrupted``,
-    mark the run ``interrupted`` and re-raise KeyboardInterrupt. ``threads``: host threads
-    (engine/threads.py; default: the CPUs available), recorded in the manifest; the results do
-    not depend on it."""
+    check runs first (the caller's, when it passes ``world``). Ctrl-C / SIGTERM record the
+    running algorithm's rounds as ``interrupted``, mark the run ``interrupted`` and re-raise
+    KeyboardInterrupt. ``threads``: host threads (engine/threads.py; default: the CPUs
+    available), recorded in the manifest; the results do not depend on it."""
     check_runnable(scenario, checkpoint_every, warn)  # before anything is built or written
     setting = ensure_threads(threads)
-    world = world or build_world(scenario)
-    check_memory(world)
+    if world is None:
+        check_memory_from_scenario(scenario)  # before anything large is loaded or built
+        world = build_world(scenario)
     if resume:
         check_folder(out, scenario, warn)
         writer = RunWriter.reopen(out)
