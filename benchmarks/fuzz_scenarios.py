@@ -29,6 +29,9 @@ bomb ends in MemoryError instead of the machine's OOM killer.
 
 ``--examples`` is the total, shared among the chosen kinds in proportion to ``SHARES``. The
 same seed and code give the same inputs; the JSON keeps the first crashing inputs of each kind.
+To use two cores, run disjoint ``--kinds`` with ``--examples`` in the same proportion (e.g.
+``--kinds run_folders --examples 500`` beside the other kinds with ``--examples 9500``), each
+with its own ``--out``, then sum them: ``--combine A.json B.json --out ...``.
 """
 
 from __future__ import annotations
@@ -70,6 +73,31 @@ def _where(exc: BaseException) -> str:
     return f"{f.filename.split('wirelessfl/', 1)[-1]}:{f.lineno} {f.name}"
 
 
+def combine(parts: list[Path], out: Path) -> None:
+    """One record from runs of disjoint kinds (run side by side, one per core)."""
+    reports = [json.loads(p.read_text()) for p in parts]
+    kinds = [k for r in reports for k in r["kinds"]]
+    if len(set(kinds)) != len(kinds) or len({r["seed"] for r in reports}) != 1:
+        sys.exit("--combine: the parts must cover disjoint kinds with the same seed")
+    outcomes = ("valid", "rejected", "crashed", "hang")
+    merged = {"date": max(r["date"] for r in reports),
+              "examples": sum(r["examples"] for r in reports), "kinds": kinds,
+              "tried": sum(r["tried"] for r in reports),
+              **{o: sum(r[o] for r in reports) for o in outcomes},
+              "unsafe_tags_executed": sum(r["unsafe_tags_executed"] for r in reports),
+              "seed": reports[0]["seed"],
+              "killed_base": any(r.get("killed_base") for r in reports),
+              "by_family": {k: v for r in reports for k, v in r["by_family"].items()},
+              "seconds_by_family": {k: v for r in reports for k, v in r["seconds_by_family"].items()},
+              "crash_samples": {k: v for r in reports for k, v in r["crash_samples"].items()},
+              "seconds": max(r["seconds"] for r in reports),
+              "parts": [{"kinds": r["kinds"], "examples": r["examples"], "seconds": r["seconds"]}
+                        for r in reports]}
+    out.write_text(json.dumps(merged, indent=1) + "\n")
+    print(f"combined {len(parts)} parts: tried {merged['tried']:,}, crashed {merged['crashed']}, "
+          f"hangs {merged['hang']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--examples", type=int, default=10_000, help="total over the kinds")
@@ -77,7 +105,12 @@ def main() -> None:
                         help=f"comma-separated, from {', '.join(SHARES)}")
     parser.add_argument("--seed", type=int, default=0, help="hypothesis seed")
     parser.add_argument("--out", default="benchmarks/fuzz_scenarios.json")
+    parser.add_argument("--combine", nargs="+", metavar="PART",
+                        help="sum recorded runs of disjoint kinds into --out (nothing is run)")
     args = parser.parse_args()
+    if args.combine:
+        combine([Path(p) for p in args.combine], Path(args.out))
+        return
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(SHARES))
     if unknown or not kinds:
