@@ -1330,8 +1330,13 @@ def fuzz_scenarios() -> str:
     when = f"{d['date'][:10]}, " if "date" in d else ""
     examples = f"`--examples {d['examples']}`, " if "examples" in d else ""
     seed = f"seed {d['seed']}, " if "seed" in d else ""
+    if "parts" in d:  # disjoint kinds run side by side, one per core, then --combine
+        took = "; ".join(f"{', '.join(p['kinds'])}: {p['seconds']:.0f} s" for p in d["parts"])
+        took = f"{len(d['parts'])} processes side by side, one core each ({took})"
+    else:
+        took = f"{d['seconds']:.0f} s on one core"
     return (f"Recorded run ({when}{examples}{seed}`benchmarks/fuzz_scenarios.json`; "
-            f"{d['seconds']:.0f} s on one core; unsafe tags executed: "
+            f"{took}; unsafe tags executed: "
             f"{d['unsafe_tags_executed']}):\n\n"
             + table(["input kind", "tried", *(name for _, name in FUZZ_OUTCOMES)], rows))
 
