@@ -93,7 +93,8 @@ def _cmd_run(args) -> int:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
     threads.configure(args.threads)  # before any numerics, building the world's included
-    check_runnable(scenario, args.checkpoint_every)  # before the data is loaded (warnings: below)
+    check_runnable(scenario, args.checkpoint_every,  # before the data is loaded
+                   warn=lambda text: print(text, file=sys.stderr))
     check_memory_from_scenario(scenario)  # before anything is loaded, built or written
     world = build_world(scenario)
     d = world.evaluator.d

@@ -75,9 +75,9 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
     running algorithm's rounds as ``interrupted``, mark the run ``interrupted`` and re-raise
     KeyboardInterrupt. ``threads``: host threads (engine/threads.py; default: the CPUs
     available), recorded in the manifest; the results do not depend on it."""
-    check_runnable(scenario, checkpoint_every, warn)  # before anything is built or written
     setting = ensure_threads(threads)
-    if world is None:
+    if world is None:  # a caller that built the world ran both checks first (cli._cmd_run)
+        check_runnable(scenario, checkpoint_every, warn)  # before anything is built or written
         check_memory_from_scenario(scenario)  # before anything large is loaded or built
         world = build_world(scenario)
     if resume:
