@@ -20,16 +20,16 @@ import torch
 
 from tests.conftest import algorithm_scenario, small_scenario
 from tests.test_radio_engine import SETTINGS
-from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
 from wirelessfl.engine import checkpoint as ck
 from wirelessfl.engine import simulation
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.engine.state_tree import StateError, capture, restore, skeleton
 from wirelessfl.errors import UserError
+from wirelessfl.plugins import ALGORITHMS
 from wirelessfl.results.records import ROUND_COLUMNS, write_table
 
-_load_builtin_algorithms()
+REGISTRY = ALGORITHMS.load_builtins()
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 
 from tests.conftest import algorithm_scenario, small_scenario
-from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.errors import UserError
+from wirelessfl.plugins import ALGORITHMS
 
-_load_builtin_algorithms()
+REGISTRY = ALGORITHMS.load_builtins()
 NAMES = sorted(REGISTRY)
 ROUNDS = 4
 

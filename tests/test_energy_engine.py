@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from tests.conftest import algorithm_scenario, small_scenario
 from tests.test_radio_engine import SETTINGS
-from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
 from wirelessfl.channel.link import Downlink
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.ledger import KIND_INDEX, KINDS
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.errors import UserError
+from wirelessfl.plugins import ALGORITHMS
 from wirelessfl.report import plots
 from wirelessfl.report.plots import draw_report
 from wirelessfl.results.records import RunWriter, read_run
@@ -533,7 +533,7 @@ def test_energy_accounting_rejects_other_values():
 
 # ---- conservation over random small scenarios ----
 
-_load_builtin_algorithms()
+REGISTRY = ALGORITHMS.load_builtins()
 ALGORITHMS = sorted(REGISTRY)
 
 

@@ -14,9 +14,9 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from tests.conftest import small_doc, small_scenario
-from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
 from wirelessfl.energy.profile import EnergyProfile
 from wirelessfl.errors import UserError
+from wirelessfl.plugins import ALGORITHMS
 from wirelessfl.scenario import catalog, checks, names, safe_yaml
 from wirelessfl.scenario.loader import (
     FLOAT32_MAX,
@@ -41,7 +41,7 @@ def _models_in(annotation) -> list[type[BaseModel]]:
 def every_model() -> list[type[BaseModel]]:
     """Every pydantic model a user's file reaches: the scenario's tree, every algorithm's
     parameters, every energy compute model, the sweep, tune and reproduction files."""
-    _load_builtin_algorithms()
+    REGISTRY = ALGORITHMS.load_builtins()
     roots = [Scenario, SweepFile, TuneFile, Range, Claim, ReproductionFile,
              *(cls.Params for cls in REGISTRY.values()),
              *EnergyProfile._compute_classes.values()]

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from tests.conftest import algorithm_scenario, small_doc, small_scenario
-from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
 from wirelessfl.cli import main
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.checkpoint import read_checkpoint
@@ -26,8 +25,9 @@ from wirelessfl.engine.runner import run_scenario
 from wirelessfl.engine.simulation import restore_algorithm, run_algorithm
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataConfig
+from wirelessfl.plugins import ALGORITHMS
 
-_load_builtin_algorithms()
+REGISTRY = ALGORITHMS.load_builtins()
 
 
 def test_bilevel_estimate_by_hand():

@@ -399,14 +399,13 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    from wirelessfl.algorithms.base import REGISTRY, _load_builtin_algorithms
     from wirelessfl.learning.models import MODEL_NAMES
+    from wirelessfl.plugins import ALGORITHMS
     from wirelessfl.scenario import catalog
 
-    _load_builtin_algorithms()
     print("algorithms:")
-    for name, cls in sorted(REGISTRY.items()):
-        print(f"  {name:<12} {cls.summary}")
+    for name in sorted(ALGORITHMS.names()):
+        print(f"  {name:<12} {ALGORITHMS.get(name).summary}")
     for kind in catalog.KINDS:
         print(f"{kind}:")
         for name, path in catalog.entries(kind).items():

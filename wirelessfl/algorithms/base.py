@@ -1,4 +1,5 @@
-"""The algorithm base class, its typed parameters, and the registry of algorithm names.
+"""The algorithm base class and its typed parameters (algorithms are found by name in
+``wirelessfl.plugins.ALGORITHMS``).
 
 An algorithm is the base station's SimPy process. The base owns the round loop (template method):
 ``setup`` once, then ``round(k)`` for k = 0..rounds-1, with evaluation and bookkeeping between
@@ -15,7 +16,6 @@ broadcasts by the network itself.
 
 from __future__ import annotations
 
-import difflib
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
@@ -23,7 +23,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from wirelessfl.algorithms.types import Payload
-from wirelessfl.errors import UserError
 from wirelessfl.learning.quantize import FULL_PRECISION_BITS, quantize_rows, quantize_scalars
 from wirelessfl.learning.seeds import device_uniform, keyed_rng
 
@@ -270,28 +269,3 @@ class Algorithm:
             self.ctx.end_round(k + 1, self.theta)
             if self.ctx.on_checkpoint is not None:
                 self.ctx.on_checkpoint(k + 1)
-
-
-REGISTRY: dict[str, type[Algorithm]] = {}
-
-
-def register(cls: type[Algorithm]) -> type[Algorithm]:
-    """Class decorator adding an algorithm under its ``name``."""
-    REGISTRY[cls.name] = cls
-    return cls
-
-
-def algorithm_class(name: str, where: str = "algorithms[].name") -> type[Algorithm]:
-    """Look a name up, with a did-you-mean suggestion on a miss."""
-    _load_builtin_algorithms()
-    if name in REGISTRY:
-        return REGISTRY[name]
-    close = difflib.get_close_matches(name, REGISTRY, n=1)
-    hint = f"did you mean '{close[0]}'? " if close else ""
-    raise UserError(f"{where}: unknown algorithm '{name}'; {hint}"
-                    f"choose one of: {', '.join(sorted(REGISTRY))}")
-
-
-def _load_builtin_algorithms() -> None:
-    # Importing the modules runs their @register decorators.
-    from wirelessfl.algorithms import drift, dzofl, fedavg, fedmsa, fednest, fgdro, zo_hfl  # noqa: F401

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
+from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_generator, keyed_rng
@@ -264,7 +264,6 @@ class GDParams(DriftParams):
                                                      "(default 1/L, fedred.md Sec. 2.6)")
 
 
-@register
 class GD(SingleExchange):
     """x^{r+1} = x^r - lr grad f(x^r): devices upload their local gradients, the base station
     broadcasts the new model (fedred.md Sec. 2.6; DL x -> C(1) -> UL grad f_i). With
@@ -318,7 +317,6 @@ class DanePlusParams(DriftParams):
         return self
 
 
-@register
 class DanePlus(DriftCorrected):
     """DANE+ (fedred.md Alg. 1) with the exact control variate and standard averaging."""
 
@@ -410,7 +408,6 @@ class DaneParams(DanePlusParams):
                                                            "||grad F(x^r)|| (fedred.md 2.1 [D])")
 
 
-@register
 class Dane(DanePlus):
     """DANE (fedred.md Sec. 2.1): DANE+ whose local problems are solved to a tight tolerance,
     the simulator's stand-in for an exact solve."""
@@ -437,7 +434,6 @@ class ScaffoldCvParams(DriftParams):
     server_lr: float = Field(1.0, gt=0, description="global step eta_g (App. C: 1)")
 
 
-@register
 class ScaffoldCv(DanePlus):
     """Scaffold as the seed-004 paper ran it (fedred.md Sec. 2.6): the round of DANE+ with
     lambda = 0 and K fixed local steps y <- y - gamma (g_i(y) - h_i), h_i the exact control
@@ -497,7 +493,6 @@ class FedRedParams(DriftParams):
         return self
 
 
-@register
 class FedRed(DriftCorrected):
     """FedRed (fedred.md Alg. 2) and FedRed-(S)GD (Alg. 3): doubly regularised local steps,
     communication with probability p, local iterates kept across communications (A4)."""
@@ -625,7 +620,6 @@ class ScaffnewParams(DriftParams):
                                                           "sqrt(mu / L), ProxSkip theory [E])")
 
 
-@register
 class Scaffnew(SingleExchange):
     """Scaffnew / ProxSkip (Mishchenko et al. 2022; fedred.md Sec. 2.6 [E]): x^_i = x_i -
     gamma (g_i(x_i) - h_i); after Geom(p) steps devices upload x^_i - (gamma/p) h_i, the base

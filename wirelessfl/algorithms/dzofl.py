@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field, model_validator
 
-from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams, register
+from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator
 
@@ -48,7 +48,6 @@ def aggregate_delivered(q_up: torch.Tensor, delivered: torch.Tensor) -> torch.Te
     return (q_up.numel() / received) * q_up[delivered].sum()
 
 
-@register
 class DZOFL(Algorithm):
     name = "dzofl"
     Params = DZOFLParams

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
+from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator
 
@@ -136,7 +136,6 @@ class FedSGDParams(VectorUploadParams):
     lr: float = Field(0.1, gt=0, description="server learning rate on the averaged gradient")
 
 
-@register
 class FedSGD(VectorUploadAlgorithm):
     name = "fedsgd"
     Params = FedSGDParams
@@ -166,7 +165,6 @@ class FedAvgParams(VectorUploadParams):
     server_lr: float = Field(1.0, gt=0, description="server step on the averaged model delta")
 
 
-@register
 class FedAvg(VectorUploadAlgorithm):
     name = "fedavg"
     Params = FedAvgParams
@@ -204,7 +202,6 @@ class FedProxParams(FedAvgParams):
     mu: float = Field(0.01, ge=0, description="mu, weight of the proximal term (Li et al. 2020)")
 
 
-@register
 class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
@@ -246,7 +243,6 @@ class ScaffoldParams(FedAvgParams):
         return value
 
 
-@register
 class Scaffold(VectorUploadAlgorithm):
     name = "scaffold"
     peak_device_arrays = 1  # c_i between rounds (models and uploads go chunk by chunk)

@@ -40,7 +40,6 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from wirelessfl.algorithms.base import register
 from wirelessfl.algorithms.drift import DriftCorrected, DriftParams
 from wirelessfl.algorithms.types import Payload
 from wirelessfl.errors import UserError
@@ -64,7 +63,6 @@ class FedMSAParams(DriftParams):
                                             "round's direction unchanged (frozen)")
 
 
-@register
 class FedMSA(DriftCorrected):
     """FedMSA, fedmsa.md Algorithm 1 (module docstring)."""
 

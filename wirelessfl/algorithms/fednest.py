@@ -62,7 +62,6 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from wirelessfl.algorithms.base import register
 from wirelessfl.algorithms.drift import DriftCorrected, DriftParams
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.errors import UserError
@@ -122,7 +121,6 @@ def svrg_epoch(problem: BilevelProblem, x: torch.Tensor, w: torch.Tensor, q: tor
     return local
 
 
-@register
 class FedNest(DriftCorrected):
     """FedNest outer iterations (module docstring)."""
 

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, register
+from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.algorithms.types import VECTOR_SCALE_HEADER_BITS, Cost, Payload
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_generator
@@ -228,7 +228,6 @@ class FGDROCVaRParams(FGDROParams):
                                                   "one, as the paper's timings suggest)")
 
 
-@register
 class FGDROCVaR(_FGDRO):
     name = "fgdro-cvar"
     Params = FGDROCVaRParams
@@ -299,7 +298,6 @@ class FGDROKLParams(FGDROParams):
                                                       "in the momentum m (fgdro.md 2.5: 0.1)")
 
 
-@register
 class FGDROKL(_FGDRO):
     name = "fgdro-kl"
     Params = FGDROKLParams
@@ -404,7 +402,6 @@ class FGDROKLAdamParams(FGDROKLParams):
                        description="tau, added to sqrt(q) in the denominator (fgdro.md 2.5)")
 
 
-@register
 class FGDROKLAdam(FGDROKL):
     name = "fgdro-kl-adam"
     Params = FGDROKLAdamParams

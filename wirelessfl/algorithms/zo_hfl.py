@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams, register
+from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator
 
@@ -71,7 +71,6 @@ class ZOHFLParams(ScalarFormatParams):
                                "participant's direction in one transmission (A21's flag)")
 
 
-@register
 class ZOHFL(Algorithm):
     name = "zo-hfl"
     Params = ZOHFLParams

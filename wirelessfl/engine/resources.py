@@ -49,8 +49,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wirelessfl.algorithms.base import algorithm_class
 from wirelessfl.errors import UserError
+from wirelessfl.plugins import algorithm_class
 
 MIB = 2**20
 # Share of the available memory a run may plan to use: the rest is the allocator's slack and

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-from wirelessfl.algorithms.base import AlgorithmParams, algorithm_class
+from wirelessfl.algorithms.base import AlgorithmParams
 from wirelessfl.engine.build import World
 from wirelessfl.engine.checkpoint import (
     Checkpoint,
@@ -25,6 +25,7 @@ from wirelessfl.engine.network import ENGINES
 from wirelessfl.engine.state_tree import StateError, kept_ids, skeleton
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
+from wirelessfl.plugins import algorithm_class
 from wirelessfl.results.health import step_size_name
 
 

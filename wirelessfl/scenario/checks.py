@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 
 from pydantic import BaseModel
 
-from wirelessfl.algorithms.base import AlgorithmParams, algorithm_class
+from wirelessfl.algorithms.base import AlgorithmParams
 from wirelessfl.algorithms.drift import check_theory
 from wirelessfl.algorithms.fedmsa import FedMSA
 from wirelessfl.algorithms.fednest import FedNest
@@ -42,6 +42,7 @@ from wirelessfl.energy.compute import check_bits
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataFacts, data_facts
 from wirelessfl.learning.logistic import DENSE_HESSIAN_MAX_BYTES, DENSE_HESSIAN_MAX_D
+from wirelessfl.plugins import algorithm_class
 from wirelessfl.scenario.schema import Scenario
 
 # Problems of several sequences (learning/bilevel.py MSAProblem) and of two levels

@@ -15,8 +15,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from wirelessfl.algorithms.base import algorithm_class
 from wirelessfl.errors import UserError
+from wirelessfl.plugins import algorithm_class
 from wirelessfl.scenario import catalog, names, safe_yaml
 from wirelessfl.scenario.schema import Scenario
 

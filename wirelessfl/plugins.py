@@ -1,0 +1,261 @@
+"""Named parts found by name: algorithms, models, datasets, problems, fading and compute models.
+
+A scenario names its parts (``algorithms: [{name: fedavg}]``, ``model: {name: mlp}``). Each kind
+has one ``Registry`` here, and a name resolves, in this order, to
+
+1. a built-in part (declared below as ``module:attribute`` text, imported on first use, so that
+   this module imports nothing of the package and no registry sits in an import cycle);
+2. a part registered in this process (``Registry.register``, the Python API's
+   ``wirelessfl.register_algorithm`` and friends);
+3. an entry point of the group ``wirelessfl.<kind>`` in any installed distribution (a user's own
+   package declares ``[project.entry-points."wirelessfl.algorithms"] myalgo = "mypkg.algo:MyAlgo"``);
+4. a ``module:attribute`` reference written in the scenario itself (``name: mypkg.algo:MyAlgo``),
+   imported from ``sys.path`` with the current folder on it, as ``python -m`` would.
+
+What a name resolves to is checked for its kind (an algorithm must be an ``Algorithm`` subclass,
+...) before it is used, and every failure (not installed, import error, wrong kind) is one
+``UserError`` naming the key and the fix. Nothing in a scenario file is executed: a reference names
+a module that is already installed or beside the user's files, exactly as an entry point does.
+
+Sweep and tuning workers (local processes, Dask workers) resolve names the same way; parts
+registered in-process are re-imported there by module (``Registry.modules``), which is why such a
+part must live in an importable module, not in ``__main__``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import re
+import sys
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from wirelessfl.errors import UserError
+
+# module.sub:attr.sub, identifiers only (no paths, no calls).
+_REFERENCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+                        r":[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def is_reference(name: str) -> bool:
+    """True when ``name`` is a ``module:attribute`` reference rather than a registered name."""
+    return isinstance(name, str) and bool(_REFERENCE.match(name))
+
+
+def import_reference(reference: str, where: str) -> Any:
+    """The object ``module:attribute`` names, imported with the current folder on ``sys.path``;
+    a ``UserError`` at ``where`` when it cannot be."""
+    if not is_reference(reference):
+        raise UserError(f"{where}: {reference!r} is not a 'module:attribute' reference; write "
+                        "e.g. 'mypackage.algorithms:MyAlgorithm'")
+    module_name, attribute = reference.split(":", 1)
+    cwd = str(Path.cwd())
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)  # after everything installed: a local file never shadows a package
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        missing = getattr(err, "name", None)
+        if missing and module_name.startswith(missing) or missing == module_name:
+            raise UserError(f"{where}: cannot import module '{module_name}' of {reference!r}; "
+                            "install the package that holds it (pip install -e .) or run from "
+                            "the folder that holds it") from None
+        raise UserError(f"{where}: importing '{module_name}' of {reference!r} failed: "
+                        f"{type(err).__name__}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - a user module's own failure, reported as such
+        raise UserError(f"{where}: importing '{module_name}' of {reference!r} failed: "
+                        f"{type(err).__name__}: {str(err)[:200]}") from None
+    for part in attribute.split("."):
+        if not hasattr(obj, part):
+            raise UserError(f"{where}: module '{module_name}' has no attribute '{attribute}' "
+                            f"(of {reference!r}); check the name")
+        obj = getattr(obj, part)
+    return obj
+
+
+class Registry:
+    """The parts of one kind, by name (see the module docstring for the order of look-up).
+
+    ``check(obj) -> str | None`` says what is wrong with an object offered as this kind (None:
+    fine); ``name_of(obj)`` the name a registered object goes by when none is given."""
+
+    def __init__(self, kind: str, builtins: dict[str, str],
+                 check: Callable[[Any], str | None] = lambda obj: None,
+                 name_of: Callable[[Any], str | None] = lambda obj: getattr(obj, "name", None)):
+        self.kind = kind
+        self.group = f"wirelessfl.{kind}"
+        self._builtins = dict(builtins)
+        self._check = check
+        self._name_of = name_of
+        self._loaded: dict[str, Any] = {}  # every name resolved so far, built-ins included
+        self._registered: dict[str, Any] = {}  # registered in this process
+        self._entry_points: dict[str, metadata.EntryPoint] | None = None
+
+    # -- what there is -------------------------------------------------------------------
+    def builtin_names(self) -> list[str]:
+        return list(self._builtins)
+
+    def load_builtins(self) -> dict[str, Any]:
+        """Every built-in part, imported: name -> object (tests walk them all)."""
+        return {name: self.get(name) for name in self._builtins}
+
+    def entry_points(self) -> dict[str, metadata.EntryPoint]:
+        """The installed distributions' entry points of this kind (read once per process)."""
+        if self._entry_points is None:
+            found = {}
+            for ep in metadata.entry_points(group=self.group):
+                if ep.name not in self._builtins:  # a plugin never shadows a built-in
+                    found.setdefault(ep.name, ep)
+            self._entry_points = found
+        return self._entry_points
+
+    def names(self) -> list[str]:
+        """Every name this kind answers to: built-ins, registered, entry points (in that order)."""
+        out = list(self._builtins)
+        out += [n for n in self._registered if n not in out]
+        out += [n for n in self.entry_points() if n not in out]
+        return out
+
+    def origin(self, name: str) -> str:
+        """Where ``name`` comes from, for ``wirelessfl list``."""
+        if name in self._builtins:
+            return "built-in"
+        if name in self._registered:
+            obj = self._registered[name]
+            return f"registered ({getattr(obj, '__module__', '?')})"
+        ep = self.entry_points().get(name)
+        if ep is not None:
+            dist = getattr(ep, "dist", None)
+            return f"plugin {dist.name if dist else ''} ({ep.value})".replace("  ", " ")
+        return f"reference {name}" if is_reference(name) else "unknown"
+
+    # -- registering ---------------------------------------------------------------------
+    def register(self, obj: Any, name: str | None = None) -> Any:
+        """Add ``obj`` under ``name`` (default: its own ``name``); usable as a decorator.
+        A built-in name cannot be taken."""
+        name = name or self._name_of(obj)
+        if not isinstance(name, str) or not name:
+            raise UserError(f"register: a {self.kind[:-1]} needs a name (give name=...)")
+        if name in self._builtins:
+            raise UserError(f"register: '{name}' is a built-in {self.kind[:-1]}; choose another "
+                            "name")
+        problem = self._check(obj)
+        if problem:
+            raise UserError(f"register: {name!r} {problem}")
+        self._registered[name] = obj
+        self._loaded[name] = obj
+        return obj
+
+    def unregister(self, name: str) -> None:
+        """Forget a part registered in this process (tests, notebooks re-running a cell)."""
+        self._registered.pop(name, None)
+        self._loaded.pop(name, None)
+
+    def modules(self) -> list[str]:
+        """The modules of the parts registered in this process: what a worker imports so that it
+        knows them too (their import registers them again)."""
+        return sorted({obj.__module__ for obj in self._registered.values()
+                       if getattr(obj, "__module__", "__main__") != "__main__"})
+
+    # -- looking up ----------------------------------------------------------------------
+    def get(self, name: str, where: str | None = None) -> Any:
+        """The part called ``name``; a ``UserError`` at ``where`` (with a did-you-mean) if none."""
+        where = where or f"{self.kind[:-1]}.name"
+        if name in self._loaded:
+            return self._loaded[name]
+        if name in self._builtins:
+            obj = import_reference(self._builtins[name], where)
+        elif name in self.entry_points():
+            ep = self.entry_points()[name]
+            try:
+                obj = ep.load()
+            except Exception as err:  # noqa: BLE001 - the plugin's own failure, reported
+                raise UserError(f"{where}: the plugin '{name}' ({ep.value}) failed to load: "
+                                f"{type(err).__name__}: {str(err)[:200]}") from None
+        elif is_reference(name):
+            obj = import_reference(name, where)
+        else:
+            known = self.names()
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise UserError(f"{where}: unknown {self.kind[:-1]} '{name}'; {hint}choose one of: "
+                            f"{', '.join(known)} (or a 'module:attribute' reference)")
+        problem = self._check(obj)
+        if problem:
+            raise UserError(f"{where}: {name!r} {problem}")
+        self._loaded[name] = obj
+        return obj
+
+    def __contains__(self, name: str) -> bool:
+        try:
+            self.get(name)
+        except UserError:
+            return False
+        return True
+
+
+def _algorithm_check(obj: Any) -> str | None:
+    from wirelessfl.algorithms.base import Algorithm
+
+    if not (isinstance(obj, type) and issubclass(obj, Algorithm)):
+        return "is not an algorithm: it must be a subclass of wirelessfl.Algorithm"
+    if not isinstance(getattr(obj, "name", None), str):
+        return "has no 'name' (a class attribute: the name scenarios use)"
+    return None
+
+
+_ALGORITHMS = "wirelessfl.algorithms."
+ALGORITHMS = Registry("algorithms", {
+    "dzofl": _ALGORITHMS + "dzofl:DZOFL",
+    "fedsgd": _ALGORITHMS + "fedavg:FedSGD",
+    "fedavg": _ALGORITHMS + "fedavg:FedAvg",
+    "fedprox": _ALGORITHMS + "fedavg:FedProx",
+    "scaffold": _ALGORITHMS + "fedavg:Scaffold",
+    "zo-hfl": _ALGORITHMS + "zo_hfl:ZOHFL",
+    "fedmsa": _ALGORITHMS + "fedmsa:FedMSA",
+    "fednest": _ALGORITHMS + "fednest:FedNest",
+    "fgdro-cvar": _ALGORITHMS + "fgdro:FGDROCVaR",
+    "fgdro-kl": _ALGORITHMS + "fgdro:FGDROKL",
+    "fgdro-kl-adam": _ALGORITHMS + "fgdro:FGDROKLAdam",
+    "gd": _ALGORITHMS + "drift:GD",
+    "dane": _ALGORITHMS + "drift:Dane",
+    "dane-plus": _ALGORITHMS + "drift:DanePlus",
+    "scaffold-cv": _ALGORITHMS + "drift:ScaffoldCv",
+    "fedred": _ALGORITHMS + "drift:FedRed",
+    "scaffnew": _ALGORITHMS + "drift:Scaffnew",
+}, check=_algorithm_check)
+
+
+def algorithm_class(name: str, where: str = "algorithms[].name"):
+    """The ``Algorithm`` subclass a scenario's ``algorithms[].name`` names."""
+    return ALGORITHMS.get(name, where)
+
+
+def registries() -> dict[str, Registry]:
+    """Every kind's registry, by kind (what ``wirelessfl list`` and workers walk)."""
+    return {r.kind: r for r in _ALL}
+
+
+_ALL: list[Registry] = [ALGORITHMS]
+
+
+def add_registry(registry: Registry) -> Registry:
+    """Make a kind's registry known to ``registries()`` (each kind's home module calls it)."""
+    if registry.kind not in {r.kind for r in _ALL}:
+        _ALL.append(registry)
+    return registry
+
+
+def import_worker_modules(modules: list[str]) -> None:
+    """In a sweep or tuning worker: import the modules whose parts the parent registered
+    in-process, so that the worker resolves the same names."""
+    for module in modules:
+        import_reference(f"{module}:__name__", f"plugin module {module}")
+
+
+def registered_modules() -> list[str]:
+    """The modules of every part registered in this process, across kinds."""
+    return sorted({m for r in _ALL for m in r.modules()})
