@@ -313,6 +313,34 @@ def test_fading_plugin_link_budget_uses_its_cdf_or_monte_carlo(installed):
         FADING.unregister("no-cdf")
 
 
+def test_a_checkpoint_holds_and_restores_plugin_state(installed, tmp_path):
+    """A plugin algorithm (with state of its own: FedAvgM's velocity, examples/) over a fading
+    plugin, block-correlated so the fading process holds state too: resumed from the checkpoint
+    after round 3 it records exactly the rows and ledger of the run that wrote it, as the
+    built-ins do (tests/test_interruption.py; engine/state_tree.py holds plugin objects)."""
+    from wirelessfl.engine.build import build_world
+    from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint
+    from wirelessfl.engine.simulation import run_algorithm
+    from wirelessfl.scenario.loader import scenario_from_document
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        doc = small_doc(algorithms=[{"name": "my_algorithm:FedAvgM", "rounds": 5,
+                                     "eval_every": 1, "lr": 0.05}],
+                        channel={"profile": "seed002-cell", "fading": {
+                            "model": "unit", "correlation": "block", "coherence_time_s": 0.01}})
+        sc = scenario_from_document(doc, "checkpoint.yaml")
+        full = run_algorithm(build_world(sc), sc.algorithms[0], checkpoint_every=3,
+                             checkpoint_path=tmp_path / CHECKPOINT_NAME)
+        state = read_checkpoint(tmp_path / CHECKPOINT_NAME)
+        assert state.completed == 3
+        resumed = run_algorithm(build_world(sc), sc.algorithms[0], resume=state)
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    pd.testing.assert_frame_equal(pd.DataFrame(full.rows), pd.DataFrame(resumed.rows))
+    assert (full.ledger.energy_j == resumed.ledger.energy_j).all()
+
+
 def _sweep(folder: Path, capsys, executor: str, algorithm: str, model: str) -> Path:
     base = small_doc(algorithms=[{**FEDSGD, "name": algorithm},
                                  {**FEDSGD, "name": "registered-fedsgd", "label": "Registered"}],

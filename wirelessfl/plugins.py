@@ -416,6 +416,12 @@ def worker_plugins() -> dict:
     return {"modules": modules, "path": path}
 
 
+def is_plugin_class(cls: type) -> bool:
+    """True when ``cls`` is a part some registry has resolved in this process (engine/
+    state_tree.py lets a checkpoint hold its instances' state)."""
+    return any(obj is cls for r in _ALL for obj in r._loaded.values())
+
+
 def registered_modules() -> list[str]:
     """The modules of every part registered in this process, across kinds."""
     return sorted({m for r in _ALL for m in r.modules()})
