@@ -123,7 +123,7 @@ def test_model_picks_the_subclass():
 
 
 @pytest.mark.parametrize(("doc", "where", "says"), [
-    ({"model": "cmso"}, "model", "'seed002-accelerator', 'cmos' or 'per-operation'"),
+    ({"model": "cmso"}, "model", "did you mean 'cmos'? choose one of: seed002-accelerator, cmos"),
     ({"model": "cmos", "mac_energy_j": 1e-12}, "mac_energy_j",
      "belongs to compute model 'seed002-accelerator', not 'cmos'"),
     ({"model": "cmos", "cpu_frequency_hz": 2.84}, "cpu_frequency_hz", "2.84e9 for 2.84 GHz"),

@@ -399,21 +399,44 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    from wirelessfl.learning.models import MODEL_NAMES
-    from wirelessfl.plugins import ALGORITHMS
     from wirelessfl.scenario import catalog
 
-    print("algorithms:")
-    for name in sorted(ALGORITHMS.names()):
-        print(f"  {name:<12} {ALGORITHMS.get(name).summary}")
+    for kind, rows in _plugin_rows():
+        print(f"{kind}:")
+        for name, text, origin in rows:
+            print(f"  {name:<24} {text}{'  [' + origin + ']' if origin != 'built-in' else ''}")
     for kind in catalog.KINDS:
         print(f"{kind}:")
         for name, path in catalog.entries(kind).items():
             doc = catalog.read_yaml(path, kind)
             desc = doc.get("description", "") if isinstance(doc, dict) else ""
             print(f"  {name:<24} {str(desc).strip().splitlines()[0] if desc else ''}")
-    print("models:\n  " + "\n  ".join(MODEL_NAMES))
     return 0
+
+
+def _plugin_rows() -> list[tuple[str, list[tuple[str, str, str]]]]:
+    """(kind, [(name, one line, origin)]) for every kind of part (plugins.py): the built-ins,
+    then parts registered in this process and installed plugins; a plugin that fails to load is
+    listed with its error, so one broken package does not hide the others."""
+    from wirelessfl.channel.fading import BUILTIN_FADING
+    from wirelessfl.learning.datasets import BUILTIN_DATASETS
+    from wirelessfl.plugins import registries
+
+    config_builtins = {"datasets": BUILTIN_DATASETS, "fading": BUILTIN_FADING}
+    out = []
+    for kind, registry in registries().items():
+        rows = [(name, text, "built-in") for name, text in config_builtins.get(kind, {}).items()]
+        for name in registry.names():
+            try:
+                obj = registry.get(name)
+            except UserError as err:
+                rows.append((name, f"fails to load: {err}", registry.origin(name)))
+                continue
+            doc = getattr(obj, "summary", None) or (obj.__doc__ or "").strip()
+            rows.append((name, str(doc).splitlines()[0][:70] if doc else "",
+                         registry.origin(name)))
+        out.append((kind, rows))
+    return out
 
 
 def _load_energy_profile(name: str):
@@ -434,15 +457,17 @@ def _cmd_profile(args) -> int:
     import dataclasses
 
     from wirelessfl.energy import ComputeModel, profile_model
-    from wirelessfl.learning.models import MODEL_NAMES, build_model
+    from wirelessfl.learning.models import build_model
+    from wirelessfl.plugins import MODELS
 
-    if args.model not in MODEL_NAMES:
-        raise UserError(f"profile: unknown model '{args.model}'; choose one of "
-                        f"{', '.join(MODEL_NAMES)}")
-    shape, classes = PROFILE_DEFAULTS[args.model]
+    MODELS.get(args.model, "profile: model")
+    shape, classes = PROFILE_DEFAULTS.get(args.model, (None, None))
     if args.input_shape:
         shape = _parse_shape(args.input_shape)
     classes = args.classes or classes
+    if shape is None or classes is None:
+        raise UserError(f"profile: the plugin model '{args.model}' has no default input; give "
+                        "--input-shape (e.g. 1,28,28) and --classes")
     profile = _load_energy_profile(args.energy)
     model = build_model(args.model, shape, classes, hidden=tuple(args.hidden))
     prof = profile_model(model, shape)
@@ -647,7 +672,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--html", action="store_true", help="also write report.html (one sweep)")
     cmp.set_defaults(func=_cmd_compare)
 
-    lst = sub.add_parser("list", help="algorithms, channel and energy profiles, scenarios")
+    lst = sub.add_parser("list", help="algorithms, models, datasets, fading and compute models "
+                                        "(plugins too), channel and energy profiles, scenarios")
     lst.set_defaults(func=_cmd_list)
 
     prof = sub.add_parser("profile", help="count a model's parameters, MACs and activations, "

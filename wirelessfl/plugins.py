@@ -28,7 +28,7 @@ import difflib
 import importlib
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,17 @@ def import_reference(reference: str, where: str) -> Any:
     return obj
 
 
+def drop_empty_options(self: Any, handler: Any) -> Any:
+    """A wrap serializer for a section with a plugin ``options`` dict: dumped only when given,
+    so a built-in's section (and with it a resolved scenario, its fingerprint and the sweeps
+    that compare it) reads exactly as before plugins existed. Used as
+    ``_dump = model_serializer(mode="wrap")(drop_empty_options)``."""
+    data = handler(self)
+    if isinstance(data, dict) and not data.get("options"):
+        data.pop("options", None)
+    return data
+
+
 class Registry:
     """The parts of one kind, by name (see the module docstring for the order of look-up).
 
@@ -84,8 +95,10 @@ class Registry:
 
     def __init__(self, kind: str, builtins: dict[str, str],
                  check: Callable[[Any], str | None] = lambda obj: None,
-                 name_of: Callable[[Any], str | None] = lambda obj: getattr(obj, "name", None)):
+                 name_of: Callable[[Any], str | None] = lambda obj: getattr(obj, "name", None),
+                 noun: str | None = None):
         self.kind = kind
+        self.noun = noun or kind.removesuffix("s")  # one part, in messages
         self.group = f"wirelessfl.{kind}"
         self._builtins = dict(builtins)
         self._check = check
@@ -111,6 +124,14 @@ class Registry:
                     found.setdefault(ep.name, ep)
             self._entry_points = found
         return self._entry_points
+
+    def rescan(self) -> None:
+        """Read the installed distributions' entry points again (a package installed, or a
+        folder put on ``sys.path``, after the first look-up) and forget what they resolved to."""
+        found = set(self.entry_points())
+        self._entry_points = None
+        for name in found:
+            self._loaded.pop(name, None)
 
     def names(self) -> list[str]:
         """Every name this kind answers to: built-ins, registered, entry points (in that order)."""
@@ -138,9 +159,9 @@ class Registry:
         A built-in name cannot be taken."""
         name = name or self._name_of(obj)
         if not isinstance(name, str) or not name:
-            raise UserError(f"register: a {self.kind[:-1]} needs a name (give name=...)")
+            raise UserError(f"register: a {self.noun} needs a name (give name=...)")
         if name in self._builtins:
-            raise UserError(f"register: '{name}' is a built-in {self.kind[:-1]}; choose another "
+            raise UserError(f"register: '{name}' is a built-in {self.noun}; choose another "
                             "name")
         problem = self._check(obj)
         if problem:
@@ -163,7 +184,7 @@ class Registry:
     # -- looking up ----------------------------------------------------------------------
     def get(self, name: str, where: str | None = None) -> Any:
         """The part called ``name``; a ``UserError`` at ``where`` (with a did-you-mean) if none."""
-        where = where or f"{self.kind[:-1]}.name"
+        where = where or f"{self.noun}.name"
         if name in self._loaded:
             return self._loaded[name]
         if name in self._builtins:
@@ -181,7 +202,7 @@ class Registry:
             known = self.names()
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
-            raise UserError(f"{where}: unknown {self.kind[:-1]} '{name}'; {hint}choose one of: "
+            raise UserError(f"{where}: unknown {self.noun} '{name}'; {hint}choose one of: "
                             f"{', '.join(known)} (or a 'module:attribute' reference)")
         problem = self._check(obj)
         if problem:
@@ -195,6 +216,50 @@ class Registry:
         except UserError:
             return False
         return True
+
+
+def plugin_or_builtin(registry: Registry, name: str, builtins: Collection[str],
+                      where: str) -> Any:
+    """None for one of ``builtins`` (a kind whose built-ins are a config's own, not parts of
+    ``registry``: datasets, fading), else the plugin ``name`` resolves to; an unknown name is
+    one ``UserError`` listing the built-ins and the plugins both."""
+    if name in builtins:
+        return None
+    if is_reference(name) or name in registry.names():
+        return registry.get(name, where)
+    known = [*builtins, *registry.names()]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    raise UserError(f"{where}: unknown {registry.noun} '{name}'; {hint}choose one of: "
+                    f"{', '.join(known)} (or a 'module:attribute' reference)")
+
+
+def name_validator(registry: Registry, builtins: Collection[str], where: str):
+    """A pydantic field validator ``(cls, name) -> name`` of a config's part name: a built-in
+    or a part ``registry`` resolves (``plugin_or_builtin``); wrap it in ``field_validator``."""
+    def known(cls, name: str) -> str:
+        as_value_error(lambda: plugin_or_builtin(registry, name, builtins, where), where)
+        return name
+
+    return known
+
+
+def options_field(part: str) -> Any:
+    """The ``options`` field of a config section naming a part: the plugin's keyword arguments.
+    [D] plugins only: a built-in keeps its own keys, so a typo there still fails."""
+    from pydantic import Field
+
+    return Field(default_factory=dict, description=f"keyword arguments of a {part} plugin "
+                                                    "(docs/plugins.md); not read by built-ins")
+
+
+def as_value_error(call: Callable[[], Any], where: str) -> Any:
+    """``call()``, a ``UserError`` turned into the ``ValueError`` a pydantic validator raises
+    (its text without the ``where: `` pydantic puts back as the key path)."""
+    try:
+        return call()
+    except UserError as err:
+        raise ValueError(str(err).removeprefix(f"{where}: ")) from None
 
 
 def _algorithm_check(obj: Any) -> str | None:
@@ -234,6 +299,76 @@ def algorithm_class(name: str, where: str = "algorithms[].name"):
     return ALGORITHMS.get(name, where)
 
 
+def _model_check(obj: Any) -> str | None:
+    if not callable(obj):
+        return ("is not a model: it must be a callable (input_shape, num_classes, **options) "
+                "-> torch.nn.Module")
+    return None
+
+
+_MODELS = "wirelessfl.learning.models:"
+# A model: a callable (input_shape, num_classes, **options) -> torch.nn.Module, called under a
+# seeded torch generator (learning/models.py build_model) so its initial weights are fixed.
+MODELS = Registry("models", {
+    "seed002-cnn": _MODELS + "seed002_cnn",
+    "mlp": _MODELS + "mlp",
+    "logistic": _MODELS + "logistic",
+    "resnet18-cifar": _MODELS + "resnet18_cifar",
+}, check=_model_check, name_of=lambda obj: getattr(obj, "name", None))
+
+
+def _dataset_check(obj: Any) -> str | None:
+    if not callable(obj):
+        return ("is not a dataset: it must be a callable (seed, **options) -> (x_train, y_train, "
+                "x_test, y_test)")
+    facts = getattr(obj, "facts", None)
+    if facts is not None and not callable(facts):
+        return "has a 'facts' that is not callable: give a function (**options) -> dict"
+    return None
+
+
+# A dataset plugin: a callable (seed, **options) -> (x_train, y_train, x_test, y_test), with an
+# optional ``facts(**options) -> {input_shape, classes, samples}`` (learning/datasets.py). The
+# built-in sets are not parts of this registry: DataConfig names them (and their own keys:
+# root, file, synthetic), so only plugins are found here.
+DATASETS = Registry("datasets", {}, check=_dataset_check)
+
+
+def _fading_check(obj: Any) -> str | None:
+    if not (isinstance(obj, type) and callable(getattr(obj, "power", None))):
+        return ("is not a fading model: it must be a class whose instances (built with the "
+                "scenario's fading.options) have power(n, rng) -> |h|^2 draws of unit mean")
+    return None
+
+
+# A fading plugin: a class, ``cls(**options).power(n, rng)`` -> [n] unit-mean |h|^2, optionally
+# ``cdf(x)`` (channel/fading.py). The built-in models are FadingConfig's own (rayleigh, rician,
+# nakagami, none), so only plugins are found here.
+FADING = Registry("fading", {}, check=_fading_check, noun="fading model")
+
+
+def _compute_check(obj: Any) -> str | None:
+    from wirelessfl.energy.profile import EnergyProfile
+
+    if not (isinstance(obj, type) and issubclass(obj, EnergyProfile)
+            and callable(getattr(obj, "pass_costs", None))):
+        return ("is not a compute model: it must be a subclass of wirelessfl.energy."
+                "EnergyProfile with a method pass_costs(model, batch, bits) -> (forward J, "
+                "backward J, forward s, backward s)")
+    return None
+
+
+_ENERGY = "wirelessfl.energy.profile:"
+# A compute-energy model: an EnergyProfile subclass (its own fields) with ``pass_costs``
+# (energy/compute.py); a scenario's ``energy: {model: NAME}`` picks it.
+COMPUTE = Registry("compute", {
+    "seed002-accelerator": _ENERGY + "Seed002AcceleratorProfile",
+    "cmos": _ENERGY + "CmosProfile",
+    "per-operation": _ENERGY + "PerOperationProfile",
+}, check=lambda obj: (None if getattr(obj, "__module__", "").startswith("wirelessfl.energy.")
+                      else _compute_check(obj)), noun="compute model")
+
+
 def registries() -> dict[str, Registry]:
     """Every kind's registry, by kind (what ``wirelessfl list`` and workers walk)."""
     return {r.kind: r for r in _ALL}
@@ -249,11 +384,42 @@ def add_registry(registry: Registry) -> Registry:
     return registry
 
 
-def import_worker_modules(modules: list[str]) -> None:
-    """In a sweep or tuning worker: import the modules whose parts the parent registered
-    in-process, so that the worker resolves the same names."""
+for _registry in (MODELS, DATASETS, FADING, COMPUTE):
+    add_registry(_registry)
+
+
+def import_worker_modules(modules: list[str], path: list[str] = ()) -> None:
+    """In a sweep or tuning worker: put the parent's plugin folders (``worker_plugins``'s
+    ``path``) on ``sys.path``, after what is installed, then import the modules whose parts the
+    parent registered in-process, so that the worker resolves the same names, references
+    included, whatever its own current folder (a Dask worker's is not the user's)."""
+    for folder in path:
+        if folder not in sys.path:
+            sys.path.append(folder)
     for module in modules:
         import_reference(f"{module}:__name__", f"plugin module {module}")
+
+
+def worker_plugins() -> dict:
+    """What a sweep task carries so that its worker resolves the parent's names: the modules of
+    parts registered in-process, and the folders to import from: the current one (where
+    ``import_reference`` looks) and each registered module's (a notebook may have put it on
+    ``sys.path`` by hand)."""
+    modules = registered_modules()
+    path = [str(Path.cwd())]
+    for name in modules:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            depth = name.count(".") + (Path(file).name == "__init__.py")
+            folder = str(Path(file).resolve().parents[depth])
+            path += [folder] if folder not in path else []
+    return {"modules": modules, "path": path}
+
+
+def is_plugin_class(cls: type) -> bool:
+    """True when ``cls`` is a part some registry has resolved in this process (engine/
+    state_tree.py lets a checkpoint hold its instances' state)."""
+    return any(obj is cls for r in _ALL for obj in r._loaded.values())
 
 
 def registered_modules() -> list[str]:

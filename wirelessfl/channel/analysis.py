@@ -25,7 +25,8 @@
   (integration by parts), a = rho / Gamma; Rayleigh in closed form (``ergodic_capacity_rayleigh_bps``).
 
 ``link_budget`` uses these where they apply and otherwise runs ``MC_SAMPLES`` packets through the
-same ``Uplink.transmit`` the engine calls.
+same ``Uplink.transmit`` the engine calls. A fading plugin (channel/fading.py) is treated as the
+built-ins when it gives its CDF (``cdf(x)``), and by Monte Carlo when it does not.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from scipy import integrate, special, stats
 from wirelessfl.channel import link
 from wirelessfl.channel.cell import Cell, dbm_to_w
 from wirelessfl.channel.config import ChannelConfig
-from wirelessfl.channel.fading import k_factor_linear
+from wirelessfl.channel.fading import fading_plugin, k_factor_linear
 from wirelessfl.channel.link import Uplink, airtime_s
 from wirelessfl.channel.mcs import bler, snr_db
+from wirelessfl.errors import UserError
 
 MC_SAMPLES = 20_000  # packets (devices at the same distance) per Monte-Carlo link budget
 SERIES_HEAD = 1 << 17  # [D] terms of the airtime series summed one by one (the rest: Euler-Maclaurin)
@@ -127,7 +129,11 @@ def budget_method(config: ChannelConfig) -> str:
     """
     up, fad = config.uplink, config.fading
     independent = fad.correlation == "iid" or up.arq.max_attempts == 1
-    if up.mode == "pinned" or (up.mode == "fixed" and independent) or fad.model == "none":
+    if up.mode == "pinned":
+        return "closed form"
+    if _plugin_cdf(config) is False:  # a plugin that gives no CDF: only its draws are known
+        return "monte-carlo"
+    if (up.mode == "fixed" and independent) or fad.model == "none":
         return "closed form"
     if up.mode == "adaptive":
         return "exact series"
@@ -190,8 +196,36 @@ def _fading_model(config: ChannelConfig, cell: Cell) -> str:
     return model
 
 
+def _plugin_cdf(config: ChannelConfig):
+    """A fading plugin's CDF (vectorized in x, checked to lie in [0, 1]); False for a plugin
+    without one; None for a built-in model."""
+    plugin = fading_plugin(config.fading)
+    if plugin is None:
+        return None
+    cdf = getattr(plugin, "cdf", None)
+    if not callable(cdf):
+        return False
+    name = config.fading.model
+
+    def checked(x):
+        try:
+            out = np.asarray(cdf(np.asarray(x, dtype=float)), dtype=float)
+        except Exception as err:  # noqa: BLE001 - the plugin's own failure, reported as such
+            raise UserError(f"fading.model: the fading plugin '{name}' failed in cdf(x): "
+                            f"{type(err).__name__}: {str(err)[:200]}") from None
+        if out.shape != np.shape(x) or not ((out >= 0) & (out <= 1)).all():
+            raise UserError(f"fading.model: the fading plugin '{name}''s cdf(x) must return "
+                            "probabilities in [0, 1] of x's shape")
+        return out
+
+    return checked
+
+
 def _fading_cdf(config: ChannelConfig, cell: Cell):
     """P[|h|^2 < x] of the device in ``cell`` (vectorized in x)."""
+    plugin = _plugin_cdf(config)
+    if plugin:
+        return plugin
     model, fad = _fading_model(config, cell), config.fading
     return lambda x: outage_probability(x, 1.0, model, fad.k_factor_db, fad.m)
 
@@ -211,13 +245,12 @@ def _adaptive_mean_rate_bps(config: ChannelConfig, cell: Cell, rho: float, bw: f
 
 def _success_and_rate(config: ChannelConfig, cell: Cell, rho: float, bw: float):
     """Per-attempt success probability and rate [bit/s] in the closed-form cases."""
-    up, fad = config.uplink, config.fading
+    up = config.uplink
     if up.mode == "pinned":
         return float(up.delivery_probability), float(up.rate_bps)
     if up.mode == "fixed":
         threshold = 2.0 ** (up.rate_bps / bw) - 1.0
-        p = 1.0 - float(outage_probability(threshold, rho, _fading_model(config, cell),
-                                           fad.k_factor_db, fad.m))
+        p = 1.0 - float(_fading_cdf(config, cell)(threshold / rho))
         return p, float(up.rate_bps)
     if up.mode == "adaptive":  # no fading: the mean SNR is the SNR
         gap = 10.0 ** (up.snr_gap_db / 10.0)

@@ -6,7 +6,11 @@ Models (``fading.model``), all of unit mean power E|h|^2 = 1:
 * ``rician``: h = sqrt(K/(K+1)) + sqrt(1/(K+1)) s, s ~ CN(0, 1), K the LOS-to-scatter power ratio;
   2 (K+1) |h|^2 ~ noncentral chi^2 (2 dof, noncentrality 2K);
 * ``nakagami``: |h|^2 ~ Gamma(m, 1/m), m >= 0.5 (m = 1 is Rayleigh);
-* ``none``: |h|^2 = 1.
+* ``none``: |h|^2 = 1;
+* a plugin (an entry point of group ``wirelessfl.fading`` or a ``module:attribute`` reference,
+  docs/plugins.md): a class built with ``fading.options``, whose ``power(n, rng)`` gives [n]
+  independent unit-mean |h|^2 draws from ``rng``, and optionally ``cdf(x)`` = P[|h|^2 <= x]
+  (channel/analysis.py then computes link budgets exactly, else by Monte Carlo).
 
 Time correlation (``fading.correlation``):
 
@@ -21,13 +25,39 @@ Time correlation (``fading.correlation``):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from scipy import special
 
 from wirelessfl.channel.pathloss import SPEED_OF_LIGHT_M_S
+from wirelessfl.errors import UserError
+from wirelessfl.plugins import (
+    FADING,
+    as_value_error,
+    drop_empty_options,
+    name_validator,
+    options_field,
+)
+
+# The built-in models (FadingConfig's own; plugins are found in plugins.FADING), one line each.
+BUILTIN_FADING = {"rayleigh": "|h|^2 ~ Exp(1)", "rician": "LOS + scatter, K = fading.k_factor_db",
+                  "nakagami": "|h|^2 ~ Gamma(m, 1/m)", "none": "|h|^2 = 1"}
+# [D] a plugin's draws are checked for unit mean on this many draws of a private generator, to
+# within PLUGIN_MEAN_TOLERANCE (relative): 12 standard errors for Exp(1) draws, so only a
+# plugin that is not normalised (or whose draws have a very heavy tail) is refused.
+PLUGIN_PROBE_DRAWS = 2**14
+PLUGIN_MEAN_TOLERANCE = 0.1
 
 _ONLY = {  # field -> (models, correlations) that read it; None = any
     "k_factor_db": (("rician",), None),
@@ -44,8 +74,9 @@ class FadingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    model: Literal["rayleigh", "rician", "nakagami", "none"] = Field(
-        "rayleigh", description="distribution of |h|^2 (unit mean)")
+    model: str = Field(
+        "rayleigh", description="distribution of |h|^2 (unit mean): rayleigh, rician, nakagami, "
+                                "none, or a fading plugin's name or 'module:attribute' reference")
     correlation: Literal["iid", "block", "gauss-markov"] = Field(
         "iid", description="iid: new draw per packet; block: constant over coherence_time_s; "
                            "gauss-markov: AR(1) with rho = J0(2 pi f_D dt)")
@@ -62,6 +93,11 @@ class FadingConfig(BaseModel):
     speed_mps: NonNegativeFloat | None = Field(
         None, description="gauss-markov: device speed [m/s]; f_D = v f_c / c "
                           "(needs carrier_frequency_hz)")
+
+    options: dict[str, Any] = options_field("fading")
+
+    _dump = model_serializer(mode="wrap")(drop_empty_options)
+    _known = field_validator("model")(name_validator(FADING, BUILTIN_FADING, "fading.model"))
 
     @model_validator(mode="before")
     @classmethod
@@ -97,6 +133,15 @@ class FadingConfig(BaseModel):
                 raise ValueError("fading correlation 'gauss-markov' evolves a complex Gaussian "
                                  "channel, which Nakagami-m fading is not; use correlation 'iid' "
                                  "or 'block' with nakagami, or model 'rayleigh'/'rician'")
+        if self.model not in BUILTIN_FADING:
+            if self.correlation == "gauss-markov":
+                raise ValueError(f"fading correlation 'gauss-markov' evolves a complex Gaussian "
+                                 f"channel, which the plugin '{self.model}' (|h|^2 draws) is "
+                                 "not; use correlation 'iid' or 'block' with a plugin")
+            as_value_error(lambda: check_plugin(self), "fading.model")
+        elif self.options:
+            raise ValueError(f"fading.options is read by fading plugins only, not by the "
+                             f"built-in '{self.model}'; remove it")
         if self.correlation == "block" and self.coherence_time_s is None:
             raise ValueError("fading correlation 'block' needs 'coherence_time_s' (block length "
                              "[s], e.g. 0.423 / f_D); add it")
@@ -114,6 +159,44 @@ class FadingConfig(BaseModel):
         if self.speed_mps is None or carrier_frequency_hz is None:
             raise ValueError("fading.speed_mps needs the channel's carrier_frequency_hz")
         return float(self.speed_mps * carrier_frequency_hz / SPEED_OF_LIGHT_M_S)
+
+
+def fading_plugin(config: FadingConfig) -> Any:
+    """The plugin's instance, ``cls(**fading.options)`` (None for a built-in model); its
+    constructor's failure is one ``UserError`` naming it."""
+    if config.model in BUILTIN_FADING:
+        return None
+    cls = FADING.get(config.model, "fading.model")
+    try:
+        return cls(**config.options)
+    except Exception as err:  # noqa: BLE001 - the plugin's own failure, reported as such
+        raise UserError(f"fading.model: the fading plugin '{config.model}' failed to build with "
+                        f"options {config.options}: {type(err).__name__}: {str(err)[:200]}") from None
+
+
+def plugin_power(plugin: Any, name: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``plugin.power(n, rng)``, checked: [n] finite non-negative floats."""
+    try:
+        out = np.asarray(plugin.power(int(n), rng), dtype=float)
+    except Exception as err:  # noqa: BLE001 - the plugin's own failure, reported as such
+        raise UserError(f"fading.model: the fading plugin '{name}' failed in power({n}, rng): "
+                        f"{type(err).__name__}: {str(err)[:200]}") from None
+    if out.shape != (int(n),) or not np.isfinite(out).all() or (out < 0).any():
+        raise UserError(f"fading.model: the fading plugin '{name}' must return {n} finite "
+                        f"|h|^2 >= 0 from power({n}, rng); got shape {out.shape}")
+    return out
+
+
+def check_plugin(config: FadingConfig) -> None:
+    """The plugin builds, draws and has unit mean on PLUGIN_PROBE_DRAWS draws of a private
+    generator (the run's stream is not touched)."""
+    plugin = fading_plugin(config)
+    draws = plugin_power(plugin, config.model, PLUGIN_PROBE_DRAWS, np.random.default_rng(0))
+    mean = float(draws.mean())
+    if abs(mean - 1.0) > PLUGIN_MEAN_TOLERANCE:
+        raise UserError(f"fading.model: the fading plugin '{config.model}' draws |h|^2 of mean "
+                        f"{mean:.4g}, not 1 (path loss sets the mean SNR); divide its draws by "
+                        "their mean")
 
 
 def fading_power(n: int, kind: str, rng: np.random.Generator) -> np.ndarray:
@@ -148,6 +231,7 @@ class FadingProcess:
         fading: FadingConfig = config.fading
         self.n, self.config, self.rng = int(n), fading, rng
         self._k = k_factor_linear(fading, self.n, los)
+        self._plugin = fading_plugin(fading)
         self._f_d = (fading.doppler(config.carrier_frequency_hz)
                      if fading.correlation == "gauss-markov" else 0.0)
         self._block: np.ndarray | None = None  # block index per device (block correlation)
@@ -164,6 +248,8 @@ class FadingProcess:
             return np.ones(n)
         if model == "nakagami":
             return rng.gamma(self.config.m, 1.0 / self.config.m, n)
+        if self._plugin is not None:
+            return plugin_power(self._plugin, model, n, rng)
         return np.abs(self._los_part() + self._scatter_scale() * self._cn(n)) ** 2  # rician
 
     def _cn(self, n: int) -> np.ndarray:

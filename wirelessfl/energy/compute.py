@@ -9,6 +9,8 @@ model_profile, bits)`` with ``forward_energy_j(b)``, ``backward_energy_j(b)``,
   input gradients and weight gradients);
 * ``cmos`` (``cmos.py``): kappa x cycles x f^2 and cycles / f, backward = 2 x forward;
 * ``per-operation`` (``per_operation.py``): MAC energy by precision plus SRAM/DRAM traffic.
+* a plugin (energy/profile.py): its profile's own ``pass_costs(model, batch, bits)`` and, when
+  it has one, ``check_bits(bits)`` (raise ``ValueError`` for a width it cannot price).
 
 A pass over b samples is charged for what the batch computes: N_c = b x MACs per sample,
 O_c = b x activations per sample, x_in = b x input size (the whole batch is read), and d once.
@@ -53,10 +55,41 @@ _MODELS = {
 }
 
 
+def _plugin_check_bits(profile: EnergyProfile, bits: int) -> None:
+    check = getattr(profile, "check_bits", None)
+    if check is None:
+        return
+    try:
+        check(bits)
+    except Exception as err:  # noqa: BLE001 - the plugin's refusal or failure, reported
+        raise UserError(f"energy.model: the compute plugin '{profile.model}' cannot price "
+                        f"{bits}-bit passes: {type(err).__name__}: {str(err)[:200]}") from None
+
+
+def _plugin_costs(profile: EnergyProfile, model: ModelProfile, batch: int,
+                  bits: int) -> tuple[float, float, float, float]:
+    """The plugin's ``pass_costs``, checked: four finite non-negative numbers."""
+    where = f"energy.model: the compute plugin '{profile.model}'"
+    try:
+        costs = tuple(float(c) for c in profile.pass_costs(model, batch, bits))
+    except Exception as err:  # noqa: BLE001 - the plugin's own failure, reported as such
+        raise UserError(f"{where} failed in pass_costs(model, {batch}, {bits}): "
+                        f"{type(err).__name__}: {str(err)[:200]}") from None
+    if len(costs) != 4 or not all(np.isfinite(c) and c >= 0 for c in costs):
+        raise UserError(f"{where}: pass_costs must return four finite numbers >= 0 (forward J, "
+                        f"backward J, forward s, backward s); got {costs}")
+    return costs
+
+
+def _functions(energy: EnergyProfile):
+    """(check of M, pass prices) of ``energy``'s compute model, built-in or plugin."""
+    return _MODELS.get(energy.model, (_plugin_check_bits, _plugin_costs))
+
+
 def check_bits(energy: EnergyProfile, bits: int) -> None:
     """Refuse a bit width M that ``energy``'s compute model cannot price (UserError); checked
     when a run prices its passes and, before it starts, by scenario/checks.py."""
-    _MODELS[energy.model][0](energy, bits)
+    _functions(energy)[0](energy, bits)
 
 
 class PassCosts:
@@ -113,7 +146,7 @@ class ComputeModel(PassCosts):
     """Prices passes of a profiled model on an ``EnergyProfile`` device at ``bits`` precision."""
 
     def __init__(self, energy: EnergyProfile, model: ModelProfile, bits: int):
-        self._price = _MODELS[energy.model][1]
+        self._price = _functions(energy)[1]
         check_bits(energy, bits)
         self.energy = energy
         self.model = model

@@ -10,6 +10,9 @@ union on ``model``):
   ``CmosProfile``;
 * ``per-operation``: energy per MAC by precision and per memory access (Horowitz, ISSCC 2014,
   45 nm) -> ``PerOperationProfile``.
+* a plugin (an entry point of group ``wirelessfl.compute`` or a ``module:attribute`` reference,
+  docs/plugins.md): a subclass of ``EnergyProfile`` with its own fields and a method
+  ``pass_costs(model, batch, bits)`` (energy/compute.py prices its passes with it).
 
 ``EnergyProfile`` is the common base. Validating or calling it (``EnergyProfile(**doc)``,
 ``EnergyProfile.model_validate(doc)``, a scenario's ``energy:`` section) returns the subclass that
@@ -50,9 +53,10 @@ class EnergyProfile(BaseModel):
 
     name: str = ""
     description: str = ""
-    model: Literal["seed002-accelerator", "cmos", "per-operation"] = Field(
+    model: str = Field(
         DEFAULT_MODEL, description="which compute-energy model prices a pass: "
-                                   + ", ".join(COMPUTE_MODELS))
+                                   + ", ".join(COMPUTE_MODELS) + ", or a compute plugin's name "
+                                   "or 'module:attribute' reference")
     # [D] our default: seed 002 gives no downlink receive power.
     rx_power_w: NonNegativeFloat = Field(
         0.1, description="device draw while the downlink is on air [W]")
@@ -79,7 +83,7 @@ class EnergyProfile(BaseModel):
         tag = data.get("model", DEFAULT_MODEL)
         target = cls
         if cls is EnergyProfile and isinstance(tag, str):
-            target = EnergyProfile._compute_classes.get(tag, cls)
+            target = _compute_class(tag) or cls
         return super().__new__(target)
 
     @model_validator(mode="wrap")
@@ -89,7 +93,7 @@ class EnergyProfile(BaseModel):
         if cls is not EnergyProfile or isinstance(data, EnergyProfile) or not isinstance(data, dict):
             return handler(data)
         tag = data.get("model", DEFAULT_MODEL)
-        target = EnergyProfile._compute_classes.get(tag) if isinstance(tag, str) else None
+        target = _compute_class(tag) if isinstance(tag, str) else None
         if target is None:  # an unknown model: the error is reported on the 'model' key alone
             return handler({"model": tag})
         return target.model_validate(data)
@@ -109,7 +113,8 @@ class EnergyProfile(BaseModel):
                     "wrong_compute_model", "belongs to compute model {owners}, not '{model}'; "
                     "remove it or set model: {first}",
                     {"owners": " or ".join(repr(o) for o in owners), "first": owners[0],
-                     "model": cls.model_fields["model"].default}), loc=(key,), input=data[key]))
+                     "model": data.get("model", cls.model_fields["model"].default)}), loc=(key,),
+                    input=data[key]))
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         return data
@@ -132,6 +137,14 @@ class EnergyProfile(BaseModel):
         # The discriminator survives exclude_defaults / exclude_unset.
         return data if "model" in data else {"model": self.model, **data}
 
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, tag: str) -> str:
+        from wirelessfl.plugins import COMPUTE, as_value_error
+
+        as_value_error(lambda: COMPUTE.get(tag, "energy.model"), "energy.model")
+        return tag
+
     @field_validator("pa_efficiency")
     @classmethod
     def _efficiency_is_a_fraction(cls, value: float) -> float:
@@ -148,6 +161,20 @@ class EnergyProfile(BaseModel):
             raise ValueError(f"sources: {unknown[0]!r} is not a field of a {self.model!r} energy "
                              f"profile; cite one of {', '.join(type(self).model_fields)}")
         return self
+
+
+def _compute_class(tag: str) -> type[EnergyProfile] | None:
+    """The profile class of compute model ``tag``: a built-in, or a plugin (plugins.COMPUTE);
+    None when there is none (the 'model' field's validator then says why)."""
+    if tag in EnergyProfile._compute_classes:
+        return EnergyProfile._compute_classes[tag]
+    from wirelessfl.errors import UserError
+    from wirelessfl.plugins import COMPUTE
+
+    try:
+        return COMPUTE.get(tag, "energy.model")
+    except UserError:
+        return None
 
 
 class Seed002AcceleratorProfile(EnergyProfile):

@@ -190,7 +190,7 @@ def build_world(scenario: Scenario) -> World:
     dataset, server, shards = split.dataset, split.server, split.shards
     model = build_model(scenario.model.name, dataset.input_shape, dataset.num_classes,
                         hidden=tuple(scenario.model.hidden),
-                        seed=stream_key(seed, "init") % 2**31)
+                        seed=stream_key(seed, "init") % 2**31, options=scenario.model.options)
     model_profile = profile_model(model, dataset.input_shape)
     model = model.to(device)
     flat = FlatModel(model)

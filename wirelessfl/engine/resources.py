@@ -187,9 +187,14 @@ def dataset_shape(data, limit_bytes: float = math.inf) -> DataShape:
     synthetic section, the IDX headers, or a streaming count of a LIBSVM file's lines and
     largest feature index (stopped once the dense float32 array would exceed ``limit_bytes``).
     Unreadable files count as empty: the loader reports them."""
+    from wirelessfl.learning.datasets import BUILTIN_DATASETS
+
     name = data.name
     test = None
-    if name in BUILTIN_SETS:
+    if name not in BUILTIN_DATASETS:
+        samples, shape, classes, test = _plugin_shape(data)
+        kind = "builtin"
+    elif name in BUILTIN_SETS:
         samples, shape, classes = BUILTIN_SETS[name]
         kind = "builtin"
     elif name == "synthetic":
@@ -217,6 +222,19 @@ def dataset_shape(data, limit_bytes: float = math.inf) -> DataShape:
     samples = min(samples, data.max_train_samples or samples)
     test = min(test, data.max_test_samples or test)
     return DataShape(samples, test, shape, classes, loaded, LOAD_BYTES[kind])
+
+
+def _plugin_shape(data) -> tuple[int, tuple[int, ...], int, int | None]:
+    """(training samples, input shape, classes, test samples or None) of a dataset plugin: its
+    declared facts, or, where it declares too few, the arrays it returns (seed 0)."""
+    from wirelessfl.learning.datasets import plugin_dataset, plugin_facts
+
+    facts = plugin_facts(data)
+    if {"input_shape", "classes", "train_samples"} <= set(facts):
+        return (facts["train_samples"], facts["input_shape"], facts["classes"],
+                facts.get("test_samples"))
+    x_train, _, x_test, _, classes = plugin_dataset(data, 0)
+    return len(x_train), tuple(x_train.shape[1:]), classes, None if x_test is None else len(x_test)
 
 
 def _idx_dims(root: str | None, base: str) -> tuple[int, int, int]:
@@ -317,7 +335,8 @@ def problem_facts(scenario, limit_bytes: float = math.inf) -> ProblemFacts:
 
     if not all(shape):
         return ProblemFacts(0, 4, 0, 0)  # files missing or unreadable: the loader says which
-    model = build_model(scenario.model.name, shape, classes, hidden=tuple(scenario.model.hidden))
+    model = build_model(scenario.model.name, shape, classes, hidden=tuple(scenario.model.hidden),
+                        options=scenario.model.options)
     prof = profile_model(model, shape)
     d = sum(v.numel() for v in model.parameters())
     return ProblemFacts(d, 4, data_bytes, load_bytes, on_devices, test, prof.input_size,

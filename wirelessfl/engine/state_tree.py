@@ -70,9 +70,15 @@ def class_name(obj) -> str:
 
 
 def _own_object(value) -> bool:
-    """An instance of one of wirelessfl's own classes whose state is its ``__dict__``."""
-    return type(value).__module__.startswith("wirelessfl.") and hasattr(value, "__dict__") \
-        and not isinstance(value, type)
+    """An instance whose state is its ``__dict__`` of one of wirelessfl's own classes, of a
+    subclass of one (a plugin algorithm), or of a plugin class the scenario names (a fading
+    model): a fresh run builds each of them from the scenario as it does the built-ins."""
+    from wirelessfl.plugins import is_plugin_class
+
+    cls = type(value)
+    ours = any(c.__module__.startswith("wirelessfl.") for c in cls.__mro__) \
+        or is_plugin_class(cls)
+    return ours and hasattr(value, "__dict__") and not isinstance(value, type)
 
 
 def _function_name(function) -> str:

@@ -14,15 +14,24 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
+from wirelessfl.plugins import DATASETS, drop_empty_options, name_validator, options_field
 
 IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dimensions (count, rows, cols)
 IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dimension (count)
@@ -33,6 +42,16 @@ LIBSVM_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary.htm
 # A LIBSVM set is held dense (float32): refuse one larger than this rather than exhaust memory.
 LIBSVM_MAX_DENSE_BYTES = 8 * 2**30
 # Classes of the built-in sets (a LIBSVM file's are known only once it is read).
+# The built-in sets (DataConfig's own; plugins are found in plugins.DATASETS), one line each.
+BUILTIN_DATASETS = {
+    "digits": "scikit-learn's 8x8 digits, 1797 x 64, 10 classes",
+    "digits28": "the digits upscaled to 1x28x28",
+    "synthetic": "scikit-learn make_classification (data.synthetic)",
+    "mnist": "MNIST from the four IDX files in data.root",
+    "fashionmnist": "FashionMNIST from the four IDX files in data.root",
+    "breast_cancer": "scikit-learn's breast cancer set, 569 x 30, 2 classes",
+    "libsvm": "a LIBSVM-format file in data.root (data.file)",
+}
 BUILTIN_CLASSES = {"digits": 10, "digits28": 10, "mnist": 10, "fashionmnist": 10,
                    "breast_cancer": 2}
 
@@ -70,12 +89,12 @@ class DataConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    name: Literal["digits", "digits28", "synthetic", "mnist", "fashionmnist", "breast_cancer",
-                  "libsvm"] = Field(
+    name: str = Field(
         "digits", description="digits: sklearn 8x8 flat; digits28: the same upscaled to 1x28x28; "
                               "synthetic: make_classification; mnist/fashionmnist: IDX files in "
                               "root; breast_cancer: sklearn's 569 x 30 binary set (standardised); "
-                              "libsvm: a LIBSVM-format file in root (data.file)")
+                              "libsvm: a LIBSVM-format file in root (data.file); or a dataset "
+                              "plugin's name or 'module:attribute' reference (docs/plugins.md)")
     root: str | None = Field(None, description="folder with the four IDX files (mnist, "
                                                "fashionmnist) or the LIBSVM file(s) (libsvm)")
     file: str | None = Field(
@@ -97,6 +116,21 @@ class DataConfig(BaseModel):
                                      "own loss (seed 000's server data: 0.3); never on devices")
     max_test_samples: PositiveInt | None = Field(None, description="subsample the test set")
     synthetic: SyntheticConfig = SyntheticConfig()
+    options: dict[str, Any] = options_field("dataset")
+
+    _dump = model_serializer(mode="wrap")(drop_empty_options)
+    _known = field_validator("name")(name_validator(DATASETS, BUILTIN_DATASETS, "data.name"))
+
+    @model_validator(mode="after")
+    def _plugin_keys(self):
+        builtin = self.name in BUILTIN_DATASETS
+        if self.options and builtin:
+            raise ValueError(f"data.options is read by dataset plugins only, not by the built-in "
+                             f"'{self.name}'; remove it")
+        if not builtin and self.root is not None:
+            raise ValueError(f"data.root is not read by the dataset plugin '{self.name}'; remove "
+                             "it (pass a folder in data.options if the plugin takes one)")
+        return self
 
     @model_validator(mode="after")
     def _libsvm_files(self):
@@ -156,6 +190,10 @@ def load_dataset(config: DataConfig, seed: int) -> Dataset:
         x_train, x_test, y_train, y_test = _split(x, y, config.test_fraction, seed)
         mean, std = x_train.mean(0), x_train.std(0) + 1e-8  # train statistics only
         x_train, x_test = (x_train - mean) / std, (x_test - mean) / std
+    elif config.name not in BUILTIN_DATASETS:
+        x_train, y_train, x_test, y_test, num_classes = plugin_dataset(config, seed)
+        if x_test is None:
+            x_train, x_test, y_train, y_test = _split(x_train, y_train, config.test_fraction, seed)
     elif config.name == "libsvm":
         x_train, y_train, x_test, y_test, num_classes = read_libsvm_dataset(
             config.root, config.file, config.test_file)
@@ -184,6 +222,84 @@ def load_dataset(config: DataConfig, seed: int) -> Dataset:
     return Dataset(config.name, np.ascontiguousarray(x_train, np.float32), y_train.astype(np.int64),
                    np.ascontiguousarray(x_test, np.float32), y_test.astype(np.int64),
                    num_classes, tuple(x_train.shape[1:]))
+
+
+def plugin_dataset(config: DataConfig, seed: int):
+    """(x_train, y_train, x_test, y_test, classes) of the dataset plugin ``config.name``: its
+    callable ``(seed, **data.options)``, the arrays checked (float inputs of one shape, integer
+    labels 0..C-1 as many as inputs; the test pair both given or both None). C is the plugin's
+    ``facts()['classes']`` when it declares it, else 1 + the largest label seen. Anything wrong,
+    the plugin's own exceptions included, is one ``UserError`` naming it."""
+    from wirelessfl.plugins import DATASETS
+
+    name = config.name
+    loader = DATASETS.get(name, "data.name")
+    where = f"data.name: the dataset plugin '{name}'"
+    try:
+        out = loader(seed, **config.options)
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the plugin's own failure, reported as such
+        raise UserError(f"{where} failed: {type(err).__name__}: {str(err)[:200]}") from None
+    if not isinstance(out, tuple | list) or len(out) != 4:
+        raise UserError(f"{where} returned {type(out).__name__}; return a tuple (x_train, "
+                        "y_train, x_test, y_test), the test pair None to have it split off")
+    if (out[2] is None) != (out[3] is None):
+        raise UserError(f"{where} returned only one of x_test, y_test; give both or neither")
+    arrays = []
+    for part, (x, y) in (("train", out[:2]), ("test", out[2:])):
+        if x is None:
+            arrays += [None, None]
+            continue
+        try:
+            x = np.asarray(x, dtype=np.float32)
+            y_raw = np.asarray(y)
+        except (TypeError, ValueError) as err:
+            raise UserError(f"{where}: x_{part}/y_{part} are not numeric arrays ({err})") from None
+        if x.ndim < 2 or y_raw.ndim != 1 or len(x) != len(y_raw) or not len(y_raw):
+            raise UserError(f"{where}: x_{part} must be [n, ...] and y_{part} [n] with n >= 1; "
+                            f"got shapes {x.shape} and {y_raw.shape}")
+        if not np.issubdtype(y_raw.dtype, np.integer) or y_raw.min() < 0:
+            raise UserError(f"{where}: y_{part} must hold integer labels 0..C-1; got "
+                            f"{y_raw.dtype} values from {y_raw.min()}")
+        if not np.isfinite(x).all():
+            raise UserError(f"{where}: x_{part} holds NaN or infinite values; clean them")
+        arrays += [x, y_raw.astype(np.int64)]
+    if arrays[2] is not None and arrays[0].shape[1:] != arrays[2].shape[1:]:
+        raise UserError(f"{where}: train inputs are {arrays[0].shape[1:]} but test inputs are "
+                        f"{arrays[2].shape[1:]}; give both one shape")
+    seen = 1 + max(int(y.max()) for y in arrays[1::2] if y is not None)
+    declared = plugin_facts(config).get("classes")
+    if declared is not None and seen > declared:
+        raise UserError(f"{where}: labels go up to {seen - 1} but its facts declare {declared} "
+                        "classes; fix one of them")
+    return (*arrays, declared or seen)
+
+
+def plugin_facts(config: DataConfig) -> dict:
+    """A dataset plugin's ``facts(**options)``: a mapping with any of input_shape (per sample),
+    classes, train_samples, test_samples (None or absent: the test set is split off); {} when
+    the plugin declares none."""
+    from wirelessfl.plugins import DATASETS
+
+    loader = DATASETS.get(config.name, "data.name")
+    facts = getattr(loader, "facts", None)
+    if facts is None:
+        return {}
+    where = f"data.name: the facts of dataset plugin '{config.name}'"
+    try:
+        out = facts(**config.options)
+    except Exception as err:  # noqa: BLE001 - the plugin's own failure, reported as such
+        raise UserError(f"{where} failed: {type(err).__name__}: {str(err)[:200]}") from None
+    keys = {"input_shape", "classes", "train_samples", "test_samples"}
+    if not isinstance(out, dict) or set(out) - keys:
+        raise UserError(f"{where} must be a dict with keys among {sorted(keys)}; got {out!r:.80}")
+    try:
+        return {k: (tuple(int(d) for d in v) if k == "input_shape" else int(v))
+                for k, v in out.items() if v is not None}
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: input_shape must be a tuple of ints and the counts ints; got "
+                        f"{out!r:.80}") from None
 
 
 def _digits(upscale: bool) -> tuple[np.ndarray, np.ndarray, int]:
@@ -285,6 +401,13 @@ def data_facts(config: DataConfig) -> DataFacts:
     and files exist, and IDX headers are sane (magic number, dimensions, sizes that match the
     files and each other). ``wirelessfl validate`` and the start of a run call it
     (scenario/checks.py), so that a missing folder is refused before anything is created."""
+    if config.name not in BUILTIN_DATASETS:
+        facts = plugin_facts(config)
+        train = facts.get("train_samples")
+        if train is not None and facts.get("test_samples") is None:
+            train -= math.ceil(config.test_fraction * train)
+        return DataFacts(facts.get("input_shape"), facts.get("classes"),
+                         None if train is None else _at_most(train, config.max_train_samples))
     if config.name == "libsvm":
         libsvm_paths(config.root, config.file, config.test_file)
         return DataFacts(None, None, None)

@@ -141,6 +141,40 @@ class ResNet18Cifar(nn.Module):
         return self.fc(self.flatten(self.pool(x)))
 
 
+def seed002_cnn(input_shape: Sequence[int], num_classes: int, **_: object) -> nn.Module:
+    """The CNN of seed 002, Sec. V (image inputs of at least 14x14)."""
+    shape = tuple(input_shape)
+    if len(shape) != 3:
+        raise UserError(
+            f"model 'seed002-cnn' needs image inputs (channels, height, width), got shape "
+            f"{shape}; use dataset 'digits28', 'mnist' or 'fashionmnist'"
+        )
+    return Seed002CNN(shape, num_classes)
+
+
+def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (64,),
+        **_: object) -> nn.Module:
+    """A fully connected ReLU network of model.hidden widths."""
+    return MLP(input_shape, num_classes, hidden)
+
+
+def logistic(input_shape: Sequence[int], num_classes: int, **_: object) -> nn.Module:
+    """Multinomial logistic regression."""
+    return Logistic(input_shape, num_classes)
+
+
+def resnet18_cifar(input_shape: Sequence[int], num_classes: int, **_: object) -> nn.Module:
+    """ResNet-18 for 32x32 images (He et al., 2016; CIFAR variant)."""
+    shape = tuple(input_shape)
+    if len(shape) != 3 or min(shape[1:]) < 8:
+        raise UserError(
+            f"model 'resnet18-cifar' needs image inputs (channels, height, width) of at "
+            f"least 8x8 pixels, got shape {shape}; it is built for 3x32x32 (CIFAR-10)"
+        )
+    return ResNet18Cifar(shape, num_classes)
+
+
+# The built-in models' names, as plugins.MODELS declares them (kept for imports of old).
 MODEL_NAMES = ("seed002-cnn", "mlp", "logistic", "resnet18-cifar")
 
 
@@ -150,35 +184,36 @@ def build_model(
     num_classes: int,
     hidden: Sequence[int] = (64,),
     seed: int = 0,
+    options: dict | None = None,
 ) -> nn.Module:
-    """Instantiate a zoo model with deterministic initial weights (``seed``)."""
+    """Instantiate the model ``name`` (a built-in, a plugin or a ``module:attribute`` reference,
+    plugins.MODELS) with deterministic initial weights: the builder runs under
+    ``torch.manual_seed(seed)``, the global generator restored afterwards. Built-ins get
+    ``hidden``; a plugin gets ``model.options`` as keyword arguments. A plugin that raises or
+    returns something other than a ``torch.nn.Module`` is one ``UserError`` naming it."""
+    from wirelessfl.plugins import MODELS
+
+    builder = MODELS.get(name, "model.name")
+    builtin = name in MODEL_NAMES
+    kwargs = {"hidden": tuple(hidden)} if builtin else dict(options or {})
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        if name == "seed002-cnn":
-            shape = tuple(input_shape)
-            if len(shape) != 3:
-                raise UserError(
-                    f"model 'seed002-cnn' needs image inputs (channels, height, width), got shape "
-                    f"{shape}; use dataset 'digits28', 'mnist' or 'fashionmnist'"
-                )
-            model: nn.Module = Seed002CNN(shape, num_classes)
-        elif name == "mlp":
-            model = MLP(input_shape, num_classes, hidden)
-        elif name == "logistic":
-            model = Logistic(input_shape, num_classes)
-        elif name == "resnet18-cifar":
-            shape = tuple(input_shape)
-            if len(shape) != 3 or min(shape[1:]) < 8:
-                raise UserError(
-                    f"model 'resnet18-cifar' needs image inputs (channels, height, width) of at "
-                    f"least 8x8 pixels, got shape {shape}; it is built for 3x32x32 (CIFAR-10)"
-                )
-            model = ResNet18Cifar(shape, num_classes)
-        else:
-            raise UserError(f"unknown model '{name}'; choose one of {', '.join(MODEL_NAMES)}")
+        model = builder(tuple(input_shape), int(num_classes), **kwargs)
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the plugin's own failure, reported as such
+        raise UserError(f"model.name: the model plugin '{name}' failed to build for input "
+                        f"shape {tuple(input_shape)} and {num_classes} classes: "
+                        f"{type(err).__name__}: {str(err)[:200]}") from None
     finally:
         torch.random.set_rng_state(generator_state)
+    if not isinstance(model, nn.Module):
+        raise UserError(f"model.name: the model plugin '{name}' returned a "
+                        f"{type(model).__name__}, not a torch.nn.Module; return the module")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise UserError(f"model.name: the model plugin '{name}' has no trainable parameters; "
+                        "give it some (e.g. an nn.Linear)")
     return model
 
 

@@ -42,6 +42,7 @@ from wirelessfl.energy.compute import check_bits
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataFacts, data_facts
 from wirelessfl.learning.logistic import DENSE_HESSIAN_MAX_BYTES, DENSE_HESSIAN_MAX_D
+from wirelessfl.learning.models import MODEL_NAMES
 from wirelessfl.plugins import algorithm_class
 from wirelessfl.scenario.schema import Scenario
 
@@ -68,6 +69,7 @@ def check_runnable(scenario: Scenario, checkpoint_every: int | None = None,
         facts = data_facts(scenario.data)
         _check_labels(scenario, facts)
     _check_problem(scenario, facts)
+    _check_plugin_model(scenario, facts)
     for params in scenario.algorithms:
         _check_algorithm(scenario, params, facts)
     if warn is not None:
@@ -148,6 +150,19 @@ def _check_model(model: str, shape: tuple[int, ...], dataset: str) -> None:
                         f"at least 8x8 pixels, but dataset '{dataset}' has shape {shape}; it is "
                         "built for 3x32x32 (CIFAR-10): use an image dataset (digits28, mnist, "
                         "fashionmnist) or model mlp")
+
+
+def _check_plugin_model(scenario: Scenario, facts: DataFacts | None) -> None:
+    """A plugin model is built once for the data's input shape (learning/models.py
+    ``build_model``), so that its own failures and a wrong return type are found by
+    ``validate``; the built-ins' conditions are ``_check_model``'s, without building."""
+    model = scenario.model
+    shape = facts.input_shape if facts is not None else None
+    if model.name in MODEL_NAMES or scenario.problem.name != "classification" or shape is None:
+        return
+    from wirelessfl.learning.models import build_model
+
+    build_model(model.name, shape, _classes(scenario, facts) or 2, options=model.options)
 
 
 def _check_partition(scenario: Scenario, facts: DataFacts) -> None:

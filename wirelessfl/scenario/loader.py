@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from wirelessfl.errors import UserError
-from wirelessfl.plugins import algorithm_class
+from wirelessfl.plugins import algorithm_class, is_reference
 from wirelessfl.scenario import catalog, names, safe_yaml
 from wirelessfl.scenario.schema import Scenario
 
@@ -341,6 +341,10 @@ def _validate_algorithms(doc: dict, source: str) -> list:
         except ValidationError as err:
             raise UserError(format_validation_error(err, source, ("algorithms", i))) from None
         check_values(entry, p, source, ("algorithms", i))
+        if p.label is None and is_reference(p.name):
+            # A reference names code, not a method: tables, plots and folders show the class's
+            # own ``name`` (what an entry point would usually be called) instead.
+            p.label = cls.name
         problem = names.label_problem(p.display_name)
         if problem:
             raise UserError(f"{where}.label: {p.display_name[:40]!r} {problem}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -28,6 +28,7 @@ from wirelessfl.learning.mco import MCO_DEFAULTS
 from wirelessfl.learning.models import MODEL_NAMES
 from wirelessfl.learning.partition import PARAM_DEFAULTS, SCHEME_PARAMS
 from wirelessfl.learning.problems import QUADRATIC_DEFAULTS
+from wirelessfl.plugins import MODELS, drop_empty_options, name_validator, options_field
 from wirelessfl.scenario.names import validated_name
 
 
@@ -205,19 +206,25 @@ class PartitionConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    name: str = Field("mlp", description=f"one of {', '.join(MODEL_NAMES)}")
+    name: str = Field("mlp", description=f"one of {', '.join(MODEL_NAMES)}, a plugin's name "
+                                         "(wirelessfl list) or a 'module:attribute' reference")
     hidden: list[int] = Field([64], description="hidden layer widths (mlp only)")
     l2: float = Field(
         0.0, ge=0, allow_inf_nan=False,
         description="weight of l2/2 ||theta||^2 in every f_i (and minibatch loss); with the "
                     "logistic model and l2 > 0, f* is found by a reference solve")
+    options: dict[str, Any] = options_field("model")
 
-    @field_validator("name")
-    @classmethod
-    def _known(cls, name: str) -> str:
-        if name not in MODEL_NAMES:
-            raise ValueError(f"unknown model '{name}'; choose one of {', '.join(MODEL_NAMES)}")
-        return name
+    _known = field_validator("name")(name_validator(MODELS, (), "model.name"))
+
+    _dump = model_serializer(mode="wrap")(drop_empty_options)
+
+    @model_validator(mode="after")
+    def _options_for_plugins(self):
+        if self.options and self.name in MODEL_NAMES:
+            raise ValueError(f"model.options is read by plugin models only, not by the built-in "
+                             f"'{self.name}'; remove it (use model.hidden for mlp)")
+        return self
 
     @field_validator("hidden")
     @classmethod

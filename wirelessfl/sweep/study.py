@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from wirelessfl.errors import UserError
+from wirelessfl.plugins import worker_plugins
 from wirelessfl.results.records import (
     acquire_lock,
     package_versions,
@@ -109,6 +110,7 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
     previous = _previous_entries(Path(out))
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     entries, tasks, replaced = [], [], {}
+    plugins = worker_plugins()  # what the workers import to resolve the same names
     for point in sweep.points:
         old = previous.get(point.run_id, {})
         folder = runs_dir / point.run_id
@@ -129,6 +131,7 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
             if old.get("status") == "failed":
                 entry["status"] = "failed"  # until retried below
             tasks.append({"run_id": point.run_id, "scenario": point.scenario,
+                          "plugins": plugins,
                           "source": f"{sweep.path} [{point.run_id}]",
                           "sweep": {"name": sweep.name, "run": point.run_id,
                                     "values": point.values, "file": str(sweep.path)}})

@@ -37,6 +37,7 @@ def run_point(task: dict) -> dict:
     import wirelessfl
     from wirelessfl.engine.runner import run_scenario
     from wirelessfl.errors import UserError
+    from wirelessfl.plugins import import_worker_modules
     from wirelessfl.results.records import folder_files
     from wirelessfl.scenario.loader import scenario_from_document
 
@@ -45,6 +46,8 @@ def run_point(task: dict) -> dict:
               "module": wirelessfl.__file__, "files": {}}
     warnings: list[str] = []
     try:
+        plugins = task.get("plugins") or {}
+        import_worker_modules(plugins.get("modules", []), plugins.get("path", []))
         scenario = scenario_from_document(task["scenario"], task["source"])
         with tempfile.TemporaryDirectory(prefix="wirelessfl-sweep-") as tmp:
             out = Path(tmp) / "run"
