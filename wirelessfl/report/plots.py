@@ -27,6 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from wirelessfl.report.colours import run_colours
 from wirelessfl.results.records import output_folder, write_file
 
 # Never LaTeX, whatever a user's matplotlibrc says: a label would be handed to TeX as markup.
@@ -36,6 +37,13 @@ BREAKDOWN = [("energy_compute_forward_j", "compute (forward)"),
              ("energy_compute_backward_j", "compute (backward)"),
              ("energy_uplink_j", "uplink"), ("energy_downlink_j", "downlink"),
              ("energy_idle_j", "idle")]
+# One colour per kind of energy, the same in the breakdown and the per-round figure (tab10's
+# first five [D]); the base station's transmit energy is grey and hatched.
+KIND_COLOURS = {"energy_compute_forward_j": "#1f77b4", "energy_compute_backward_j": "#ff7f0e",
+                "energy_compute_j": "#1f77b4", "energy_uplink_j": "#2ca02c",
+                "energy_downlink_j": "#d62728", "energy_idle_j": "#9467bd"}
+STATION = ("energy_bs_j", "base station (transmit)")
+STATION_STYLE = {"color": "0.75", "hatch": "//", "edgecolor": "0.35"}
 # Devices up to which the label histogram draws one bar per device and class (gaps between
 # devices); beyond it one filled step outline per class [D].
 BAR_DEVICES = 100
@@ -66,13 +74,52 @@ def new_figure(figsize: tuple[float, float], dpi: int) -> Figure:
 def finish(fig: Figure, rect=(0, 0, 1, 1)) -> Figure:
     """Lay ``fig`` out (tight, within ``rect``) with every text drawn as written (``literal``;
     before the layout, which measures the texts), except the tick labels matplotlib's log
-    formatters write in mathtext (``\\mathdefault``); returns ``fig``."""
+    formatters write in mathtext (``\\mathdefault``), and with titles too wide for their
+    place wrapped (``fit_titles``; the layout runs again around the taller titles); returns
+    ``fig``."""
     for text in fig.findobj(matplotlib.text.Text):
         shown = text.get_text()
         if "$" in shown and r"\mathdefault" not in shown:
             text.set_text(literal(shown))
     fig.tight_layout(rect=rect)
+    for _ in range(3):  # a wrapped title changes the layout, which changes the room for titles
+        if not fit_titles(fig):
+            break
+        fig.tight_layout(rect=rect)
     return fig
+
+
+def _titles(fig: Figure):
+    """(title, the width in pixels it may take) of ``fig``: the figure's title the figure's
+    width, an axes title its axes' width (wider, it would run into its neighbour's)."""
+    if fig._suptitle is not None and fig._suptitle.get_text():
+        yield fig._suptitle, fig.bbox.width
+    for ax in fig.axes:
+        if ax.get_visible():
+            for title in (ax.title, ax._left_title, ax._right_title):
+                if title.get_text():
+                    yield title, ax.bbox.width
+
+
+def fit_titles(fig: Figure) -> bool:
+    """Wrap every title of ``fig`` wider than its place (``_titles``) at the widest number of
+    characters that fits (the lines it already has kept as they are broken), a word longer
+    than the line broken too; True when some title changed. A scenario's name or a list of
+    algorithm labels is text of any length: a title cut off at the figure's edge hides it."""
+    renderer = fig.canvas.get_renderer()
+    changed = False
+    for title, room in _titles(fig):
+        text = title.get_text()
+        lines = text.split("\n")
+        chars = max(len(line) for line in lines)
+        width = title.get_window_extent(renderer).width
+        while width > room and chars > 1:
+            chars = max(1, min(chars - 1, int(chars * room / width)))
+            title.set_text("\n".join(textwrap.fill(line, chars) if line else line
+                                     for line in lines))
+            width = title.get_window_extent(renderer).width
+        changed |= title.get_text() != text
+    return changed
 
 
 def write_png(fig: Figure, path: Path) -> Path:
@@ -115,10 +162,12 @@ def _accuracy_against(record, column: str, xlabel: str) -> Figure | None:
         return None
     fig = new_figure((6.4, 4.2), 120)
     ax = fig.subplots()
+    colours = run_colours(record)
     for algorithm, group in record.rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round")
         x = group[column].where(group[column] > 0)
-        ax.plot(x, group.test_accuracy, marker=".", markersize=3, label=algorithm)
+        ax.plot(x, group.test_accuracy, marker=".", markersize=3, label=algorithm,
+                color=colours[algorithm])
     target = _target(record, "target_accuracy")
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
@@ -159,12 +208,13 @@ def optimization_progress(record) -> Figure | None:
     axes_cols = [a for a in PROGRESS_AXES if a[0] in rounds]
     fig = new_figure((3.6 * len(axes_cols), 3.0 * len(rows)), 110)
     axes = fig.subplots(len(rows), len(axes_cols), squeeze=False, sharey="row")
+    colours = run_colours(record)
     for algorithm, group in rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round")
         for i, (metric, _) in enumerate(rows):
             y = group[metric].where(group[metric] > 0)
             for j, (column, _) in enumerate(axes_cols):
-                axes[i, j].plot(group[column], y, linewidth=1.2,
+                axes[i, j].plot(group[column], y, linewidth=1.2, color=colours[algorithm],
                                 label=algorithm if (i, j) == (0, 0) else None)
     for i, (_, ylabel) in enumerate(rows):
         axes[i, 0].set_ylabel(ylabel)
@@ -176,43 +226,113 @@ def optimization_progress(record) -> Figure | None:
     if target is not None:
         for ax in axes[0]:
             ax.axhline(target, color="grey", linestyle="--", linewidth=1)
-    fig.suptitle(_title(record), y=0.99, fontsize=10)
-    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.955),
-               ncol=min(6, rounds.algorithm.nunique()), frameon=False)
-    return finish(fig, rect=(0, 0, 1, 0.88))
+    fig.suptitle(_title(record), fontsize=10)
+    # beside the panels (an axes legend, which the layout makes room for, however long the
+    # labels), not above them where a wrapped title would run into it
+    axes[0, -1].legend(*axes[0, 0].get_legend_handles_labels(), fontsize="small",
+                       loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    return finish(fig)
 
 
 def energy_breakdown(record) -> Figure | None:
-    """Stacked bars of each algorithm's total energy by kind, at its last round: the devices'
-    kinds, then the base station's transmit energy (hatched, its share of the system's energy
-    written above the bar) where the run recorded it."""
-    last = record.rounds.sort_values("round").groupby("algorithm", sort=False).tail(1)
-    fig = new_figure((6.4, 4.2), 120)
+    """Stacked bars of each algorithm's total energy by kind, at its last round, in the
+    scenario's order of algorithms: the devices' kinds, then the base station's transmit energy
+    (hatched, its share of the system's energy written above the bar) where the run recorded
+    it. The bars' labels are wrapped to the bar's width and written in the algorithm's colour;
+    the legend stands beside the axes, never over a bar."""
+    colours = run_colours(record)
+    last = record.rounds.sort_values("round", kind="stable").groupby("algorithm", sort=False).tail(1)
+    last = last.set_index("algorithm").loc[[a for a in colours if a in set(last.algorithm)]]
+    fig = new_figure((max(6.4, 2.4 + 1.1 * len(last)), 4.2), 120)
     ax = fig.subplots()
-    bottom = [0.0] * len(last)
-    names = [literal(name) for name in last.algorithm]  # the x axis's categories: tick labels
-    for column, label in BREAKDOWN:
-        if column not in last:  # runs recorded before idle energy existed
+    x = np.arange(len(last))
+    bottom = np.zeros(len(last))
+    kinds = energy_kinds(last)
+    for column, label in kinds:
+        if column == STATION[0]:
             continue
-        values = list(last[column])
-        ax.bar(names, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values)]
+        values = last[column].fillna(0.0).to_numpy(dtype=float)
+        ax.bar(x, values, bottom=bottom, label=label, color=KIND_COLOURS[column])
+        bottom = bottom + values
     who = "all devices"
-    if "energy_bs_j" in last and last.energy_bs_j.notna().any():
-        station = list(last.energy_bs_j.fillna(0.0))
-        ax.bar(names, station, bottom=bottom, label="base station (transmit)", color="0.75",
-               hatch="//", edgecolor="0.35")
-        for name, devices, bs in zip(names, bottom, station):
+    if STATION in kinds:
+        station = last[STATION[0]].fillna(0.0).to_numpy(dtype=float)
+        ax.bar(x, station, bottom=bottom, label=STATION[1], **STATION_STYLE)
+        for at, devices, bs in zip(x, bottom, station):
             total = devices + bs
-            ax.annotate(f"BS {100 * bs / total:.1f}%" if total else "", (name, total),
+            ax.annotate(f"BS {100 * bs / total:.1f}%" if total else "", (at, total),
                         ha="center", va="bottom", fontsize="x-small")
-        bottom = [b + v for b, v in zip(bottom, station)]
+        bottom = bottom + station
         who = "devices + base station"
-    ax.set_ylabel(f"energy over the whole run [J] ({who})")
-    ax.set_yscale("log" if max(bottom, default=0) / max(min(bottom, default=1), 1e-30) > 100
+    # about the characters of a small font that fit in one bar's share of the width [D]
+    chars = max(6, int(fig.get_figwidth() * 72 * 0.7 / max(len(last), 1) / 6))
+    ax.set_xticks(x, [textwrap.fill(literal(name), chars) for name in last.index],
+                  fontsize="small")
+    for tick, name in zip(ax.get_xticklabels(), last.index):
+        tick.set_color(colours[name])
+    ax.set_ylabel(f"energy over the whole run [J]\n({who})")
+    ax.set_yscale("log" if bottom.max(initial=0) / max(bottom.min(initial=1), 1e-30) > 100
                   else "linear")
-    ax.legend()
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     ax.set_title("energy by kind")
+    return finish(fig)
+
+
+def energy_kinds(rounds) -> list[tuple[str, str]]:
+    """(column, label) of the kinds of energy ``rounds`` recorded, devices' first: compute split
+    into forward and backward where recorded (else one compute column), uplink, downlink, idle,
+    then the base station's transmit energy where the run recorded it."""
+    kinds = [(c, label) for c, label in BREAKDOWN if c in rounds]
+    if "energy_compute_forward_j" not in rounds and "energy_compute_j" in rounds:
+        kinds.insert(0, ("energy_compute_j", "compute"))
+    if STATION[0] in rounds and rounds[STATION[0]].notna().any():
+        kinds.append(STATION)
+    return kinds
+
+
+def energy_per_round(record) -> Figure | None:
+    """One panel per algorithm: the energy spent in each round by kind, stacked. rounds.parquet
+    holds cumulative totals at the evaluated rounds, so a round's energy is the difference of
+    consecutive rows divided by the rounds between them (the mean per round when eval_every >
+    1). None when no algorithm has two recorded rounds."""
+    rounds = record.rounds
+    kinds = energy_kinds(rounds)
+    groups = []
+    for algorithm, group in rounds.groupby("algorithm", sort=False):
+        group = group.sort_values("round", kind="stable").drop_duplicates("round", keep="last")
+        if len(group) >= 2:
+            groups.append((algorithm, group))
+    if not groups or not kinds:
+        return None
+    cols = min(3, len(groups))
+    rows = -(-len(groups) // cols)
+    fig = new_figure((4.4 * cols + 1.6, 3.2 * rows + 0.5), 110)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    colours = run_colours(record)
+    spread = False
+    for ax, (algorithm, group) in zip(axes.flat, groups):
+        edges = group["round"].to_numpy(dtype=float)
+        gaps = np.diff(edges)
+        spread |= bool((gaps > 1).any())
+        bottom = np.zeros(len(gaps))
+        for column, label in kinds:
+            per_round = np.diff(group[column].fillna(0.0).to_numpy(dtype=float)) / gaps
+            style = STATION_STYLE if column == STATION[0] else {"color": KIND_COLOURS[column]}
+            ax.stairs(bottom + per_round, edges, baseline=bottom, fill=True, label=label,
+                      **style)
+            bottom = bottom + per_round
+        ax.set_title(algorithm, color=colours[algorithm], fontsize="medium")
+        ax.set_xlabel("round")
+        ax.set_xlim(edges[0], edges[-1])
+        ax.grid(True, axis="y", alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("energy per round [J]")
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    axes.flat[cols - 1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("energy spent in each round, by kind"
+                 + (" (mean per round between evaluated rounds)" if spread else ""),
+                 fontsize="medium")
     return finish(fig)
 
 
@@ -267,37 +387,42 @@ def label_histogram(record) -> Figure | None:
 
 def network_lifetime(record) -> Figure | None:
     """Devices with energy left (dashed, right axis) and test accuracy (solid) against simulated
-    time and against cumulative energy; None for a run recorded before ``alive_devices``."""
+    time and against cumulative energy. A run without accuracy (a quadratic) draws the devices
+    alone, on the left axis, and only when some device's battery ran out: a flat line at N
+    devices would be an empty figure [D]. None for a run recorded before ``alive_devices``."""
     rounds = record.rounds
     if "alive_devices" not in rounds:
         return None
+    rounds = rounds.sort_values("round", kind="stable")
+    depleted = {a: int(g.alive_devices.iloc[0] - g.alive_devices.min())
+                for a, g in rounds.groupby("algorithm", sort=False)}
+    accuracy = np.isfinite(rounds.test_accuracy.to_numpy(dtype=float)).any()
+    if not accuracy and not any(depleted.values()):
+        return None
     n = record.manifest.get("scenario", {}).get("population", {}).get("num_devices")
+    colours = run_colours(record)
     fig = new_figure((11.0, 4.2), 120)
     axes = fig.subplots(1, 2)
     for ax, column, xlabel in ((axes[0], "sim_time_s", "simulated time [s]"),
                                (axes[1], "energy_j", "cumulative energy, all devices [J]")):
-        alive_ax = ax.twinx()
-        for colour, (algorithm, group) in zip(_colours(), rounds.groupby("algorithm", sort=False)):
-            group = group.sort_values("round")
-            ax.plot(group[column], group.test_accuracy, color=colour, marker=".", markersize=3,
-                    label=algorithm)
+        alive_ax = ax.twinx() if accuracy else ax
+        for algorithm, group in rounds.groupby("algorithm", sort=False):
+            colour = colours[algorithm]
+            if accuracy:
+                ax.plot(group[column], group.test_accuracy, color=colour, marker=".",
+                        markersize=3, label=algorithm)
             alive_ax.step(group[column], group.alive_devices, where="post", color=colour,
-                          linestyle="--", linewidth=1.2)
+                          linestyle="--", linewidth=1.2, label=None if accuracy else algorithm)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("test accuracy (solid)")
+        if accuracy:
+            ax.set_ylabel("test accuracy (solid)")
         alive_ax.set_ylabel("devices with energy left (dashed)")
         alive_ax.set_ylim(0, (n or rounds.alive_devices.max()) * 1.05)
         ax.grid(True, alpha=0.3)
     axes[0].legend(loc="lower right", fontsize="small")
-    depleted = {a: int(g.alive_devices.iloc[0] - g.alive_devices.min())
-                for a, g in rounds.sort_values("round").groupby("algorithm", sort=False)}
     fig.suptitle("network lifetime: devices whose battery ran out, by algorithm: "
                  + ", ".join(f"{a} {k}" for a, k in depleted.items()), fontsize="medium")
     return finish(fig)
-
-
-def _colours():
-    return plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10
 
 
 def device_energy(record) -> Figure | None:
@@ -315,7 +440,9 @@ def device_energy(record) -> Figure | None:
     fig = new_figure((12.0, 4.6), 120)
     ax, time_ax = fig.subplots(1, 2)
     rng = np.random.default_rng(0)  # jitter of the points only
-    for a, (algorithm, colour) in enumerate(zip(algorithms, _colours())):
+    colours = run_colours(record)
+    for a, algorithm in enumerate(algorithms):
+        colour = colours[algorithm]
         rows = devices[devices.algorithm == algorithm]
         positions = np.arange(len(classes)) + (a - (len(algorithms) - 1) / 2) * width
         data = [rows.energy_j[rows.device_class == c].to_numpy() for c in classes]
@@ -373,8 +500,9 @@ def device_accuracy(record) -> Figure | None:
     ax, energy_ax = fig.subplots(1, 2)
     rng = np.random.default_rng(0)  # jitter of the points only
     names = []
-    for a, ((algorithm, group), colour) in enumerate(zip(rounds.groupby("algorithm", sort=False),
-                                                         _colours())):
+    colours = run_colours(record)
+    for a, (algorithm, group) in enumerate(rounds.groupby("algorithm", sort=False)):
+        colour = colours[algorithm]
         group = group[group.device_accuracy.notna()].sort_values("round")
         if group.empty:
             continue
@@ -413,6 +541,7 @@ FIGURES: dict[str, Callable[..., Figure | None]] = {
     "accuracy_vs_energy": accuracy_vs_energy,
     "accuracy_vs_time": accuracy_vs_time,
     "energy_breakdown": energy_breakdown,
+    "energy_per_round": energy_per_round,
     "label_histogram": label_histogram,
     "network_lifetime": network_lifetime,
     "device_energy": device_energy,
