@@ -117,14 +117,15 @@ def test_label_histogram_from_the_manifest_alone(tmp_path):
                                                                  counts)})
     paths = draw_report(record)
     assert [p.name for p in paths] == ["accuracy_vs_energy.png", "accuracy_vs_time.png",
-                                       "energy_breakdown.png", "label_histogram.png"]
+                                       "energy_breakdown.png", "energy_per_round.png",
+                                       "label_histogram.png"]
     assert (tmp_path / "label_histogram.png").stat().st_size > 1000
 
 
 def test_old_manifest_without_label_counts_skips_the_histogram(tmp_path):
     record = _record(tmp_path, {"scenario": {"name": "old"}})
-    assert label_histogram(record, tmp_path / "label_histogram.png") is None
-    assert len(draw_report(record)) == 3
+    assert label_histogram(record) is None
+    assert len(draw_report(record)) == 4  # accuracy x 2, energy breakdown and per round
     assert not (tmp_path / "label_histogram.png").exists()
 
 

@@ -1,6 +1,8 @@
 """Figures of a comparison across configurations (results/compare.py), from run folders alone:
 accuracy against energy and against simulated time with 95 % bands over seeds, energy to the
-target against each swept parameter, and the energy/accuracy Pareto front."""
+target against each swept parameter, and the energy/accuracy Pareto front. Each figure is a
+function returning a ``matplotlib.figure.Figure`` (report/plots.py); ``draw_comparison`` writes
+them."""
 
 from __future__ import annotations
 
@@ -8,14 +10,12 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
-from wirelessfl.report.plots import _colours, save_figure
+from wirelessfl.report.colours import algorithm_colours, scenario_labels
+from wirelessfl.report.plots import finish, new_figure, write_png
 from wirelessfl.results.compare import Comparison, mean_ci
 from wirelessfl.results.records import output_folder
 
@@ -33,7 +33,9 @@ def _label(row, keys: list[str]) -> str:
 
 
 def _algorithm_colours(comp: Comparison) -> dict[str, str]:
-    return dict(zip(dict.fromkeys(comp.runs.algorithm), _colours()))
+    """The per-run figures' colours (report/colours.py): the scenarios' order of algorithms."""
+    return algorithm_colours(*(scenario_labels(r.manifest) for r in comp.records),
+                             comp.runs.algorithm)
 
 
 def _banded_curve(comp: Comparison, algorithm: str, config: str, column: str):
@@ -62,15 +64,15 @@ def _facets(comp: Comparison, keys: list[str]):
             for k, g in comp.table.groupby(keys, sort=False)]
 
 
-def accuracy_bands(comp: Comparison, column: str, xlabel: str, path: Path) -> Path:
+def accuracy_bands(comp: Comparison, column: str, xlabel: str) -> Figure:
     """Accuracy against ``column`` per configuration: mean over seeds with a 95 % band, one
     panel per value of the swept keys, one line per algorithm."""
     keys = [k for k in comp.keys if not k.startswith("algorithm.")]
     facets = _facets(comp, keys)
     cols = min(3, len(facets))
     rows = math.ceil(len(facets) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False,
-                             sharex=True, sharey=True)
+    fig = new_figure((4.6 * cols, 3.6 * rows), 110)
+    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
     colours = _algorithm_colours(comp)
     target = comp.table.target_accuracy.dropna()
     for ax, (values, group) in zip(axes.flat, facets):
@@ -103,7 +105,7 @@ def accuracy_bands(comp: Comparison, column: str, xlabel: str, path: Path) -> Pa
     fig.suptitle("mean over seeds, band: 95 % confidence interval (t) of the accuracy"
                  + (f"; dashed: target {target.iloc[0]:g}" if len(target) else ""),
                  fontsize="medium")
-    return save_figure(fig, path, 110)
+    return finish(fig)
 
 
 def _matches(runs: pd.DataFrame, keys: list[str], row) -> pd.Series:
@@ -114,7 +116,7 @@ def _matches(runs: pd.DataFrame, keys: list[str], row) -> pd.Series:
     return mask
 
 
-def energy_to_target(comp: Comparison, path: Path) -> Path:
+def energy_to_target(comp: Comparison) -> Figure:
     """Energy to the target against each numeric swept key (one panel per key), a line per
     algorithm and value of the other keys; 95 % error bars over the seeds that reached it,
     open markers where only some seeds did (k/n written beside)."""
@@ -122,7 +124,8 @@ def energy_to_target(comp: Comparison, path: Path) -> Path:
     numeric = [k for k in comp.keys if pd.api.types.is_numeric_dtype(table[k])
                and not k.startswith("algorithm.")]
     panels = numeric or [None]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.8 * len(panels), 5.6), squeeze=False)
+    fig = new_figure((5.8 * len(panels), 5.6), 110)
+    axes = fig.subplots(1, len(panels), squeeze=False)
     colours = _algorithm_colours(comp)
     styles = ["-", "--", ":", "-."]
     for ax, key in zip(axes.flat, panels):
@@ -158,64 +161,108 @@ def energy_to_target(comp: Comparison, path: Path) -> Path:
         ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     fig.suptitle("energy to target: mean ± 95 % CI over the seeds that reached it; open marker "
                  "and k/n: only k of n seeds reached it; missing: none did", fontsize="medium")
-    return save_figure(fig, path, 110)
+    return finish(fig)
 
 
-def pareto_front(comp: Comparison, path: Path) -> Path:
+def pareto_front(comp: Comparison) -> Figure:
     """Every configuration at (mean energy of the whole run, mean final accuracy) with 95 %
-    error bars; the configurations no other beats on both (less energy and higher accuracy)
-    are joined and labelled."""
+    error bars; the front (``pareto_indices``: no other configuration beats it by more than
+    the intervals' width) numbered and listed, and joined by a step line only through the
+    points the intervals tell apart from every other point of the front (``pareto_joined``):
+    two configurations whose intervals overlap on both axes are not a step of the front."""
     table = comp.table
     colours = _algorithm_colours(comp)
-    fig, ax = plt.subplots(figsize=(11.0, 5.2))
+    fig = new_figure((11.0, 5.2), 110)
+    ax = fig.subplots()
     for algorithm, group in table.groupby("algorithm", sort=False):
         ax.errorbar(group.energy_j, group.final_accuracy,
                     xerr=np.nan_to_num(group.energy_j_ci95.to_numpy(dtype=float)),
                     yerr=np.nan_to_num(group.final_accuracy_ci95.to_numpy(dtype=float)),
                     fmt="o", color=colours[algorithm], capsize=2, label=algorithm, alpha=0.85)
-    front = pareto_indices(table.energy_j.to_numpy(float), table.final_accuracy.to_numpy(float))
-    f = table.iloc[front]
-    ax.step(f.energy_j, f.final_accuracy, where="post", color="black", linewidth=1,
-            label="Pareto front")
+    columns = [table[c].to_numpy(dtype=float) for c in
+               ("energy_j", "final_accuracy", "energy_j_ci95", "final_accuracy_ci95")]
+    front = pareto_indices(*columns)
+    joined = pareto_joined(*columns)
+    if joined:
+        f = table.iloc[joined]
+        ax.step(f.energy_j, f.final_accuracy, where="post", color="black", linewidth=1,
+                label="Pareto front")
+    loose = [i for i in front if i not in joined]
+    if loose:
+        ax.plot(table.energy_j.iloc[loose], table.final_accuracy.iloc[loose], "o", ms=11,
+                markerfacecolor="none", markeredgecolor="black", linestyle="none",
+                label="front, not told apart (not joined)")
     lines = []
-    for i, (_, row) in enumerate(f.iterrows(), start=1):
+    for i, (index, row) in enumerate(table.iloc[front].iterrows(), start=1):
         ax.annotate(str(i), (row.energy_j, row.final_accuracy), textcoords="offset points",
                     xytext=(4, 5), fontsize="small", fontweight="bold")
+        apart = "" if table.index.get_loc(index) in joined else " (overlaps another)"
         lines.append(f"{i}: {row.algorithm}" + (f", {_label(row, comp.keys)}" if comp.keys else "")
-                     + f"\n    {row.energy_j:.3g} J, accuracy {row.final_accuracy:.3f}")
-    ax.text(1.02, 1.0, "Pareto front (less energy and\nhigher accuracy than no other):\n\n"
-            + "\n".join(lines), transform=ax.transAxes, va="top", fontsize="x-small",
-            family="monospace")
+                     + f"\n    {row.energy_j:.3g} J, accuracy {row.final_accuracy:.3f}{apart}")
+    ax.text(1.02, 1.0, "Pareto front (no other configuration\nbeats it by more than the 95 %\n"
+            "intervals; joined: told apart):\n\n" + "\n".join(lines), transform=ax.transAxes,
+            va="top", fontsize="x-small", family="monospace")
     ax.set_xscale("log")
     ax.set_xlabel("energy of the whole run, mean over seeds [J] (all devices)")
     ax.set_ylabel("final test accuracy, mean over seeds")
     ax.set_title("energy / accuracy across configurations (bars: 95 % CI)", fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small", loc="lower right")
-    return save_figure(fig, path, 110)
+    return finish(fig)
 
 
-def pareto_indices(energy: np.ndarray, accuracy: np.ndarray) -> list[int]:
-    """Indices of the points no other point dominates (energy <= and accuracy >=, one strictly),
-    ordered by energy."""
+def _half(ci, n: int) -> np.ndarray:
+    """Half-widths of the intervals, 0 where unknown (one seed: the mean is all there is)."""
+    return np.zeros(n) if ci is None else np.nan_to_num(np.asarray(ci, dtype=float), nan=0.0)
+
+
+def pareto_indices(energy: np.ndarray, accuracy: np.ndarray, energy_ci=None,
+                   accuracy_ci=None) -> list[int]:
+    """Indices of the points no other point dominates, ordered by energy. A point dominates
+    another when its means are no worse on both axes (energy <=, accuracy >=, one strictly)
+    and its interval lies wholly on the better side of the other's on at least one axis
+    (energy: its upper end below the other's lower end; accuracy: its lower end above the
+    other's upper end) [D]: a point beaten only within the intervals' width (the seeds cannot
+    tell the two apart) stays on the front. ``energy_ci`` and ``accuracy_ci`` are the 95 %
+    half-widths; None or NaN (one seed) is the plain Pareto front of the means."""
+    energy, accuracy = np.asarray(energy, dtype=float), np.asarray(accuracy, dtype=float)
+    de, da = _half(energy_ci, len(energy)), _half(accuracy_ci, len(energy))
     ok = np.isfinite(energy) & np.isfinite(accuracy)
     keep = []
     for i in np.flatnonzero(ok):
         better = ok & (energy <= energy[i]) & (accuracy >= accuracy[i]) & (
             (energy < energy[i]) | (accuracy > accuracy[i]))
-        if not better.any():
+        apart = (energy + de < energy[i] - de[i]) | (accuracy - da > accuracy[i] + da[i])
+        if not (better & apart).any():
             keep.append(int(i))
     return sorted(keep, key=lambda i: (energy[i], -accuracy[i]))
+
+
+def pareto_joined(energy: np.ndarray, accuracy: np.ndarray, energy_ci=None,
+                  accuracy_ci=None) -> list[int]:
+    """The points of ``pareto_indices``'s front that its step line joins, ordered by energy:
+    those whose intervals are apart (disjoint on at least one axis) from those of every other
+    point of the front [D]. Two points whose error bars overlap on both axes are not
+    distinguishable: neither is a step of the front, and both are drawn unjoined."""
+    energy, accuracy = np.asarray(energy, dtype=float), np.asarray(accuracy, dtype=float)
+    de, da = _half(energy_ci, len(energy)), _half(accuracy_ci, len(energy))
+    front = pareto_indices(energy, accuracy, energy_ci, accuracy_ci)
+
+    def overlap(i: int, j: int) -> bool:
+        return (abs(energy[i] - energy[j]) <= de[i] + de[j]
+                and abs(accuracy[i] - accuracy[j]) <= da[i] + da[j])
+
+    return [i for i in front if not any(overlap(i, j) for j in front if j != i)]
 
 
 def draw_comparison(comp: Comparison, out_dir: Path) -> list[Path]:
     """All comparison figures into ``out_dir``; returns their paths."""
     out = output_folder(Path(out_dir))
     return [
-        accuracy_bands(comp, "energy_j", "cumulative energy, all devices [J]",
-                       out / "compare_accuracy_vs_energy.png"),
-        accuracy_bands(comp, "sim_time_s", "simulated time [s]",
-                       out / "compare_accuracy_vs_time.png"),
-        energy_to_target(comp, out / "compare_energy_to_target.png"),
-        pareto_front(comp, out / "compare_pareto.png"),
+        write_png(accuracy_bands(comp, "energy_j", "cumulative energy, all devices [J]"),
+                  out / "compare_accuracy_vs_energy.png"),
+        write_png(accuracy_bands(comp, "sim_time_s", "simulated time [s]"),
+                  out / "compare_accuracy_vs_time.png"),
+        write_png(energy_to_target(comp), out / "compare_energy_to_target.png"),
+        write_png(pareto_front(comp), out / "compare_pareto.png"),
     ]

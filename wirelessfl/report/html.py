@@ -94,7 +94,8 @@ CAPTIONS = {
     "compare_accuracy_vs_time.png": "Test accuracy against simulated time, mean and 95 % band.",
     "compare_energy_to_target.png": "Energy to the target accuracy against each swept parameter.",
     "compare_pareto.png": "Energy of the whole run against final accuracy per configuration; "
-                          "the Pareto front joins those no other configuration beats on both.",
+                          "the Pareto front: those no other configuration beats beyond the 95 % "
+                          "intervals; joined only where the intervals tell them apart.",
 }
 
 

@@ -1,23 +1,34 @@
 """Figures drawn from a saved run alone (never re-simulating): accuracy vs energy and vs simulated
 time, where the energy went, which labels each device holds, how many devices still have energy,
 how energy and time split per device and device class, how accuracy spreads over devices, and, for
-problems with a known optimum, f - f* and ||grad f||^2 against rounds, gradients, seconds, joules.""" 
+problems with a known optimum, f - f* and ||grad f||^2 against rounds, gradients, seconds, joules.
+
+Every per-run figure is a public function ``name(record) -> Figure | None`` listed in ``FIGURES``
+(name = the PNG's stem): ``record`` is anything with ``.rounds``, ``.devices`` and ``.manifest``
+(a results.records.RunRecord, or the Python API's result), and None means the run has nothing
+for that figure to draw. The figures are ``matplotlib.figure.Figure`` objects made without
+pyplot, so a notebook shows the returned one once and nothing accumulates in pyplot's list of
+open figures; ``draw_report`` writes them as PNG files."""
 
 from __future__ import annotations
 
 import io
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
 import matplotlib.text
 import matplotlib.ticker
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from wirelessfl.results.records import RunRecord, output_folder, write_file
+from wirelessfl.report.colours import run_colours
+from wirelessfl.results.records import output_folder, write_file
 
 # Never LaTeX, whatever a user's matplotlibrc says: a label would be handed to TeX as markup.
 matplotlib.rcParams["text.usetex"] = False
@@ -26,6 +37,13 @@ BREAKDOWN = [("energy_compute_forward_j", "compute (forward)"),
              ("energy_compute_backward_j", "compute (backward)"),
              ("energy_uplink_j", "uplink"), ("energy_downlink_j", "downlink"),
              ("energy_idle_j", "idle")]
+# One colour per kind of energy, the same in the breakdown and the per-round figure (tab10's
+# first five [D]); the base station's transmit energy is grey and hatched.
+KIND_COLOURS = {"energy_compute_forward_j": "#1f77b4", "energy_compute_backward_j": "#ff7f0e",
+                "energy_compute_j": "#1f77b4", "energy_uplink_j": "#2ca02c",
+                "energy_downlink_j": "#d62728", "energy_idle_j": "#9467bd"}
+STATION = ("energy_bs_j", "base station (transmit)")
+STATION_STYLE = {"color": "0.75", "hatch": "//", "edgecolor": "0.35"}
 # Devices up to which the label histogram draws one bar per device and class (gaps between
 # devices); beyond it one filled step outline per class [D].
 BAR_DEVICES = 100
@@ -39,51 +57,137 @@ TIME_SPLIT = [("compute_s", "compute"), ("uplink_s", "uplink"), ("downlink_s", "
 def literal(text) -> str:
     """``text`` as matplotlib draws it literally: a pair of '$' would be read as mathtext (an
     algorithm labelled ``a$x$`` drawn as an italic x, ``$\\foo$`` a crash); an escaped '\\$' is
-    drawn as '$'. For tick labels, which are re-made at every draw (save_figure escapes the
+    drawn as '$'. For tick labels, which are re-made at every draw (finish escapes the
     other texts)."""
     return str(text).replace("$", r"\$")
 
 
-def save_figure(fig, path: Path, dpi: int, rect=(0, 0, 1, 1)) -> Path:
-    """Lay ``fig`` out (tight, within ``rect``), render it as PNG in memory, close it, and write
-    it to ``path`` atomically (a temporary file renamed into place, records.write_file): a link
-    planted at ``path`` is replaced, never written through, and a failed write leaves the
-    previous figure. Every text of the figure is drawn as written (``literal``; before the
-    layout, which measures the texts), except the tick labels matplotlib's log formatters write
-    in mathtext (``\\mathdefault``)."""
+def new_figure(figsize: tuple[float, float], dpi: int) -> Figure:
+    """An empty figure outside pyplot's registry (nothing to close, nothing shown twice in a
+    notebook), with an Agg canvas so it can be laid out, measured and saved; ``dpi`` is the
+    resolution its PNG is written at."""
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def finish(fig: Figure, rect=(0, 0, 1, 1)) -> Figure:
+    """Lay ``fig`` out (tight, within ``rect``) with every text drawn as written (``literal``;
+    before the layout, which measures the texts), except the tick labels matplotlib's log
+    formatters write in mathtext (``\\mathdefault``), and with titles too wide for their
+    place wrapped (``fit_titles``; the layout runs again around the taller titles); returns
+    ``fig``."""
+    for text in fig.findobj(matplotlib.text.Text):
+        shown = text.get_text()
+        if "$" in shown and r"\mathdefault" not in shown:
+            text.set_text(literal(shown))
+    fig.tight_layout(rect=rect)
+    for _ in range(3):  # a wrapped title changes the layout, which changes the room for titles
+        if not fit_titles(fig):
+            break
+        fig.tight_layout(rect=rect)
+    return fig
+
+
+def _titles(fig: Figure):
+    """(title, the width in pixels it may take) of ``fig``: the figure's title the figure's
+    width, an axes title its axes' width (wider, it would run into its neighbour's)."""
+    if fig._suptitle is not None and fig._suptitle.get_text():
+        yield fig._suptitle, fig.bbox.width
+    for ax in fig.axes:
+        if ax.get_visible():
+            for title in (ax.title, ax._left_title, ax._right_title):
+                if title.get_text():
+                    yield title, ax.bbox.width
+
+
+def fit_titles(fig: Figure) -> bool:
+    """Wrap every title of ``fig`` wider than its place (``_titles``) at the widest number of
+    characters that fits (the lines it already has kept as they are broken), a word longer
+    than the line broken too; True when some title changed. A scenario's name or a list of
+    algorithm labels is text of any length: a title cut off at the figure's edge hides it."""
+    renderer = fig.canvas.get_renderer()
+    changed = False
+    for title, room in _titles(fig):
+        text = title.get_text()
+        lines = text.split("\n")
+        chars = max(len(line) for line in lines)
+        width = title.get_window_extent(renderer).width
+        while width > room and chars > 1:
+            chars = max(1, min(chars - 1, int(chars * room / width)))
+            title.set_text("\n".join(textwrap.fill(line, chars) if line else line
+                                     for line in lines))
+            width = title.get_window_extent(renderer).width
+        changed |= title.get_text() != text
+    return changed
+
+
+def write_png(fig: Figure, path: Path) -> Path:
+    """Render ``fig`` as PNG in memory at its own dpi, close it, and write it to ``path``
+    atomically (a temporary file renamed into place, records.write_file): a link planted at
+    ``path`` is replaced, never written through, and a failed write leaves the previous
+    figure."""
     buffer = io.BytesIO()
     try:
-        for text in fig.findobj(matplotlib.text.Text):
-            shown = text.get_text()
-            if "$" in shown and r"\mathdefault" not in shown:
-                text.set_text(literal(shown))
-        fig.tight_layout(rect=rect)
-        fig.savefig(buffer, format="png", dpi=dpi)
+        fig.savefig(buffer, format="png", dpi=fig.dpi)
     finally:
         plt.close(fig)
     return write_file(path, buffer.getvalue())
 
 
-def _accuracy_against(record: RunRecord, column: str, xlabel: str, path: Path) -> Path | None:
+def save_figure(fig, path: Path, dpi: int, rect=(0, 0, 1, 1)) -> Path:
+    """``finish`` ``fig`` (a pyplot figure of the comparison, tuning and crossover reports) and
+    ``write_png`` it at ``dpi``; the figure is closed whatever happens."""
+    try:
+        fig.set_dpi(dpi)
+        finish(fig, rect)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return write_png(fig, path)
+
+
+def _title(record) -> str:
+    return record.manifest.get("scenario", {}).get("name", "")
+
+
+def _target(record, key: str) -> float | None:
+    return record.manifest.get("scenario", {}).get(key)
+
+
+def _accuracy_against(record, column: str, xlabel: str) -> Figure | None:
     """Test accuracy against ``column``; None for a run that recorded no accuracy (a problem
     without one, the bilevel quadratic say: optimization_progress shows its f - f*)."""
     if not np.isfinite(record.rounds.test_accuracy.to_numpy(dtype=float)).any():
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig = new_figure((6.4, 4.2), 120)
+    ax = fig.subplots()
+    colours = run_colours(record)
     for algorithm, group in record.rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round")
         x = group[column].where(group[column] > 0)
-        ax.plot(x, group.test_accuracy, marker=".", markersize=3, label=algorithm)
-    if record.target_accuracy is not None:
-        ax.axhline(record.target_accuracy, color="grey", linestyle="--", linewidth=1,
-                   label=f"target {record.target_accuracy:g}")
+        ax.plot(x, group.test_accuracy, marker=".", markersize=3, label=algorithm,
+                color=colours[algorithm])
+    target = _target(record, "target_accuracy")
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    ax.set_title(record.manifest.get("scenario", {}).get("name", ""))
-    return save_figure(fig, path, 120)
+    ax.set_title(_title(record))
+    return finish(fig)
+
+
+def accuracy_vs_energy(record) -> Figure | None:
+    """Test accuracy against the cumulative energy of all devices (log axis)."""
+    return _accuracy_against(record, "energy_j", "cumulative energy, all devices [J]")
+
+
+def accuracy_vs_time(record) -> Figure | None:
+    """Test accuracy against simulated time (log axis)."""
+    return _accuracy_against(record, "sim_time_s", "simulated time [s]")
 
 
 # x-axes of the optimisation-progress figure (fedred.md A14 / Sec. 5.1 metrics (a)-(c)).
@@ -92,7 +196,7 @@ PROGRESS_AXES = [("round", "rounds (model averages)"),
                  ("sim_time_s", "simulated time [s]"), ("energy_j", "energy, all devices [J]")]
 
 
-def optimization_progress(record: RunRecord, path: Path) -> Path | None:
+def optimization_progress(record) -> Figure | None:
     """f - f* (top) and ||grad f||^2 (bottom, where recorded) of the global model against rounds,
     gradient evaluations, simulated seconds and joules; None when no run knows f*."""
     rounds = record.rounds
@@ -102,15 +206,15 @@ def optimization_progress(record: RunRecord, path: Path) -> Path | None:
     if "grad_norm_sq" in rounds and np.isfinite(rounds.grad_norm_sq).any():
         rows.append(("grad_norm_sq", "||grad f(x)||^2"))
     axes_cols = [a for a in PROGRESS_AXES if a[0] in rounds]
-    fig, axes = plt.subplots(len(rows), len(axes_cols), figsize=(3.6 * len(axes_cols),
-                                                                  3.0 * len(rows)),
-                             squeeze=False, sharey="row")
+    fig = new_figure((3.6 * len(axes_cols), 3.0 * len(rows)), 110)
+    axes = fig.subplots(len(rows), len(axes_cols), squeeze=False, sharey="row")
+    colours = run_colours(record)
     for algorithm, group in rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round")
         for i, (metric, _) in enumerate(rows):
             y = group[metric].where(group[metric] > 0)
             for j, (column, _) in enumerate(axes_cols):
-                axes[i, j].plot(group[column], y, linewidth=1.2,
+                axes[i, j].plot(group[column], y, linewidth=1.2, color=colours[algorithm],
                                 label=algorithm if (i, j) == (0, 0) else None)
     for i, (_, ylabel) in enumerate(rows):
         axes[i, 0].set_ylabel(ylabel)
@@ -118,49 +222,121 @@ def optimization_progress(record: RunRecord, path: Path) -> Path | None:
             axes[i, j].set_yscale("log")
             axes[i, j].grid(True, which="both", alpha=0.3)
             axes[-1, j].set_xlabel(xlabel)
-    if record.target_suboptimality is not None:
+    target = _target(record, "target_suboptimality")
+    if target is not None:
         for ax in axes[0]:
-            ax.axhline(record.target_suboptimality, color="grey", linestyle="--", linewidth=1)
-    fig.suptitle(record.manifest.get("scenario", {}).get("name", ""), y=0.99, fontsize=10)
-    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.955),
-               ncol=min(6, rounds.algorithm.nunique()), frameon=False)
-    return save_figure(fig, path, 110, rect=(0, 0, 1, 0.88))
+            ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+    fig.suptitle(_title(record), fontsize=10)
+    # beside the panels (an axes legend, which the layout makes room for, however long the
+    # labels), not above them where a wrapped title would run into it
+    axes[0, -1].legend(*axes[0, 0].get_legend_handles_labels(), fontsize="small",
+                       loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    return finish(fig)
 
 
-def energy_breakdown(record: RunRecord, path: Path) -> Path:
-    """Stacked bars of each algorithm's total energy by kind, at its last round: the devices'
-    kinds, then the base station's transmit energy (hatched, its share of the system's energy
-    written above the bar) where the run recorded it."""
-    last = record.rounds.sort_values("round").groupby("algorithm", sort=False).tail(1)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    bottom = [0.0] * len(last)
-    names = [literal(name) for name in last.algorithm]  # the x axis's categories: tick labels
-    for column, label in BREAKDOWN:
-        if column not in last:  # runs recorded before idle energy existed
+def energy_breakdown(record) -> Figure | None:
+    """Stacked bars of each algorithm's total energy by kind, at its last round, in the
+    scenario's order of algorithms: the devices' kinds, then the base station's transmit energy
+    (hatched, its share of the system's energy written above the bar) where the run recorded
+    it. The bars' labels are wrapped to the bar's width and written in the algorithm's colour;
+    the legend stands beside the axes, never over a bar."""
+    colours = run_colours(record)
+    last = record.rounds.sort_values("round", kind="stable").groupby("algorithm", sort=False).tail(1)
+    last = last.set_index("algorithm").loc[[a for a in colours if a in set(last.algorithm)]]
+    fig = new_figure((max(6.4, 2.4 + 1.1 * len(last)), 4.2), 120)
+    ax = fig.subplots()
+    x = np.arange(len(last))
+    bottom = np.zeros(len(last))
+    kinds = energy_kinds(last)
+    for column, label in kinds:
+        if column == STATION[0]:
             continue
-        values = list(last[column])
-        ax.bar(names, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values)]
+        values = last[column].fillna(0.0).to_numpy(dtype=float)
+        ax.bar(x, values, bottom=bottom, label=label, color=KIND_COLOURS[column])
+        bottom = bottom + values
     who = "all devices"
-    if "energy_bs_j" in last and last.energy_bs_j.notna().any():
-        station = list(last.energy_bs_j.fillna(0.0))
-        ax.bar(names, station, bottom=bottom, label="base station (transmit)", color="0.75",
-               hatch="//", edgecolor="0.35")
-        for name, devices, bs in zip(names, bottom, station):
+    if STATION in kinds:
+        station = last[STATION[0]].fillna(0.0).to_numpy(dtype=float)
+        ax.bar(x, station, bottom=bottom, label=STATION[1], **STATION_STYLE)
+        for at, devices, bs in zip(x, bottom, station):
             total = devices + bs
-            ax.annotate(f"BS {100 * bs / total:.1f}%" if total else "", (name, total),
+            ax.annotate(f"BS {100 * bs / total:.1f}%" if total else "", (at, total),
                         ha="center", va="bottom", fontsize="x-small")
-        bottom = [b + v for b, v in zip(bottom, station)]
+        bottom = bottom + station
         who = "devices + base station"
-    ax.set_ylabel(f"energy over the whole run [J] ({who})")
-    ax.set_yscale("log" if max(bottom, default=0) / max(min(bottom, default=1), 1e-30) > 100
+    # about the characters of a small font that fit in one bar's share of the width [D]
+    chars = max(6, int(fig.get_figwidth() * 72 * 0.7 / max(len(last), 1) / 6))
+    ax.set_xticks(x, [textwrap.fill(literal(name), chars) for name in last.index],
+                  fontsize="small")
+    for tick, name in zip(ax.get_xticklabels(), last.index):
+        tick.set_color(colours[name])
+    ax.set_ylabel(f"energy over the whole run [J]\n({who})")
+    ax.set_yscale("log" if bottom.max(initial=0) / max(bottom.min(initial=1), 1e-30) > 100
                   else "linear")
-    ax.legend()
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     ax.set_title("energy by kind")
-    return save_figure(fig, path, 120)
+    return finish(fig)
 
 
-def label_histogram(record: RunRecord, path: Path) -> Path | None:
+def energy_kinds(rounds) -> list[tuple[str, str]]:
+    """(column, label) of the kinds of energy ``rounds`` recorded, devices' first: compute split
+    into forward and backward where recorded (else one compute column), uplink, downlink, idle,
+    then the base station's transmit energy where the run recorded it."""
+    kinds = [(c, label) for c, label in BREAKDOWN if c in rounds]
+    if "energy_compute_forward_j" not in rounds and "energy_compute_j" in rounds:
+        kinds.insert(0, ("energy_compute_j", "compute"))
+    if STATION[0] in rounds and rounds[STATION[0]].notna().any():
+        kinds.append(STATION)
+    return kinds
+
+
+def energy_per_round(record) -> Figure | None:
+    """One panel per algorithm: the energy spent in each round by kind, stacked. rounds.parquet
+    holds cumulative totals at the evaluated rounds, so a round's energy is the difference of
+    consecutive rows divided by the rounds between them (the mean per round when eval_every >
+    1). None when no algorithm has two recorded rounds."""
+    rounds = record.rounds
+    kinds = energy_kinds(rounds)
+    groups = []
+    for algorithm, group in rounds.groupby("algorithm", sort=False):
+        group = group.sort_values("round", kind="stable").drop_duplicates("round", keep="last")
+        if len(group) >= 2:
+            groups.append((algorithm, group))
+    if not groups or not kinds:
+        return None
+    cols = min(3, len(groups))
+    rows = -(-len(groups) // cols)
+    fig = new_figure((4.4 * cols + 1.6, 3.2 * rows + 0.5), 110)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    colours = run_colours(record)
+    spread = False
+    for ax, (algorithm, group) in zip(axes.flat, groups):
+        edges = group["round"].to_numpy(dtype=float)
+        gaps = np.diff(edges)
+        spread |= bool((gaps > 1).any())
+        bottom = np.zeros(len(gaps))
+        for column, label in kinds:
+            per_round = np.diff(group[column].fillna(0.0).to_numpy(dtype=float)) / gaps
+            style = STATION_STYLE if column == STATION[0] else {"color": KIND_COLOURS[column]}
+            ax.stairs(bottom + per_round, edges, baseline=bottom, fill=True, label=label,
+                      **style)
+            bottom = bottom + per_round
+        ax.set_title(algorithm, color=colours[algorithm], fontsize="medium")
+        ax.set_xlabel("round")
+        ax.set_xlim(edges[0], edges[-1])
+        ax.grid(True, axis="y", alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("energy per round [J]")
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    axes.flat[cols - 1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("energy spent in each round, by kind"
+                 + (" (mean per round between evaluated rounds)" if spread else ""),
+                 fontsize="medium")
+    return finish(fig)
+
+
+def label_histogram(record) -> Figure | None:
     """Stacked bars of each device's training samples by class, from the manifest's partition
     entry; None (nothing drawn) for a run recorded before label counts were kept.
 
@@ -175,7 +351,8 @@ def label_histogram(record: RunRecord, path: Path) -> Path | None:
     num_devices, num_classes = counts.shape
     colours = plt.get_cmap("tab10" if num_classes <= 10 else "tab20" if num_classes <= 20
                            else "viridis")
-    fig, ax = plt.subplots(figsize=(min(16.0, max(6.4, 0.12 * num_devices)), 4.2))
+    fig = new_figure((min(16.0, max(6.4, 0.12 * num_devices)), 4.2), 120)
+    ax = fig.subplots()
     per_step = -(-num_devices // MAX_COLUMNS)  # k devices per step (ceil)
     starts = np.arange(0, num_devices, per_step)
     heights = np.add.reduceat(counts, starts, axis=0) / np.diff(np.append(starts, num_devices))[:, None]
@@ -205,44 +382,50 @@ def label_histogram(record: RunRecord, path: Path) -> Path | None:
                                + (f" ({params})" if params else ""), 90)
                  + (f"\nmean total-variation distance to the overall mix {tv:.3f}"
                     if tv is not None else ""), fontsize="medium")
-    return save_figure(fig, path, 120)
+    return finish(fig)
 
 
-def network_lifetime(record: RunRecord, path: Path) -> Path | None:
+def network_lifetime(record) -> Figure | None:
     """Devices with energy left (dashed, right axis) and test accuracy (solid) against simulated
-    time and against cumulative energy; None for a run recorded before ``alive_devices``."""
+    time and against cumulative energy. A run without accuracy (a quadratic) draws the devices
+    alone, on the left axis, and only when some device's battery ran out: a flat line at N
+    devices would be an empty figure [D]. None for a run recorded before ``alive_devices``."""
     rounds = record.rounds
     if "alive_devices" not in rounds:
         return None
+    rounds = rounds.sort_values("round", kind="stable")
+    depleted = {a: int(g.alive_devices.iloc[0] - g.alive_devices.min())
+                for a, g in rounds.groupby("algorithm", sort=False)}
+    accuracy = np.isfinite(rounds.test_accuracy.to_numpy(dtype=float)).any()
+    if not accuracy and not any(depleted.values()):
+        return None
     n = record.manifest.get("scenario", {}).get("population", {}).get("num_devices")
-    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.2))
+    colours = run_colours(record)
+    fig = new_figure((11.0, 4.2), 120)
+    axes = fig.subplots(1, 2)
     for ax, column, xlabel in ((axes[0], "sim_time_s", "simulated time [s]"),
                                (axes[1], "energy_j", "cumulative energy, all devices [J]")):
-        alive_ax = ax.twinx()
-        for colour, (algorithm, group) in zip(_colours(), rounds.groupby("algorithm", sort=False)):
-            group = group.sort_values("round")
-            ax.plot(group[column], group.test_accuracy, color=colour, marker=".", markersize=3,
-                    label=algorithm)
+        alive_ax = ax.twinx() if accuracy else ax
+        for algorithm, group in rounds.groupby("algorithm", sort=False):
+            colour = colours[algorithm]
+            if accuracy:
+                ax.plot(group[column], group.test_accuracy, color=colour, marker=".",
+                        markersize=3, label=algorithm)
             alive_ax.step(group[column], group.alive_devices, where="post", color=colour,
-                          linestyle="--", linewidth=1.2)
+                          linestyle="--", linewidth=1.2, label=None if accuracy else algorithm)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("test accuracy (solid)")
+        if accuracy:
+            ax.set_ylabel("test accuracy (solid)")
         alive_ax.set_ylabel("devices with energy left (dashed)")
         alive_ax.set_ylim(0, (n or rounds.alive_devices.max()) * 1.05)
         ax.grid(True, alpha=0.3)
     axes[0].legend(loc="lower right", fontsize="small")
-    depleted = {a: int(g.alive_devices.iloc[0] - g.alive_devices.min())
-                for a, g in rounds.sort_values("round").groupby("algorithm", sort=False)}
     fig.suptitle("network lifetime: devices whose battery ran out, by algorithm: "
                  + ", ".join(f"{a} {k}" for a, k in depleted.items()), fontsize="medium")
-    return save_figure(fig, path, 120)
+    return finish(fig)
 
 
-def _colours():
-    return plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10
-
-
-def device_energy(record: RunRecord, path: Path) -> Path | None:
+def device_energy(record) -> Figure | None:
     """Left: each device's energy over the run by device class and algorithm (box plus one
     point per device). Right: where each class's time went (compute, uplink, downlink, idle),
     as a share of the time its devices were alive. None for a run recorded before the
@@ -254,9 +437,12 @@ def device_energy(record: RunRecord, path: Path) -> Path | None:
     classes = list(dict.fromkeys(devices.device_class))
     algorithms = list(dict.fromkeys(devices.algorithm))
     width = 0.8 / len(algorithms)
-    fig, (ax, time_ax) = plt.subplots(1, 2, figsize=(12.0, 4.6))
+    fig = new_figure((12.0, 4.6), 120)
+    ax, time_ax = fig.subplots(1, 2)
     rng = np.random.default_rng(0)  # jitter of the points only
-    for a, (algorithm, colour) in enumerate(zip(algorithms, _colours())):
+    colours = run_colours(record)
+    for a, algorithm in enumerate(algorithms):
+        colour = colours[algorithm]
         rows = devices[devices.algorithm == algorithm]
         positions = np.arange(len(classes)) + (a - (len(algorithms) - 1) / 2) * width
         data = [rows.energy_j[rows.device_class == c].to_numpy() for c in classes]
@@ -299,10 +485,10 @@ def device_energy(record: RunRecord, path: Path) -> Path | None:
     time_ax.set_title("where each class's time went (bars: " + ", ".join(algorithms) + ")",
                       fontsize="medium")
     time_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return save_figure(fig, path, 120)
+    return finish(fig)
 
 
-def device_accuracy(record: RunRecord, path: Path) -> Path | None:
+def device_accuracy(record) -> Figure | None:
     """Left: each algorithm's accuracy on every device's own test distribution at its last
     evaluation (box plus one point per device). Right: the worst device's accuracy and the mean
     of the worst k against cumulative energy. None for runs without per-device accuracy (a
@@ -310,11 +496,13 @@ def device_accuracy(record: RunRecord, path: Path) -> Path | None:
     rounds = record.rounds
     if "device_accuracy" not in rounds or rounds.device_accuracy.isna().all():
         return None
-    fig, (ax, energy_ax) = plt.subplots(1, 2, figsize=(12.0, 4.6))
+    fig = new_figure((12.0, 4.6), 120)
+    ax, energy_ax = fig.subplots(1, 2)
     rng = np.random.default_rng(0)  # jitter of the points only
     names = []
-    for a, ((algorithm, group), colour) in enumerate(zip(rounds.groupby("algorithm", sort=False),
-                                                         _colours())):
+    colours = run_colours(record)
+    for a, (algorithm, group) in enumerate(rounds.groupby("algorithm", sort=False)):
+        colour = colours[algorithm]
         group = group[group.device_accuracy.notna()].sort_values("round")
         if group.empty:
             continue
@@ -345,24 +533,31 @@ def device_accuracy(record: RunRecord, path: Path) -> Path | None:
                         fontsize="medium")
     energy_ax.grid(True, which="both", alpha=0.3)
     energy_ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return save_figure(fig, path, 120)
+    return finish(fig)
 
 
-def draw_report(record: RunRecord, out_dir: Path | None = None) -> list[Path]:
-    """Write the run's PNG figures next to its results; returns their paths (the label histogram
-    only when the manifest has label counts, the lifetime and per-device figures only for runs
-    that recorded device energy budgets and classes, the progress figure only where f* is
-    known)."""
+# Every per-run figure, in the order the report shows them; the key is the PNG's stem.
+FIGURES: dict[str, Callable[..., Figure | None]] = {
+    "accuracy_vs_energy": accuracy_vs_energy,
+    "accuracy_vs_time": accuracy_vs_time,
+    "energy_breakdown": energy_breakdown,
+    "energy_per_round": energy_per_round,
+    "label_histogram": label_histogram,
+    "network_lifetime": network_lifetime,
+    "device_energy": device_energy,
+    "device_accuracy": device_accuracy,
+    "optimization_progress": optimization_progress,
+}
+
+
+def draw_report(record, out_dir: Path | None = None) -> list[Path]:
+    """Write the run's PNG figures (``FIGURES``, each as ``<name>.png``) next to its results, or
+    into ``out_dir``; returns their paths. A figure with nothing to draw for this run (None:
+    no accuracy on a quadratic, no label counts in an old manifest, ...) writes no file."""
     out = output_folder(Path(out_dir or record.path))
-    paths = [
-        _accuracy_against(record, "energy_j", "cumulative energy, all devices [J]",
-                          out / "accuracy_vs_energy.png"),
-        _accuracy_against(record, "sim_time_s", "simulated time [s]", out / "accuracy_vs_time.png"),
-        energy_breakdown(record, out / "energy_breakdown.png"),
-        label_histogram(record, out / "label_histogram.png"),
-        network_lifetime(record, out / "network_lifetime.png"),
-        device_energy(record, out / "device_energy.png"),
-        device_accuracy(record, out / "device_accuracy.png"),
-        optimization_progress(record, out / "optimization_progress.png"),
-    ]
-    return [p for p in paths if p is not None]
+    paths = []
+    for name, figure in FIGURES.items():
+        fig = figure(record)
+        if fig is not None:
+            paths.append(write_png(fig, out / f"{name}.png"))
+    return paths

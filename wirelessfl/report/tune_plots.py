@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from wirelessfl.report.colours import algorithm_colours
 from wirelessfl.report.plots import literal, save_figure
 
 
@@ -31,9 +32,10 @@ def _log_axis(info: dict) -> bool:
 
 
 def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title: str,
-                  path: Path) -> Path:
+                  path: Path, colour: str = "#4c72b0") -> Path:
     """One panel per tuned parameter of ``label``: ``rows`` are its configurations (columns
-    value_mean, healthy, reached, seeds, chosen and one per parameter)."""
+    value_mean, healthy, reached, seeds, chosen and one per parameter), drawn in ``colour``
+    (the algorithm's colour in the run and comparison figures)."""
     params = list(spaces)
     fig, axes = plt.subplots(1, len(params), figsize=(4.2 * len(params) + 0.6, 3.8),
                              squeeze=False)
@@ -54,7 +56,7 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
             return (frame[param].to_numpy(dtype=float) if numeric
                     else np.array([order[v] for v in frame[param]], dtype=float))
 
-        ax.scatter(xs(scored), scored.value_mean, s=22, color="#4c72b0", alpha=0.8,
+        ax.scatter(xs(scored), scored.value_mean, s=22, color=colour, alpha=0.8,
                    label="configurations")
         if len(missed):
             ax.scatter(xs(missed), np.full(len(missed), ceiling), s=30, marker="x",
@@ -84,10 +86,12 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
 def draw_tuning(tune, table: pd.DataFrame, out_dir: Path) -> list[Path]:
     """``tune_<label>.png`` for every tuned algorithm of ``tune`` (a wirelessfl.tune.spec.Tune)."""
     paths = []
+    colours = algorithm_colours(tune.labels, tune.spaces)
     for label, spaces in tune.spaces.items():
         rows = table[table.algorithm == label]
         if rows.empty:
             continue
         path = Path(out_dir) / f"tune_{_slug(label)}.png"
-        paths.append(tuning_figure(label, rows, spaces, tune.objective.title, path))
+        paths.append(tuning_figure(label, rows, spaces, tune.objective.title, path,
+                                   colours[label]))
     return paths
