@@ -507,7 +507,7 @@ def test_summary_tuning_and_breakdown_carry_the_system_energy(tmp_path, monkeypa
         assert table.loc[name, "system_energy_to_target_j"] > table.loc[name, "energy_to_target_j"]
         assert scored == table.loc[name, "system_energy_to_target_j"]
     assert len(first) >= 1
-    assert "system energy [J]" in format_summary(table.reset_index(), target)
+    assert "system [J]" in format_summary(table.reset_index(), target)
 
     figures = []
     monkeypatch.setattr(plots.plt, "close", figures.append)
