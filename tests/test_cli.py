@@ -61,7 +61,7 @@ def test_run_writes_documented_files_and_report_rereads_them(tmp_path, scenario_
     out = tmp_path / "run"
     code, stdout, _ = _cli(capsys, "run", str(path), "--out", str(out), "--quiet")
     assert code == 0
-    assert "rounds to target" in stdout and "dzofl" in stdout
+    assert "to target accuracy 0.500" in stdout and "dzofl" in stdout
     rounds = pd.read_parquet(out / "rounds.parquet")
     devices = pd.read_parquet(out / "devices.parquet")
     manifest = json.loads((out / "manifest.json").read_text())

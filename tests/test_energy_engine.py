@@ -507,7 +507,7 @@ def test_summary_tuning_and_breakdown_carry_the_system_energy(tmp_path):
         assert table.loc[name, "system_energy_to_target_j"] > table.loc[name, "energy_to_target_j"]
         assert scored == table.loc[name, "system_energy_to_target_j"]
     assert len(first) >= 1
-    assert "system energy [J]" in format_summary(table.reset_index(), target)
+    assert "system [J]" in format_summary(table.reset_index(), target)
 
     texts = sorted(t.get_text() for t in plots.energy_breakdown(record).axes[0].texts)
     want = sorted(f"BS {100 * r.energy_bs_j / (r.energy_j + r.energy_bs_j):.1f}%"

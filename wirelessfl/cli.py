@@ -11,6 +11,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from wirelessfl import __version__
 from wirelessfl.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -59,12 +60,11 @@ def _interruptible(run, study, out: Path, args):
 
 
 def _cmd_run(args) -> int:
-    from tqdm import tqdm
-
     from wirelessfl.engine import threads
     from wirelessfl.engine.build import build_world
     from wirelessfl.engine.resources import check_memory_from_scenario
     from wirelessfl.engine.runner import run_scenario
+    from wirelessfl.progress import RunProgress
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import FINISHED, read_run
     from wirelessfl.results.summary import format_summary, health_lines
@@ -104,24 +104,24 @@ def _cmd_run(args) -> int:
                "recorded" if args.resume else "")
     print(f"{scenario.name}: {world.num_devices} devices, {what}; results -> {out}{resumed}",
           file=sys.stderr)
-    total = sum(p.rounds for p in scenario.algorithms if p.display_name not in done)
-    # disable=None: tqdm draws only on a terminal, so logs and CI output stay clean.
-    bar = tqdm(total=total, unit="round", disable=True if args.quiet else None, file=sys.stderr,
-               dynamic_ncols=True, mininterval=0.5)
+    progress = RunProgress([(p.display_name, p.rounds) for p in scenario.algorithms], done,
+                           quiet=args.quiet)
     try:
-        _, table = run_scenario(scenario, out, world, on_round=bar.update,
-                                on_algorithm=bar.set_description,
-                                warn=lambda text: tqdm.write(text, sys.stderr),
+        _, table = run_scenario(scenario, out, world, on_round=progress.update,
+                                on_algorithm=progress.start, warn=progress.write,
                                 resume=bool(args.resume), checkpoint_every=args.checkpoint_every,
                                 threads=args.threads)
     except KeyboardInterrupt as stop:
-        bar.close()
+        progress.close()
         why = f"{stop}; " if str(stop) else ""
         print(f"interrupted: {why}the rounds recorded so far are in {out} (manifest status "
               f"'interrupted'); finish the run with: wirelessfl run --resume {out}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
-    bar.close()
+    except BaseException:
+        progress.abandon()  # the error line (cli.main) stands alone
+        raise
+    progress.close()
     print(format_summary(table, scenario.target_accuracy, scenario.target_suboptimality))
     for line in health_lines(table):
         print(f"warning: {line}", file=sys.stderr)
@@ -581,7 +581,8 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, metavar="N",
                         help="host threads per run (default: the CPUs not busy with other work, "
                              "divided among the workers); the results do not depend on it")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress (neither the bar nor, in logs, the progress lines)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -589,6 +590,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="wirelessfl",
         description="Federated learning over a simulated wireless cell: every round timed in "
                     "seconds and costed in joules.")
+    parser.add_argument("--version", action="version", version=f"wirelessfl {__version__}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a scenario and write its results folder")
@@ -597,7 +600,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="results folder (default: runs/<scenario>-<time>)")
     run.add_argument("--set", action="append", metavar="KEY.PATH=VALUE",
                      help="override a scenario key, e.g. --set channel.uplink.tx_power_dbm=10")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--quiet", action="store_true",
+                     help="no progress (neither the bar nor, in logs, the progress lines)")
     run.add_argument("--threads", type=int, metavar="N",
                      help="host threads (default: the CPUs not busy with other work); the "
                           "results do not depend on it")

@@ -174,13 +174,106 @@ def health_lines(table: pd.DataFrame, unhealthy_only: bool = True) -> list[str]:
             for row in table.itertuples() if not (unhealthy_only and row.healthy)]
 
 
+# The terminal's summary fits this many columns [D]: a 100-column terminal, a SLURM log in an
+# editor; every number stays in summary.csv at full precision.
+TERMINAL_WIDTH = 100
+
+# The terminal's three tables: (summary.csv column, header, format) per column. Shorter headers
+# than summary_cells' (the title lines give the rest) and three significant figures for times
+# and energies keep each table under TERMINAL_WIDTH for any label up to ~20 characters.
+TO_TARGET = [("rounds_to_target", "rounds", "count"), ("time_to_target_s", "time [s]", "sig"),
+             ("energy_to_target_j", "energy [J]", "sig"),
+             ("system_energy_to_target_j", "system [J]", "sig"),
+             ("gradient_evaluations_to_target", "gradients", "count")]
+SPLIT = [("compute_share", "compute", "pct"), ("radio_share", "radio", "pct"),
+         ("idle_share", "idle", "pct")]
+IN_ALL = [("rounds", "rounds", "count"), ("sim_time_s", "time [s]", "sig"),
+          ("energy_j", "energy [J]", "sig"), ("energy_system_j", "system [J]", "sig"),
+          ("uplink_bits_per_device_round", "uplink [bit]", "count"),
+          ("in_time_fraction", "delivered", "pct"), ("late_uploads", "late uploads", "count")]
+LEARNING = [("final_accuracy", "final acc.", "acc"),
+            ("final_worst_device_accuracy", "worst device", "acc"),
+            ("final_suboptimality", "final f - f*", "sig"), ("healthy", "healthy", "bool")]
+
+
 def format_summary(table: pd.DataFrame, target: float | None,
-                   target_suboptimality: float | None = None) -> str:
-    """A plain-text table for the terminal."""
-    cells = summary_cells(table)
-    title = describe_target(target, target_suboptimality)
-    return f"{title}; energy split is of the energy to target (or total if not reached)\n" + \
-        text_table(cells)
+                   target_suboptimality: float | None = None,
+                   width: int = TERMINAL_WIDTH) -> str:
+    """The summary for the terminal, in three tables of at most ``width`` columns (the wide
+    table of summary_cells needs ~250): to the target (with the energy split), after the last
+    round, at the last evaluation. Columns with nothing to say are left out (module constants'
+    comment); labels too long for ``width`` lose their middle to an ellipsis."""
+    drop = _unknown_columns(table)
+    targeted = target is not None or target_suboptimality is not None
+    goal = describe_target(target, target_suboptimality)
+    system = "" if "energy_system_j" in drop else "system: devices + base station; "
+    split = ("compute, radio, idle: shares of the devices' energy to the target (of all of it "
+             "if not reached)")
+    sections = [
+        ([f"to {goal} ('-': not reached)", split] if targeted else
+         [f"{goal}; compute, radio, idle: shares of the devices' energy"],
+         (TO_TARGET if targeted else []) + SPLIT),
+        ([f"after the last round ({system}uplink: bits per device per round)"], IN_ALL),
+        (["at the last evaluation"], LEARNING)]
+    blocks = []
+    for titles, columns in sections:
+        columns = [c for c in columns if c[0] not in drop]
+        blocks.append((titles, [["algorithm"] + [h for _, h, _ in columns]]
+                       + [[""] + [_short(getattr(row, c), k) for c, _, k in columns]
+                          for row in table.itertuples()]))
+    # the label column's width: what the widest table leaves of ``width``
+    rest = max(sum(max(len(r[i]) for r in cells) + 2 for i in range(1, len(cells[0])))
+               for _, cells in blocks)
+    labels = ["algorithm", *_squeeze([str(a) for a in table.algorithm],
+                                     max(width - rest, len("algorithm")))]
+    return "\n\n".join("\n".join(titles) + "\n" + text_table(
+        [[label] + r[1:] for label, r in zip(labels, cells)]) for titles, cells in blocks)
+
+
+def _unknown_columns(table: pd.DataFrame) -> set[str]:
+    """The terminal tables' columns with nothing to say: f - f* and gradients to target
+    without a known optimum, system energies of runs recorded before the base station's,
+    accuracies of problems without classes, late uploads when no run had one (no deadline)."""
+    unknown = {c for c in ("final_suboptimality", "energy_system_j", "final_accuracy",
+                           "final_worst_device_accuracy") if table[c].isna().all()}
+    if "final_suboptimality" in unknown:
+        unknown.add("gradient_evaluations_to_target")
+    if "energy_system_j" in unknown:
+        unknown.add("system_energy_to_target_j")
+    if not (table.late_uploads.fillna(0) > 0).any():
+        unknown.add("late_uploads")
+    return unknown
+
+
+def _short(value, kind: str) -> str:
+    """A terminal cell: counts exact below a million (then three significant figures), times
+    and energies to three significant figures, shares to 0.1 %, accuracies to 1e-4; '-' for
+    what is unknown or not reached."""
+    if value is None or pd.isna(value):
+        return "-"
+    if kind == "count":
+        return f"{value:,.0f}" if abs(value) < 1e6 else f"{value:.3g}"
+    if kind == "sig":
+        return f"{value:.3g}"
+    return _fmt(value, kind)
+
+
+def _squeeze(labels: list[str], width: int) -> list[str]:
+    """``labels`` in at most ``width`` characters each, the middle of a longer one replaced by
+    an ellipsis: half the room for its start (the algorithm's name), half for its end (often
+    what tells variants apart) [D]; where that makes two labels alike, the first split (moving
+    the ellipsis toward the end, then toward the start) that keeps them apart."""
+    room = width - 1
+
+    def cut(head: int) -> list[str]:
+        return [label if len(label) <= width else
+                label[:head] + "…" + label[len(label) - (room - head):] for label in labels]
+
+    for head in [room // 2, *range(room // 2 + 1, room + 1), *range(room // 2 - 1, -1, -1)]:
+        squeezed = cut(head)
+        if len(set(squeezed)) == len(set(labels)):
+            return squeezed
+    return cut(room // 2)
 
 
 def text_table(cells: list[list[str]]) -> str:

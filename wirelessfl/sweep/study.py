@@ -15,6 +15,7 @@ import pandas as pd
 
 from wirelessfl.errors import UserError
 from wirelessfl.plugins import worker_plugins
+from wirelessfl.progress import Progress
 from wirelessfl.results.records import (
     acquire_lock,
     package_versions,
@@ -104,8 +105,6 @@ def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str
 
 def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, workers: int,
                     address: str | None, quiet: bool, threads: int | None) -> SweepCounts:
-    from tqdm import tqdm
-
     _clean_leftovers(runs_dir)
     previous = _previous_entries(Path(out))
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -147,9 +146,8 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
           f"{len(tasks)} to run ({retried} failed before, retried) on {where} -> {out}",
           file=sys.stderr)
     failed = 0
-    bar = tqdm(total=len(entries), initial=skipped, unit="run", file=sys.stderr,
-               disable=True if quiet else None, dynamic_ncols=True, mininterval=0.5)
-    bar.set_postfix_str(f"failed 0, remaining {len(tasks)}")
+    bar = Progress(len(entries), "run", name=sweep.name, initial=skipped, quiet=quiet)
+    bar.set_detail(f"failed 0, remaining {len(tasks)}")
     results = execute(tasks, executor, workers, address, threads)
     try:
         for k, result in enumerate(results, start=1):
@@ -168,10 +166,13 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
                          attempts=entry["attempts"] + 1)
             if result["status"] == "failed":
                 failed += 1
-                tqdm.write(f"failed: {result['run_id']}: {result['message']}", sys.stderr)
+                bar.write(f"failed: {result['run_id']}: {result['message']}")
             _write(Path(out), sweep, entries, info)
+            bar.set_detail(f"failed {failed}, remaining {len(tasks) - k}")
             bar.update(1)
-            bar.set_postfix_str(f"failed {failed}, remaining {len(tasks) - k}")
+    except BaseException:
+        bar.abandon()  # the error or interruption line that follows stands alone
+        raise
     finally:
         results.close()  # stops the workers now, whatever ended the loop (Ctrl-C, SIGTERM)
         bar.close()

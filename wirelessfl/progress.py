@@ -1,0 +1,200 @@
+"""Progress on stderr for the commands that run: a tqdm bar on a terminal; where stderr is not a
+terminal (a log file, a SLURM output, a CI log) a plain ``progress: ...`` line now and then,
+never a carriage return, so the file reads as lines; nothing with ``--quiet``.
+
+A bar redraws itself in place with carriage returns, which a log file keeps as one endless
+line (tqdm therefore draws nothing there); a batch job then shows no sign of life for hours.
+The lines say what runs, how far it is and the wall time since the start.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import TextIO
+
+# Plain-line mode writes a line when this much wall time has passed since the last one [D]: a
+# sign of life a few times a minute, a few thousand lines for a day-long job.
+LINE_EVERY_S = 30.0
+# ... or when the count has crossed another tenth of the total [D]: at most ten such lines,
+# so a short run still shows how it advanced.
+LINE_EVERY_FRACTION = 0.1
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is an interactive terminal (False for files, pipes, captured
+    streams and streams without a descriptor)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def duration(seconds: float) -> str:
+    """Wall time for a progress line: ``12.5 s``, ``12 min 05 s``, ``3 h 02 min``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+class Progress:
+    """``count`` units of work out of ``total`` (rounds, runs), shown as a bar on a terminal
+    or as ``progress:`` lines elsewhere (module docstring); ``quiet`` shows nothing.
+    ``name`` and ``detail`` (e.g. ``failed 0``) describe the work; subclasses say more through
+    ``state`` and ``postfix``."""
+
+    def __init__(self, total: int, unit: str, *, name: str = "", initial: int = 0,
+                 quiet: bool = False, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.stream = stream if stream is not None else sys.stderr
+        self.total, self.count, self.unit, self.name = total, initial, unit, name
+        self.detail = ""
+        self._clock = clock
+        self._start = self._last_time = clock()
+        self._last_count = initial
+        self.mode = "off" if quiet else "bar" if is_terminal(self.stream) else "lines"
+        self._bar = None
+        if self.mode == "bar":
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, unit=unit, file=self.stream,
+                             desc=name or None, dynamic_ncols=True, mininterval=0.5)
+        self._next = self._step_after(initial)
+
+    def update(self, n: int = 1) -> None:
+        """``n`` more units done."""
+        self.count += n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self.mode == "lines" and (self.count >= self._next or
+                                       self._clock() - self._last_time >= LINE_EVERY_S):
+            self.line()
+
+    def set_detail(self, text: str) -> None:
+        """Extra words after the count (the bar's postfix), e.g. ``failed 1, remaining 4``."""
+        self.detail = text
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=False)
+
+    def set_total(self, total: int) -> None:
+        """A new total: work that will not be done (an algorithm stopped early) leaves it, so
+        the bar ends at 100 % and the tenths stay tenths of the real work."""
+        self.total = total
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.refresh()
+        self._next = self._step_after(self.count)
+
+    def write(self, text: str) -> None:
+        """A message line (a warning) that does not break the bar."""
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream)
+
+    def line(self, state: str | None = None) -> None:
+        """In plain-line mode, one ``progress: STATE, T elapsed`` line now."""
+        if self.mode != "lines":
+            return
+        now = self._clock()
+        print(f"progress: {state or self.state()}, {duration(now - self._start)} elapsed",
+              file=self.stream, flush=True)
+        self._last_time, self._last_count = now, self.count
+        self._next = self._step_after(self.count)
+
+    def state(self) -> str:
+        """What a plain line says before the elapsed time."""
+        what = f"{self.name} " if self.name else ""
+        more = f" ({self.detail})" if self.detail else ""
+        return f"{what}{self.unit} {self.count}/{self.total}{more}"
+
+    def close(self) -> None:
+        """End: the bar is closed; in plain-line mode the last state is written if no line
+        has shown it yet."""
+        if self._bar is not None:
+            self._bar.close()
+        elif self.count != self._last_count:
+            self.line()
+
+    def abandon(self) -> None:
+        """End without a last line (an error follows, which stands alone)."""
+        self._last_count = self.count
+        self.close()
+
+    def _step_after(self, count: int) -> float:
+        """The count at which the next tenth of ``total`` is crossed."""
+        step = max(1, math.ceil(self.total * LINE_EVERY_FRACTION))
+        return (count // step + 1) * step
+
+
+class RunProgress(Progress):
+    """Rounds of a scenario's algorithms, run one after another (``wirelessfl run``): the
+    total is the rounds of the algorithms still to run, each its own ``rounds``; the state
+    names the running algorithm, its round out of its own rounds and its place among the
+    scenario's algorithms: ``FedAvg round 30/60 (algorithm 2/3)``.
+
+    An algorithm can end before its last round (stopped at the target, when unhealthy,
+    diverged, failed): when the next one starts (or at ``close``) the rounds it did not run
+    leave the total, and a plain line says where it ended."""
+
+    def __init__(self, algorithms: Iterable[tuple[str, int]], done: Iterable[str] = (),
+                 **options):
+        self.algorithms = list(algorithms)
+        finished = set(done)
+        self._rounds = dict(self.algorithms)
+        self._place = {label: k for k, (label, _) in enumerate(self.algorithms, start=1)}
+        super().__init__(sum(r for label, r in self.algorithms if label not in finished),
+                         "round", **options)
+        self.label: str | None = None
+        self.completed = 0  # rounds of the running algorithm
+
+    def start(self, label: str) -> None:
+        """``label`` starts (the runner's ``on_algorithm``)."""
+        self._end()
+        self.label, self.completed = label, 0
+        if self._bar is not None:
+            self._bar.set_description_str(label, refresh=False)
+            self._bar.set_postfix_str(self._where(), refresh=False)
+
+    def update(self, n: int = 1) -> None:
+        """``n`` more rounds of the running algorithm (the runner's ``on_round``; a resumed
+        algorithm reports the rounds of its checkpoint at once)."""
+        self.completed += n
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._where(), refresh=False)
+        super().update(n)
+
+    def state(self) -> str:
+        if self.label is None:
+            return f"round {self.count}/{self.total}"
+        return f"{self.label} {self._where()}"
+
+    def close(self) -> None:
+        self._end()
+        super().close()
+
+    def abandon(self) -> None:
+        self.label = None
+        super().abandon()
+
+    def _where(self) -> str:
+        return (f"round {self.completed}/{self._rounds[self.label]} (algorithm "
+                f"{self._place[self.label]}/{len(self.algorithms)})")
+
+    def _end(self) -> None:
+        """The running algorithm has ended: its unrun rounds leave the total; a line says
+        where it ended."""
+        if self.label is None:
+            return
+        rounds = self._rounds[self.label]
+        if self.completed < rounds:
+            self.set_total(self.total - (rounds - self.completed))
+        how = "finished" if self.completed >= rounds else "ended"
+        self.line(f"{self.label} {how} at round {self.completed}/{rounds} (algorithm "
+                  f"{self._place[self.label]}/{len(self.algorithms)})")
+        self.label = None
