@@ -479,7 +479,7 @@ def test_paper_accounting_charges_dzofl_one_forward_pass_per_iteration():
             pd.DataFrame(run_algorithm(build_world(paper), paper.algorithms[index]).rows))
 
 
-def test_summary_tuning_and_breakdown_carry_the_system_energy(tmp_path, monkeypatch):
+def test_summary_tuning_and_breakdown_carry_the_system_energy(tmp_path):
     """The summary's system energy to target and in total are the devices' + the base
     station's at the same rows, the tuning objective reads it, and the energy-breakdown figure
     writes the base station's share above each bar; a run recorded before the base station's
@@ -509,10 +509,7 @@ def test_summary_tuning_and_breakdown_carry_the_system_energy(tmp_path, monkeypa
     assert len(first) >= 1
     assert "system energy [J]" in format_summary(table.reset_index(), target)
 
-    figures = []
-    monkeypatch.setattr(plots.plt, "close", figures.append)
-    plots.energy_breakdown(record, tmp_path / "breakdown.png")
-    texts = sorted(t.get_text() for t in figures[-1].axes[0].texts)
+    texts = sorted(t.get_text() for t in plots.energy_breakdown(record).axes[0].texts)
     want = sorted(f"BS {100 * r.energy_bs_j / (r.energy_j + r.energy_bs_j):.1f}%"
                   for r in last.itertuples())
     assert texts == want and all(t != "BS 0.0%" for t in texts)
@@ -522,8 +519,7 @@ def test_summary_tuning_and_breakdown_carry_the_system_energy(tmp_path, monkeypa
     before = summarize(record.rounds, target, world.num_devices)
     assert before.energy_system_j.isna().all() and before.system_energy_to_target_j.isna().all()
     assert "system" not in format_summary(before, target)
-    plots.energy_breakdown(record, tmp_path / "old.png")
-    assert not figures[-1].axes[0].texts
+    assert not plots.energy_breakdown(record).axes[0].texts
 
 
 def test_energy_accounting_rejects_other_values():

@@ -1,23 +1,33 @@
 """Figures drawn from a saved run alone (never re-simulating): accuracy vs energy and vs simulated
 time, where the energy went, which labels each device holds, how many devices still have energy,
 how energy and time split per device and device class, how accuracy spreads over devices, and, for
-problems with a known optimum, f - f* and ||grad f||^2 against rounds, gradients, seconds, joules.""" 
+problems with a known optimum, f - f* and ||grad f||^2 against rounds, gradients, seconds, joules.
+
+Every per-run figure is a public function ``name(record) -> Figure | None`` listed in ``FIGURES``
+(name = the PNG's stem): ``record`` is anything with ``.rounds``, ``.devices`` and ``.manifest``
+(a results.records.RunRecord, or the Python API's result), and None means the run has nothing
+for that figure to draw. The figures are ``matplotlib.figure.Figure`` objects made without
+pyplot, so a notebook shows the returned one once and nothing accumulates in pyplot's list of
+open figures; ``draw_report`` writes them as PNG files."""
 
 from __future__ import annotations
 
 import io
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
 import matplotlib.text
 import matplotlib.ticker
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from wirelessfl.results.records import RunRecord, output_folder, write_file
+from wirelessfl.results.records import output_folder, write_file
 
 # Never LaTeX, whatever a user's matplotlibrc says: a label would be handed to TeX as markup.
 matplotlib.rcParams["text.usetex"] = False
@@ -39,51 +49,96 @@ TIME_SPLIT = [("compute_s", "compute"), ("uplink_s", "uplink"), ("downlink_s", "
 def literal(text) -> str:
     """``text`` as matplotlib draws it literally: a pair of '$' would be read as mathtext (an
     algorithm labelled ``a$x$`` drawn as an italic x, ``$\\foo$`` a crash); an escaped '\\$' is
-    drawn as '$'. For tick labels, which are re-made at every draw (save_figure escapes the
+    drawn as '$'. For tick labels, which are re-made at every draw (finish escapes the
     other texts)."""
     return str(text).replace("$", r"\$")
 
 
-def save_figure(fig, path: Path, dpi: int, rect=(0, 0, 1, 1)) -> Path:
-    """Lay ``fig`` out (tight, within ``rect``), render it as PNG in memory, close it, and write
-    it to ``path`` atomically (a temporary file renamed into place, records.write_file): a link
-    planted at ``path`` is replaced, never written through, and a failed write leaves the
-    previous figure. Every text of the figure is drawn as written (``literal``; before the
-    layout, which measures the texts), except the tick labels matplotlib's log formatters write
-    in mathtext (``\\mathdefault``)."""
+def new_figure(figsize: tuple[float, float], dpi: int) -> Figure:
+    """An empty figure outside pyplot's registry (nothing to close, nothing shown twice in a
+    notebook), with an Agg canvas so it can be laid out, measured and saved; ``dpi`` is the
+    resolution its PNG is written at."""
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def finish(fig: Figure, rect=(0, 0, 1, 1)) -> Figure:
+    """Lay ``fig`` out (tight, within ``rect``) with every text drawn as written (``literal``;
+    before the layout, which measures the texts), except the tick labels matplotlib's log
+    formatters write in mathtext (``\\mathdefault``); returns ``fig``."""
+    for text in fig.findobj(matplotlib.text.Text):
+        shown = text.get_text()
+        if "$" in shown and r"\mathdefault" not in shown:
+            text.set_text(literal(shown))
+    fig.tight_layout(rect=rect)
+    return fig
+
+
+def write_png(fig: Figure, path: Path) -> Path:
+    """Render ``fig`` as PNG in memory at its own dpi, close it, and write it to ``path``
+    atomically (a temporary file renamed into place, records.write_file): a link planted at
+    ``path`` is replaced, never written through, and a failed write leaves the previous
+    figure."""
     buffer = io.BytesIO()
     try:
-        for text in fig.findobj(matplotlib.text.Text):
-            shown = text.get_text()
-            if "$" in shown and r"\mathdefault" not in shown:
-                text.set_text(literal(shown))
-        fig.tight_layout(rect=rect)
-        fig.savefig(buffer, format="png", dpi=dpi)
+        fig.savefig(buffer, format="png", dpi=fig.dpi)
     finally:
         plt.close(fig)
     return write_file(path, buffer.getvalue())
 
 
-def _accuracy_against(record: RunRecord, column: str, xlabel: str, path: Path) -> Path | None:
+def save_figure(fig, path: Path, dpi: int, rect=(0, 0, 1, 1)) -> Path:
+    """``finish`` ``fig`` (a pyplot figure of the comparison, tuning and crossover reports) and
+    ``write_png`` it at ``dpi``; the figure is closed whatever happens."""
+    try:
+        fig.set_dpi(dpi)
+        finish(fig, rect)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return write_png(fig, path)
+
+
+def _title(record) -> str:
+    return record.manifest.get("scenario", {}).get("name", "")
+
+
+def _target(record, key: str) -> float | None:
+    return record.manifest.get("scenario", {}).get(key)
+
+
+def _accuracy_against(record, column: str, xlabel: str) -> Figure | None:
     """Test accuracy against ``column``; None for a run that recorded no accuracy (a problem
     without one, the bilevel quadratic say: optimization_progress shows its f - f*)."""
     if not np.isfinite(record.rounds.test_accuracy.to_numpy(dtype=float)).any():
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig = new_figure((6.4, 4.2), 120)
+    ax = fig.subplots()
     for algorithm, group in record.rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round")
         x = group[column].where(group[column] > 0)
         ax.plot(x, group.test_accuracy, marker=".", markersize=3, label=algorithm)
-    if record.target_accuracy is not None:
-        ax.axhline(record.target_accuracy, color="grey", linestyle="--", linewidth=1,
-                   label=f"target {record.target_accuracy:g}")
+    target = _target(record, "target_accuracy")
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    ax.set_title(record.manifest.get("scenario", {}).get("name", ""))
-    return save_figure(fig, path, 120)
+    ax.set_title(_title(record))
+    return finish(fig)
+
+
+def accuracy_vs_energy(record) -> Figure | None:
+    """Test accuracy against the cumulative energy of all devices (log axis)."""
+    return _accuracy_against(record, "energy_j", "cumulative energy, all devices [J]")
+
+
+def accuracy_vs_time(record) -> Figure | None:
+    """Test accuracy against simulated time (log axis)."""
+    return _accuracy_against(record, "sim_time_s", "simulated time [s]")
 
 
 # x-axes of the optimisation-progress figure (fedred.md A14 / Sec. 5.1 metrics (a)-(c)).
@@ -92,7 +147,7 @@ PROGRESS_AXES = [("round", "rounds (model averages)"),
                  ("sim_time_s", "simulated time [s]"), ("energy_j", "energy, all devices [J]")]
 
 
-def optimization_progress(record: RunRecord, path: Path) -> Path | None:
+def optimization_progress(record) -> Figure | None:
     """f - f* (top) and ||grad f||^2 (bottom, where recorded) of the global model against rounds,
     gradient evaluations, simulated seconds and joules; None when no run knows f*."""
     rounds = record.rounds
@@ -102,9 +157,8 @@ def optimization_progress(record: RunRecord, path: Path) -> Path | None:
     if "grad_norm_sq" in rounds and np.isfinite(rounds.grad_norm_sq).any():
         rows.append(("grad_norm_sq", "||grad f(x)||^2"))
     axes_cols = [a for a in PROGRESS_AXES if a[0] in rounds]
-    fig, axes = plt.subplots(len(rows), len(axes_cols), figsize=(3.6 * len(axes_cols),
-                                                                  3.0 * len(rows)),
-                             squeeze=False, sharey="row")
+    fig = new_figure((3.6 * len(axes_cols), 3.0 * len(rows)), 110)
+    axes = fig.subplots(len(rows), len(axes_cols), squeeze=False, sharey="row")
     for algorithm, group in rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round")
         for i, (metric, _) in enumerate(rows):
@@ -118,21 +172,23 @@ def optimization_progress(record: RunRecord, path: Path) -> Path | None:
             axes[i, j].set_yscale("log")
             axes[i, j].grid(True, which="both", alpha=0.3)
             axes[-1, j].set_xlabel(xlabel)
-    if record.target_suboptimality is not None:
+    target = _target(record, "target_suboptimality")
+    if target is not None:
         for ax in axes[0]:
-            ax.axhline(record.target_suboptimality, color="grey", linestyle="--", linewidth=1)
-    fig.suptitle(record.manifest.get("scenario", {}).get("name", ""), y=0.99, fontsize=10)
+            ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+    fig.suptitle(_title(record), y=0.99, fontsize=10)
     fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.955),
                ncol=min(6, rounds.algorithm.nunique()), frameon=False)
-    return save_figure(fig, path, 110, rect=(0, 0, 1, 0.88))
+    return finish(fig, rect=(0, 0, 1, 0.88))
 
 
-def energy_breakdown(record: RunRecord, path: Path) -> Path:
+def energy_breakdown(record) -> Figure | None:
     """Stacked bars of each algorithm's total energy by kind, at its last round: the devices'
     kinds, then the base station's transmit energy (hatched, its share of the system's energy
     written above the bar) where the run recorded it."""
     last = record.rounds.sort_values("round").groupby("algorithm", sort=False).tail(1)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig = new_figure((6.4, 4.2), 120)
+    ax = fig.subplots()
     bottom = [0.0] * len(last)
     names = [literal(name) for name in last.algorithm]  # the x axis's categories: tick labels
     for column, label in BREAKDOWN:
@@ -157,10 +213,10 @@ def energy_breakdown(record: RunRecord, path: Path) -> Path:
                   else "linear")
     ax.legend()
     ax.set_title("energy by kind")
-    return save_figure(fig, path, 120)
+    return finish(fig)
 
 
-def label_histogram(record: RunRecord, path: Path) -> Path | None:
+def label_histogram(record) -> Figure | None:
     """Stacked bars of each device's training samples by class, from the manifest's partition
     entry; None (nothing drawn) for a run recorded before label counts were kept.
 
@@ -175,7 +231,8 @@ def label_histogram(record: RunRecord, path: Path) -> Path | None:
     num_devices, num_classes = counts.shape
     colours = plt.get_cmap("tab10" if num_classes <= 10 else "tab20" if num_classes <= 20
                            else "viridis")
-    fig, ax = plt.subplots(figsize=(min(16.0, max(6.4, 0.12 * num_devices)), 4.2))
+    fig = new_figure((min(16.0, max(6.4, 0.12 * num_devices)), 4.2), 120)
+    ax = fig.subplots()
     per_step = -(-num_devices // MAX_COLUMNS)  # k devices per step (ceil)
     starts = np.arange(0, num_devices, per_step)
     heights = np.add.reduceat(counts, starts, axis=0) / np.diff(np.append(starts, num_devices))[:, None]
@@ -205,17 +262,18 @@ def label_histogram(record: RunRecord, path: Path) -> Path | None:
                                + (f" ({params})" if params else ""), 90)
                  + (f"\nmean total-variation distance to the overall mix {tv:.3f}"
                     if tv is not None else ""), fontsize="medium")
-    return save_figure(fig, path, 120)
+    return finish(fig)
 
 
-def network_lifetime(record: RunRecord, path: Path) -> Path | None:
+def network_lifetime(record) -> Figure | None:
     """Devices with energy left (dashed, right axis) and test accuracy (solid) against simulated
     time and against cumulative energy; None for a run recorded before ``alive_devices``."""
     rounds = record.rounds
     if "alive_devices" not in rounds:
         return None
     n = record.manifest.get("scenario", {}).get("population", {}).get("num_devices")
-    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.2))
+    fig = new_figure((11.0, 4.2), 120)
+    axes = fig.subplots(1, 2)
     for ax, column, xlabel in ((axes[0], "sim_time_s", "simulated time [s]"),
                                (axes[1], "energy_j", "cumulative energy, all devices [J]")):
         alive_ax = ax.twinx()
@@ -235,14 +293,14 @@ def network_lifetime(record: RunRecord, path: Path) -> Path | None:
                 for a, g in rounds.sort_values("round").groupby("algorithm", sort=False)}
     fig.suptitle("network lifetime: devices whose battery ran out, by algorithm: "
                  + ", ".join(f"{a} {k}" for a, k in depleted.items()), fontsize="medium")
-    return save_figure(fig, path, 120)
+    return finish(fig)
 
 
 def _colours():
     return plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10
 
 
-def device_energy(record: RunRecord, path: Path) -> Path | None:
+def device_energy(record) -> Figure | None:
     """Left: each device's energy over the run by device class and algorithm (box plus one
     point per device). Right: where each class's time went (compute, uplink, downlink, idle),
     as a share of the time its devices were alive. None for a run recorded before the
@@ -254,7 +312,8 @@ def device_energy(record: RunRecord, path: Path) -> Path | None:
     classes = list(dict.fromkeys(devices.device_class))
     algorithms = list(dict.fromkeys(devices.algorithm))
     width = 0.8 / len(algorithms)
-    fig, (ax, time_ax) = plt.subplots(1, 2, figsize=(12.0, 4.6))
+    fig = new_figure((12.0, 4.6), 120)
+    ax, time_ax = fig.subplots(1, 2)
     rng = np.random.default_rng(0)  # jitter of the points only
     for a, (algorithm, colour) in enumerate(zip(algorithms, _colours())):
         rows = devices[devices.algorithm == algorithm]
@@ -299,10 +358,10 @@ def device_energy(record: RunRecord, path: Path) -> Path | None:
     time_ax.set_title("where each class's time went (bars: " + ", ".join(algorithms) + ")",
                       fontsize="medium")
     time_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return save_figure(fig, path, 120)
+    return finish(fig)
 
 
-def device_accuracy(record: RunRecord, path: Path) -> Path | None:
+def device_accuracy(record) -> Figure | None:
     """Left: each algorithm's accuracy on every device's own test distribution at its last
     evaluation (box plus one point per device). Right: the worst device's accuracy and the mean
     of the worst k against cumulative energy. None for runs without per-device accuracy (a
@@ -310,7 +369,8 @@ def device_accuracy(record: RunRecord, path: Path) -> Path | None:
     rounds = record.rounds
     if "device_accuracy" not in rounds or rounds.device_accuracy.isna().all():
         return None
-    fig, (ax, energy_ax) = plt.subplots(1, 2, figsize=(12.0, 4.6))
+    fig = new_figure((12.0, 4.6), 120)
+    ax, energy_ax = fig.subplots(1, 2)
     rng = np.random.default_rng(0)  # jitter of the points only
     names = []
     for a, ((algorithm, group), colour) in enumerate(zip(rounds.groupby("algorithm", sort=False),
@@ -345,24 +405,30 @@ def device_accuracy(record: RunRecord, path: Path) -> Path | None:
                         fontsize="medium")
     energy_ax.grid(True, which="both", alpha=0.3)
     energy_ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return save_figure(fig, path, 120)
+    return finish(fig)
 
 
-def draw_report(record: RunRecord, out_dir: Path | None = None) -> list[Path]:
-    """Write the run's PNG figures next to its results; returns their paths (the label histogram
-    only when the manifest has label counts, the lifetime and per-device figures only for runs
-    that recorded device energy budgets and classes, the progress figure only where f* is
-    known)."""
+# Every per-run figure, in the order the report shows them; the key is the PNG's stem.
+FIGURES: dict[str, Callable[..., Figure | None]] = {
+    "accuracy_vs_energy": accuracy_vs_energy,
+    "accuracy_vs_time": accuracy_vs_time,
+    "energy_breakdown": energy_breakdown,
+    "label_histogram": label_histogram,
+    "network_lifetime": network_lifetime,
+    "device_energy": device_energy,
+    "device_accuracy": device_accuracy,
+    "optimization_progress": optimization_progress,
+}
+
+
+def draw_report(record, out_dir: Path | None = None) -> list[Path]:
+    """Write the run's PNG figures (``FIGURES``, each as ``<name>.png``) next to its results, or
+    into ``out_dir``; returns their paths. A figure with nothing to draw for this run (None:
+    no accuracy on a quadratic, no label counts in an old manifest, ...) writes no file."""
     out = output_folder(Path(out_dir or record.path))
-    paths = [
-        _accuracy_against(record, "energy_j", "cumulative energy, all devices [J]",
-                          out / "accuracy_vs_energy.png"),
-        _accuracy_against(record, "sim_time_s", "simulated time [s]", out / "accuracy_vs_time.png"),
-        energy_breakdown(record, out / "energy_breakdown.png"),
-        label_histogram(record, out / "label_histogram.png"),
-        network_lifetime(record, out / "network_lifetime.png"),
-        device_energy(record, out / "device_energy.png"),
-        device_accuracy(record, out / "device_accuracy.png"),
-        optimization_progress(record, out / "optimization_progress.png"),
-    ]
-    return [p for p in paths if p is not None]
+    paths = []
+    for name, figure in FIGURES.items():
+        fig = figure(record)
+        if fig is not None:
+            paths.append(write_png(fig, out / f"{name}.png"))
+    return paths
