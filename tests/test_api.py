@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -92,6 +93,26 @@ def test_a_register_function_for_every_registry_kind_also_one_added_later(monkey
     assert widgets.get("gadget") is Gadget
 
 
+def test_a_registered_algorithm_runs_from_the_api(monkeypatch):
+    """A subclass of FedAvg under a name of its own, registered from user code: accepted by a
+    scenario and computing FedAvg's numbers (the built-in is the truth)."""
+    from wirelessfl.algorithms.fedavg import FedAvg
+    from wirelessfl.plugins import ALGORITHMS
+
+    class MyFedAvg(FedAvg):
+        name = "my-fedavg"
+
+    monkeypatch.setattr(ALGORITHMS, "_registered", dict(ALGORITHMS._registered))
+    monkeypatch.setattr(ALGORITHMS, "_loaded", dict(ALGORITHMS._loaded))
+    assert wirelessfl.register_algorithm(MyFedAvg) is MyFedAvg
+    entry = {"rounds": 4, "eval_every": 2, "local_steps": 3}
+    mine = wirelessfl.run(small_doc(algorithms=[{"name": "my-fedavg", **entry}]))
+    theirs = wirelessfl.run(small_doc(algorithms=[{"name": "fedavg", **entry}]))
+    assert set(mine.rounds.algorithm) == {"my-fedavg"}
+    pd.testing.assert_frame_equal(mine.rounds.drop(columns="algorithm"),
+                                  theirs.rounds.drop(columns="algorithm"))
+
+
 # -- loading scenarios ---------------------------------------------------------------------
 
 def test_load_scenario_takes_names_paths_dicts_and_scenarios_with_overrides(tmp_path):
@@ -114,6 +135,8 @@ def test_load_scenario_takes_names_paths_dicts_and_scenarios_with_overrides(tmp_
     doc = yaml.safe_load(file.read_text())
     assert resolved_document(wirelessfl.load_scenario(doc, sets)) == expected
     assert doc["population"]["num_devices"] == 50  # the caller's dict is left as it was
+    del doc["name"]
+    assert wirelessfl.load_scenario(doc).name == "scenario"
     # a scenario without overrides comes back as it is
     scenario = wirelessfl.load_scenario("quickstart")
     assert wirelessfl.load_scenario(scenario) is scenario
@@ -230,6 +253,34 @@ def test_a_result_is_a_run_record_for_every_report_function(cli_run, tmp_path):
     assert "in memory" in repr(result) and "'small'" in repr(result)
 
 
+def test_figures_are_the_reports_figures_drawn_from_the_result(cli_run, tmp_path):
+    from matplotlib.figure import Figure
+
+    from wirelessfl.report.plots import FIGURES, draw_report
+
+    path, folder = cli_run
+    result = wirelessfl.run(path)
+    figures = result.figures()
+    # the same figures as the PNGs `wirelessfl report` writes for the CLI's folder
+    written = draw_report(wirelessfl.load_run(folder), tmp_path)
+    assert list(figures) == [p.stem for p in written]
+    assert set(figures) <= set(FIGURES) == set(result.figure_names())
+    assert all(isinstance(f, Figure) and f.axes for f in figures.values())
+    # accuracy against energy: one line per algorithm through the rounds' own numbers (a log
+    # axis: the round-0 point at zero joules is left out)
+    lines = {line.get_label(): line for line in result.figure("accuracy_vs_energy").axes[0]
+             .get_lines()}
+    for algorithm, group in result.rounds.groupby("algorithm"):
+        x = group.sort_values("round")
+        np.testing.assert_array_equal(lines[algorithm].get_ydata(), x.test_accuracy)
+        np.testing.assert_array_equal(lines[algorithm].get_xdata(),
+                                      np.where(x.energy_j > 0, x.energy_j, np.nan))
+    assert result.figure("optimization_progress") is None  # no f* on a classifier
+    with pytest.raises(wirelessfl.UserError, match="unknown figure 'nosuch'; choose one of: "
+                                                   "accuracy_vs_energy"):
+        result.figure("nosuch")
+
+
 # -- sweeps, tuning studies, reproductions as tidy tables ----------------------------------
 
 TINY = small_doc(algorithms=[{"name": "dzofl", "rounds": 20, "eval_every": 10},
@@ -326,3 +377,30 @@ def test_tuning_and_reproduction_folders_as_tidy_tables(tiny_reproduction):
     tuned = tidy[tidy.phase == "tuning"]
     assert set(tuned.seed) == {100} and set(tuned.lr) == {0.1, 0.5}
     assert set(tidy[tidy.phase == "evaluation"].seed) == {0, 1}
+
+
+# -- the example ---------------------------------------------------------------------------
+
+# Short settings for the example: a few rounds on 8 devices.
+SHORT = ["population.num_devices=8", "algorithms.DZOFL.rounds=100",
+         "algorithms.DZOFL.eval_every=50", "algorithms.FedSGD.rounds=6",
+         "algorithms.FedAvg.rounds=4"]
+
+
+def test_the_quickstart_example_runs(tmp_path):
+    png = tmp_path / "figures" / "accuracy_vs_energy.png"
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart_api.py"),
+                           str(png), *SHORT], check=False, env=ENV, cwd=tmp_path,
+                          capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = proc.stdout.split("wrote")[0]
+    assert all(label in summary for label in ("DZOFL", "FedSGD", "FedAvg"))
+    tidy = wirelessfl.load_sweep(png.parent / "quickstart-power-sweep" / "out")
+    assert tidy.folder.nunique() == 4 and set(tidy.seed) == {0, 1}
+    assert set(tidy["channel.uplink.tx_power_dbm"]) == {0, 23}
+    # the run took the short settings; the printed table has one row per power and algorithm
+    assert tidy[tidy.algorithm == "DZOFL"]["round"].max() == 100
+    table = proc.stdout.split("seeds")[-1].strip().splitlines()
+    assert len(table) == 1 + 2 * 3 and all(line.split()[-1] == "2" for line in table[1:])

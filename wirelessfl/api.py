@@ -30,8 +30,10 @@ if TYPE_CHECKING:
 
     from wirelessfl.scenario.schema import Scenario
 
-# The source named in error messages about a scenario given as a dict.
+# The source named in error messages about a scenario given as a dict, and the name of one that
+# gives none [D].
 DICT_SOURCE = "<dict>"
+DEFAULT_NAME = "scenario"
 # What a sweep's tidy table puts before the rounds' columns (after the swept keys).
 RUN_COLUMNS = ("seed", "run", "folder")
 
@@ -61,6 +63,8 @@ def load_scenario(source, overrides=(), **values) -> Scenario:
         doc, where, base_dir = resolved_document(source), f"scenario '{source.name}'", None
     elif isinstance(source, Mapping):
         doc, where, base_dir = dict(source), DICT_SOURCE, None
+        if not doc.get("name"):  # as a file's stem names a file's scenario
+            doc["name"] = DEFAULT_NAME
     elif isinstance(source, str | os.PathLike):
         path, doc = read_scenario_document(os.fspath(source))
         where, base_dir = str(path), path.parent
