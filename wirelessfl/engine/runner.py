@@ -1,5 +1,6 @@
 """One scenario from start to its finished run folder: what `wirelessfl run` does and what every
-sweep worker does, so that both write the same files with the same writer."""
+sweep worker does, so that both write the same files with the same writer; and what the Python
+API's in-memory run does, with the in-memory writer that builds the same rows and manifest."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from wirelessfl.engine.fingerprint import MANIFEST_KEY, check_resumable, scenari
 from wirelessfl.engine.resources import check_memory_from_scenario
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.engine.threads import ensure as ensure_threads
+from wirelessfl.errors import UserError
 from wirelessfl.results.health import manifest_entry
-from wirelessfl.results.records import RunWriter, read_run, write_csv
+from wirelessfl.results.records import MemoryWriter, RunRecord, RunWriter
 from wirelessfl.results.summary import summarize
 from wirelessfl.scenario.checks import check_runnable
 from wirelessfl.scenario.loader import resolved_document
@@ -55,18 +57,28 @@ def model_facts(world: World) -> dict:
     return facts
 
 
-def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
-                 on_round: Callable[[int], None] | None = None,
-                 on_algorithm: Callable[[str], None] | None = None,
-                 warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
-                 extra: dict | None = None, resume: bool = False,
-                 checkpoint_every: int | None = None, threads: int | None = None
-                 ) -> tuple[str, pd.DataFrame]:
+def run_scenario(scenario: Scenario, out: Path | None, world: World | None = None,
+                 **options) -> tuple[str, pd.DataFrame]:
+    """Simulate every algorithm of ``scenario`` into the run folder ``out`` (nothing written when
+    None); returns the run's status and its summary table (``run_to_record`` says the rest)."""
+    status, table, _ = run_to_record(scenario, out, world, **options)
+    return status, table
+
+
+def run_to_record(scenario: Scenario, out: Path | None, world: World | None = None,
+                  on_round: Callable[[int], None] | None = None,
+                  on_algorithm: Callable[[str], None] | None = None,
+                  warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
+                  extra: dict | None = None, resume: bool = False,
+                  checkpoint_every: int | None = None, threads: int | None = None
+                  ) -> tuple[str, pd.DataFrame, RunRecord]:
     """Simulate every algorithm of ``scenario`` into the run folder ``out`` (rounds.parquet,
-    devices.parquet, manifest.json, summary.csv); returns the run's status (``complete``, or
-    ``partial`` when an algorithm diverged or failed: an exception in one algorithm is recorded
-    as its failure and the others run on) and its summary table. A MemoryError is recorded as
-    the algorithm's failure, marks the run ``failed`` and is re-raised (``--resume`` reruns it).
+    devices.parquet, manifest.json, summary.csv), or with ``out`` None into memory only (the
+    Python API: the same rows and manifest, results/records.MemoryWriter); returns the run's
+    status (``complete``, or ``partial`` when an algorithm diverged or failed: an exception in
+    one algorithm is recorded as its failure and the others run on), its summary table and the
+    run as its folder's reader sees it. A MemoryError is recorded as the algorithm's failure,
+    marks the run ``failed`` and is re-raised (``--resume`` reruns it).
 
     ``resume``: ``out`` holds an earlier run of this scenario; the algorithms it finished are
     kept, the one that was running continues from its checkpoint (or its start), the rest run.
@@ -75,6 +87,8 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
     running algorithm's rounds as ``interrupted``, mark the run ``interrupted`` and re-raise
     KeyboardInterrupt. ``threads``: host threads (engine/threads.py; default: the CPUs
     available), recorded in the manifest; the results do not depend on it."""
+    if out is None and (resume or checkpoint_every):
+        raise UserError("resuming and checkpoints need a run folder: give out=FOLDER")
     setting = ensure_threads(threads)
     if world is None:  # a caller that built the world ran both checks first (cli._cmd_run)
         check_runnable(scenario, checkpoint_every, warn)  # before anything is built or written
@@ -85,14 +99,14 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
         writer = RunWriter.reopen(out)
         every = checkpoint_every or writer.manifest.get("checkpoint_every") or 0
     else:
-        writer = RunWriter(out, resolved_document(scenario), scenario.seed,
-                           extra={"model": model_facts(world), "problem": world.problem_record(),
-                                  "checkpoint_every": checkpoint_every,
-                                  "threads": setting.record(),
-                                  MANIFEST_KEY: scenario_fingerprint(scenario), **(extra or {})},
-                           partition=world.partition_record())
+        facts = (resolved_document(scenario), scenario.seed,
+                 {"model": model_facts(world), "problem": world.problem_record(),
+                  "checkpoint_every": checkpoint_every, "threads": setting.record(),
+                  MANIFEST_KEY: scenario_fingerprint(scenario), **(extra or {})},
+                 world.partition_record())
+        writer = MemoryWriter(*facts) if out is None else RunWriter(out, *facts)
         every = checkpoint_every or 0
-    checkpoint_path = Path(out) / CHECKPOINT_NAME
+    checkpoint_path = Path(out) / CHECKPOINT_NAME if out is not None else None
     finished = writer.manifest["algorithms"]
     status = "complete" if all(v.get("status") == "complete" for v in finished.values()) \
         else "partial"
@@ -121,17 +135,18 @@ def run_scenario(scenario: Scenario, out: Path, world: World | None = None,
             if isinstance(run.error, MemoryError):  # the next algorithm would run out too
                 writer.finish("failed")
                 raise run.error
-            checkpoint_path.unlink(missing_ok=True)
+            if checkpoint_path is not None:
+                checkpoint_path.unlink(missing_ok=True)
             if run.status != "complete":
                 status = "partial"
                 where = " (its traceback is in manifest.json)" if run.status == "failed" else ""
                 warn(f"warning: {run.message}{where}; the other algorithms continue")
     writer.finish(status)
-    record = read_run(out)
+    record = writer.record()
     table = summarize(record.rounds, scenario.target_accuracy, world.num_devices,
                       scenario.target_suboptimality, manifest=record.manifest)
-    write_csv(Path(out) / "summary.csv", table)
-    return status, table
+    writer.save_summary(table)
+    return status, table, record
 
 
 def check_folder(out: Path, scenario: Scenario, warn: Callable[[str], None]) -> None:

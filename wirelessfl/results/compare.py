@@ -56,20 +56,36 @@ def flatten(doc, prefix: str = "") -> dict:
     return out
 
 
+def table_value(value):
+    """A swept value as a table cell: numbers, text and booleans as they are, lists and mappings
+    as JSON text (hashable, so a table can be grouped by it; runs.csv writes the same)."""
+    return value if isinstance(value, int | float | str | bool) else json.dumps(value)
+
+
+def finished_sweep_runs(folder: Path) -> tuple[dict, list[dict]]:
+    """A sweep folder's sweep.json and the entries of its finished runs (each names its run
+    folder, relative to the sweep folder, under 'folder'); a damaged manifest (not JSON, not a
+    mapping, a finished entry without a folder) is one UserError."""
+    where = Path(folder) / SWEEP_MANIFEST
+    try:
+        manifest = json.loads(where.read_text())
+        runs = [r for r in manifest["runs"] if r.get("status") in FINISHED]
+        for r in runs:
+            Path(folder) / r["folder"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError,
+            RecursionError) as err:  # unreadable, not JSON, or not a sweep manifest
+        raise UserError(f"{where}: cannot read the sweep manifest ({type(err).__name__}: "
+                        f"{err}); re-run the sweep to rewrite it") from None
+    return manifest, runs
+
+
 def run_folders(dirs: list[str | Path]) -> list[Path]:
     """The finished run folders of each DIR: a sweep folder's runs (from its sweep.json), or the
     DIR itself when it is a run folder."""
     folders, given = [], {}
     for d in map(Path, dirs):
         if (d / SWEEP_MANIFEST).is_file():
-            try:  # a damaged manifest (not a mapping, entries without folders) is refused
-                runs = json.loads((d / SWEEP_MANIFEST).read_text())["runs"]
-                found = [d / r["folder"] for r in runs if r.get("status") in FINISHED]
-            except (OSError, ValueError, KeyError, TypeError, AttributeError,
-                    RecursionError) as err:  # unreadable, not JSON, or not a sweep manifest
-                raise UserError(f"{d / SWEEP_MANIFEST}: cannot read the sweep manifest "
-                                f"({type(err).__name__}: {err}); re-run the sweep to rewrite it"
-                                ) from None
+            found = [d / r["folder"] for r in finished_sweep_runs(d)[1]]
         elif (d / "manifest.json").is_file():
             found = [d]
         else:

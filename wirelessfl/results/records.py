@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import json
 import math
 import os
@@ -316,17 +317,24 @@ def acquire_lock(folder: Path) -> FolderLock:
     return FolderLock(folder).acquire()
 
 
-class RunWriter:
-    """Keeps a run folder up to date as algorithms finish."""
+def claim_run_folder(out_dir: Path) -> tuple[Path, FolderLock]:
+    """``out_dir`` (created if needed) locked for a new run: a folder that already holds a run
+    is refused, naming the process that writes it if one does, else the way to finish it."""
+    folder = output_folder(Path(out_dir))
+    if (folder / "manifest.json").exists():
+        acquire_lock(folder).release()  # a live writer there is refused first
+        raise UserError(f"--out {out_dir}: already holds a run; choose another folder, or "
+                        f"finish it with 'wirelessfl run --resume {out_dir}'")
+    return folder, acquire_lock(folder)
 
-    def __init__(self, out_dir: Path, scenario_doc: dict, seed: int, extra: dict | None = None,
+
+class MemoryWriter:
+    """A run's rows and manifest as algorithms finish, kept in memory: what the Python API's
+    ``run(out=None)`` records. ``RunWriter`` is this plus the folder, so the rows and the
+    manifest of an in-memory run are built by the same code as a run folder's."""
+
+    def __init__(self, scenario_doc: dict, seed: int, extra: dict | None = None,
                  partition: dict | None = None):
-        self.dir = output_folder(Path(out_dir))
-        if (self.dir / "manifest.json").exists():
-            acquire_lock(self.dir).release()  # a live writer there is refused first
-            raise UserError(f"--out {out_dir}: already holds a run; choose another folder, or "
-                            f"finish it with 'wirelessfl run --resume {out_dir}'")
-        self.lock = acquire_lock(self.dir)
         self.round_rows: list[dict] = []
         self.device_rows: list[dict] = []
         self.manifest = {
@@ -340,12 +348,48 @@ class RunWriter:
         }
         if partition is not None:
             self.manifest["partition"] = partition
-        self.flush()
 
     def add(self, label: str, rounds: list[dict], devices: list[dict], info: dict) -> None:
         self.round_rows += rounds
         self.device_rows += devices
         self.manifest["algorithms"][label] = info
+        self.flush()
+
+    def finish(self, status: str = "complete") -> None:
+        self.manifest["status"] = status
+        self.manifest["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        self.flush()
+
+    def flush(self) -> None:
+        """Nothing to write in memory (RunWriter writes its folder here)."""
+
+    def save_summary(self, table: pd.DataFrame) -> None:
+        """Nothing to write in memory (RunWriter writes summary.csv here)."""
+
+    def record(self) -> RunRecord:
+        """The run as a reader of its folder would see it (path None): the tables pass through
+        Parquet and the manifest through JSON in memory, so their types are those of the files
+        (an integer column with a missing value read back as floats, tuples as lists)."""
+        return RunRecord(None, _stored(self.round_rows, ROUND_COLUMNS),
+                         _stored(self.device_rows, DEVICE_COLUMNS),
+                         json.loads(json.dumps(self.manifest)))
+
+
+def _stored(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    """``rows`` as write_table stores them and read_run reads them back."""
+    buffer = io.BytesIO()
+    pd.DataFrame(rows, columns=columns).to_parquet(buffer, index=False)
+    buffer.seek(0)
+    return pd.read_parquet(buffer)
+
+
+class RunWriter(MemoryWriter):
+    """Keeps a run folder up to date as algorithms finish."""
+
+    def __init__(self, out_dir: Path, scenario_doc: dict, seed: int, extra: dict | None = None,
+                 partition: dict | None = None):
+        self.dir, self.lock = claim_run_folder(out_dir)
+        super().__init__(scenario_doc, seed, extra, partition)
         self.flush()
 
     @classmethod
@@ -371,10 +415,14 @@ class RunWriter:
         return writer
 
     def finish(self, status: str = "complete") -> None:
-        self.manifest["status"] = status
-        self.manifest["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
-        self.flush()
+        super().finish(status)
         self.lock.release()
+
+    def save_summary(self, table: pd.DataFrame) -> None:
+        write_csv(self.dir / "summary.csv", table)
+
+    def record(self) -> RunRecord:
+        return read_run(self.dir)
 
     def flush(self) -> None:
         write_table(self.dir / "rounds.parquet", self.round_rows, ROUND_COLUMNS)
@@ -386,7 +434,7 @@ class RunWriter:
 class RunRecord:
     """A run folder read back: what reports and comparisons are drawn from."""
 
-    path: Path
+    path: Path | None  # None: a run kept in memory (the Python API's run(out=None))
     rounds: pd.DataFrame
     devices: pd.DataFrame
     manifest: dict

@@ -408,6 +408,13 @@ def is_tune_document(doc: object) -> bool:
 
 def load_scenario(name_or_path: str, overrides: list[str] = ()) -> Scenario:
     """Load a scenario file, or a scenario from the catalog by name (e.g. 'quickstart')."""
+    path, doc = read_scenario_document(name_or_path)
+    return scenario_from_document(doc, str(path), overrides, path.parent)
+
+
+def read_scenario_document(name_or_path: str) -> tuple[Path, object]:
+    """The file of a scenario (a catalog name or a path) and its parsed document, unvalidated;
+    a sweep or tune file is refused with the command that runs it."""
     path = catalog.find("scenarios", name_or_path, "scenario")
     doc = catalog.read_yaml(path, "scenario")
     if is_sweep_document(doc):
@@ -418,7 +425,7 @@ def load_scenario(name_or_path: str, overrides: list[str] = ()) -> Scenario:
         raise UserError(f"{path}: this is a tune file (a search over the scenario "
                         f"'{doc['scenario']}'), not a scenario; run it with 'wirelessfl tune "
                         f"{name_or_path}'")
-    return scenario_from_document(doc, str(path), overrides, path.parent)
+    return path, doc
 
 
 def resolved_document(scenario: Scenario) -> dict:

@@ -16,6 +16,7 @@ import pandas as pd
 from wirelessfl.errors import UserError
 from wirelessfl.plugins import worker_plugins
 from wirelessfl.progress import Progress
+from wirelessfl.results.compare import table_value
 from wirelessfl.results.records import (
     acquire_lock,
     package_versions,
@@ -81,8 +82,7 @@ def _write(out: Path, sweep: Sweep, entries: list[dict], executor: dict) -> None
     write_json(out / MANIFEST, manifest)
     table = pd.DataFrame(entries)
     for key in sweep.keys:  # lists and mappings as JSON text in the CSV
-        table[key] = [v if isinstance(v, int | float | str | bool) else json.dumps(v)
-                      for v in table[key]]
+        table[key] = [table_value(v) for v in table[key]]
     write_csv(out / TABLE, table)
 
 
