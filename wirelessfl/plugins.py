@@ -410,7 +410,7 @@ def registries() -> dict[str, Registry]:
     return {r.kind: r for r in _ALL}
 
 
-_ALL: list[Registry] = [ALGORITHMS, PROBLEMS]
+_ALL: list[Registry] = [ALGORITHMS]
 
 
 def add_registry(registry: Registry) -> Registry:
@@ -420,7 +420,7 @@ def add_registry(registry: Registry) -> Registry:
     return registry
 
 
-for _registry in (MODELS, DATASETS, FADING, COMPUTE):
+for _registry in (MODELS, DATASETS, FADING, COMPUTE, PROBLEMS):
     add_registry(_registry)
 
 
