@@ -17,7 +17,7 @@ from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.errors import UserError
-from wirelessfl.learning.bilevel import BilevelQuadratic, bilevel_quadratic
+from wirelessfl.problems.bilevel import BilevelQuadratic, bilevel_quadratic
 from wirelessfl.learning.seeds import keyed_generator, keyed_rng
 from wirelessfl.scenario.loader import scenario_from_document
 

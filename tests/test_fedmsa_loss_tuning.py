@@ -20,7 +20,7 @@ from tests.test_datasets import make_idx_folder
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.errors import UserError
-from wirelessfl.learning.loss_tuning import LossTuning, long_tail, q_partition
+from wirelessfl.problems.loss_tuning import LossTuning, long_tail, q_partition
 from wirelessfl.scenario.loader import scenario_from_document
 
 

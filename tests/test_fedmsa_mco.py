@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import run_recording_thetas, small_doc
-from wirelessfl.learning.mco import RiskAverseMCO, risk_averse_data
+from wirelessfl.problems.mco import RiskAverseMCO, risk_averse_data
 from wirelessfl.scenario.loader import scenario_from_document
 
 LAM, DELTA = 0.1, 0.1

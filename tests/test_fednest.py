@@ -26,7 +26,7 @@ from wirelessfl.algorithms.fednest import FedNest, svrg_epoch
 from wirelessfl.algorithms.types import Payload
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.simulation import run_algorithm
-from wirelessfl.learning.loss_tuning import LossTuning
+from wirelessfl.problems.loss_tuning import LossTuning
 from wirelessfl.scenario.loader import scenario_from_document
 
 PROBLEM = {"name": "bilevel-quadratic", "clients": 5, "dimension_x": 3, "dimension_w": 4,

@@ -18,7 +18,7 @@ from wirelessfl.engine.build import build_world
 from wirelessfl.engine.ledger import KIND_INDEX
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
-from wirelessfl.learning.logistic import LogisticProblem
+from wirelessfl.problems.logistic import LogisticProblem
 from wirelessfl.learning.minibatch import sample_minibatches
 from wirelessfl.learning.models import build_model
 from wirelessfl.scenario.loader import scenario_from_document

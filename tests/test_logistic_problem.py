@@ -18,12 +18,13 @@ from scipy import optimize
 
 from tests.conftest import small_doc
 from wirelessfl.cli import main
-from wirelessfl.engine.build import build_world, split_data
+from wirelessfl.engine.build import build_world
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.errors import UserError
-from wirelessfl.learning import logistic as logistic_module
-from wirelessfl.learning.logistic import LogisticProblem
 from wirelessfl.learning.partition import partition
+from wirelessfl.problems import logistic as logistic_module
+from wirelessfl.problems.data import split_data
+from wirelessfl.problems.logistic import LogisticProblem
 from wirelessfl.scenario.loader import resolved_document, scenario_from_document
 
 RELIABLE = {"profile": "seed002-pinned", "uplink": {"delivery_probability": 1.0}}

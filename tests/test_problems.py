@@ -20,7 +20,8 @@ from tests.conftest import small_doc, small_scenario
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.errors import UserError
-from wirelessfl.learning.problems import Problem, QuadraticProblem, fedred_quadratic
+from wirelessfl.problems.base import Problem
+from wirelessfl.problems.quadratic import QuadraticProblem, fedred_quadratic
 from wirelessfl.results.records import ROUND_COLUMNS, RunWriter, read_run
 from wirelessfl.scenario.loader import resolved_document, scenario_from_document
 

@@ -115,6 +115,11 @@ class Registry:
         """Every built-in part, imported: name -> object (tests walk them all)."""
         return {name: self.get(name) for name in self._builtins}
 
+    def loaded(self) -> dict[str, Any]:
+        """Every built-in part and every other part resolved so far in this process (what can be
+        asked without importing a plugin): name -> object, built-ins first."""
+        return {**self.load_builtins(), **self._loaded}
+
     def entry_points(self) -> dict[str, metadata.EntryPoint]:
         """The installed distributions' entry points of this kind (read once per process)."""
         if self._entry_points is None:
@@ -369,6 +374,37 @@ COMPUTE = Registry("compute", {
                       else _compute_check(obj)), noun="compute model")
 
 
+def _problem_check(obj: Any) -> str | None:
+    from wirelessfl.problems.base import problem_check
+
+    return problem_check(obj)
+
+
+# Learning problems (problems/base.py ProblemSpec: the section's Config, the builder, the checks
+# and the memory hook). The order is the order messages list them in.
+_PROBLEMS = "wirelessfl.problems."
+PROBLEMS = Registry("problems", {
+    "classification": _PROBLEMS + "classification:SPEC",
+    "quadratic": _PROBLEMS + "quadratic:SPEC",
+    "logistic": _PROBLEMS + "logistic:SPEC",
+    "bilevel-quadratic": _PROBLEMS + "bilevel:SPEC",
+    "risk-averse-mco": _PROBLEMS + "mco:SPEC",
+    "loss-tuning": _PROBLEMS + "loss_tuning:SPEC",
+}, check=_problem_check)
+
+
+def problem_spec(name: str, where: str = "problem.name"):
+    """The ``ProblemSpec`` a scenario's ``problem.name`` names."""
+    return PROBLEMS.get(name, where)
+
+
+def problems_with(capability: str) -> list[str]:
+    """The built-in problems that have ``capability`` (``bilevel``, ``multi_sequence``,
+    ``reads_data``): what a message offers as the alternatives."""
+    return [name for name, spec in PROBLEMS.load_builtins().items()
+            if getattr(spec, capability)]
+
+
 def registries() -> dict[str, Registry]:
     """Every kind's registry, by kind (what ``wirelessfl list`` and workers walk)."""
     return {r.kind: r for r in _ALL}
@@ -384,7 +420,7 @@ def add_registry(registry: Registry) -> Registry:
     return registry
 
 
-for _registry in (MODELS, DATASETS, FADING, COMPUTE):
+for _registry in (MODELS, DATASETS, FADING, COMPUTE, PROBLEMS):
     add_registry(_registry)
 
 

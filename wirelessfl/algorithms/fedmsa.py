@@ -1,6 +1,6 @@
 """FedMSA (fedmsa.md, seed 001: Tarzanagh, Li, Sharma and Oymak, "Federated Multi-Sequence
 Stochastic Approximation with Local Hypergradient Estimation"), Algorithm 1, on an MSA problem
-(``wirelessfl.learning.bilevel``): state theta = [x; z^1..z^N], client maps of the same layout.
+(``wirelessfl.problems.bilevel``): state theta = [x; z^1..z^N], client maps of the same layout.
 
 Round r (rho_0 = 1 and K_0 = 1 in round 0, else rho and K; fedmsa.md Sec. 2.1):
 
@@ -43,8 +43,8 @@ from pydantic import Field
 from wirelessfl.algorithms.drift import DriftCorrected, DriftParams
 from wirelessfl.algorithms.types import Payload
 from wirelessfl.errors import UserError
-from wirelessfl.learning.bilevel import MSAProblem
 from wirelessfl.learning.seeds import keyed_generator, keyed_rng
+from wirelessfl.problems.bilevel import MSAProblem
 
 
 class FedMSAParams(DriftParams):

@@ -1,5 +1,5 @@
 """FedNest (Tarzanagh, Li, Thrampoulidis and Oymak, ICML 2022), the federated bilevel baseline of
-seed 001 (fedmsa.md Sec. 3.6 and 4.5 [C]), on a bilevel problem (``wirelessfl.learning.bilevel``),
+seed 001 (fedmsa.md Sec. 3.6 and 4.5 [C]), on a bilevel problem (``wirelessfl.problems.bilevel``),
 as the FedMSA authors ran it: repository ucr-optml/FedMSA (the same code as ucr-optml/FedNest),
 ``main_imbalance.py`` (the outer-iteration loop), ``core/ClientManage.py`` (``fed_in``,
 ``fedIHGP``, ``fed_out``), ``core/SVRGClient.py`` (``train_epoch``), ``core/Client.py``
@@ -65,8 +65,8 @@ from pydantic import Field
 from wirelessfl.algorithms.drift import DriftCorrected, DriftParams
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.errors import UserError
-from wirelessfl.learning.bilevel import BilevelProblem, EpochBatch
 from wirelessfl.learning.seeds import keyed_generator
+from wirelessfl.problems.bilevel import BilevelProblem, EpochBatch
 
 
 class FedNestParams(DriftParams):

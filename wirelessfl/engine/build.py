@@ -1,10 +1,7 @@
-"""From a Scenario to live parts: the cell and the learning problem (the evaluator).
+"""From a Scenario to live parts: the cell, the devices' hardware and the learning problem.
 
-The problem is a classifier (data on devices, a zoo model, ``BatchedEvaluator``), with
-``problem: {name: quadratic}`` fedred.md's synthetic quadratic (``QuadraticProblem``), or with
-``problem: {name: logistic}`` fedred.md's regularised logistic regression on the same data split
-as a classifier's (``LogisticProblem``), with ``problem: {name: bilevel-quadratic}`` fedmsa.md's
-federated bilevel quadratic (``BilevelQuadratic``). Everything
+The problem is whatever ``problem.name`` names in the ``PROBLEMS`` registry (wirelessfl/plugins.py):
+its ``ProblemSpec.build`` (problems/) draws or loads it; this module names no problem. Everything
 here is shared by all algorithms of a scenario (same positions, same shards, same theta_0, same
 device classes and clocks), so algorithms are compared on the same world.
 """
@@ -25,21 +22,16 @@ from wirelessfl.energy import (
     PopulationCompute,
     draw_device_classes,
     lognormal_frequencies_hz,
-    profile_model,
     uniform_frequencies_hz,
 )
 from wirelessfl.engine.allocator import keep_freed_memory
 from wirelessfl.errors import UserError
-from wirelessfl.learning.bilevel import BilevelQuadratic, bilevel_quadratic
-from wirelessfl.learning.datasets import Dataset, load_dataset
-from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
-from wirelessfl.learning.logistic import LogisticProblem
-from wirelessfl.learning.loss_tuning import LossTuning
-from wirelessfl.learning.mco import RiskAverseMCO, risk_averse_data
-from wirelessfl.learning.models import build_model
-from wirelessfl.learning.partition import label_counts, partition
-from wirelessfl.learning.problems import Problem, QuadraticProblem, fedred_quadratic
-from wirelessfl.learning.seeds import keyed_rng, stream_key
+from wirelessfl.learning.datasets import Dataset
+from wirelessfl.learning.evaluator import FlatModel
+from wirelessfl.learning.partition import label_counts
+from wirelessfl.learning.seeds import keyed_rng
+from wirelessfl.plugins import problem_spec
+from wirelessfl.problems.base import Problem
 from wirelessfl.results.records import partition_manifest
 from wirelessfl.scenario.schema import Scenario
 
@@ -58,7 +50,8 @@ def torch_device(requested: str) -> torch.device:
 class World:
     """The cell, the devices' hardware and the learning problem. ``evaluator`` is any
     ``Problem`` (algorithms use it as ``ctx.evaluator``); ``dataset``, ``shards`` and ``flat``
-    are None for a quadratic, ``flat`` for logistic regression. Device i has the energy profile
+    are what the problem's builder gives (None for a problem without data; ``flat`` only for a
+    zoo model). Device i has the energy profile
     ``class_profiles[device_class[i]]`` and, with ``population.cpu_frequency``, the clock
     ``frequency_hz[i]``; drawn from the scenario when not given."""
 
@@ -164,8 +157,7 @@ def draw_population(scenario: Scenario
 
 
 def build_world(scenario: Scenario) -> World:
-    """Place devices, then build the problem: load and split the data and build the model and
-    the evaluator (or the logistic regression on that split), or draw the quadratic."""
+    """Place devices (stream (seed, "placement")), then build the registered problem."""
     keep_freed_memory()  # the round's large temporaries reuse heap memory (engine/allocator.py)
     seed, n = scenario.seed, scenario.population.num_devices
     device = torch_device(scenario.device)
@@ -174,119 +166,6 @@ def build_world(scenario: Scenario) -> World:
                                    scenario.channel, keyed_rng(seed, "placement"))
     else:
         cell = Cell.build(n, scenario.channel, keyed_rng(seed, "placement"))
-    if scenario.problem.name in ("quadratic", "bilevel-quadratic", "risk-averse-mco"):
-        build = {"quadratic": build_quadratic, "bilevel-quadratic": build_bilevel,
-                 "risk-averse-mco": build_mco}[scenario.problem.name]
-        problem = build(scenario, device)
-        return World(scenario, cell, None, None, None, problem.model_profile, problem, device)
-    if scenario.problem.name == "loss-tuning":
-        problem = build_loss_tuning(scenario, device)
-        return World(scenario, cell, None, None, None, problem.model_profile, problem, device)
-    split = split_data(scenario)
-    if scenario.problem.name == "logistic":
-        problem = build_logistic(scenario, device, split)
-        return World(scenario, cell, split.dataset, split.shards, None, problem.model_profile,
-                     problem, device)
-    dataset, server, shards = split.dataset, split.server, split.shards
-    model = build_model(scenario.model.name, dataset.input_shape, dataset.num_classes,
-                        hidden=tuple(scenario.model.hidden),
-                        seed=stream_key(seed, "init") % 2**31, options=scenario.model.options)
-    model_profile = profile_model(model, dataset.input_shape)
-    model = model.to(device)
-    flat = FlatModel(model)
-    data = DeviceData.from_shards(dataset.x_train, dataset.y_train, shards, dataset.x_test,
-                                  dataset.y_test, device, server=server)
-    evaluator = BatchedEvaluator(flat, data, model_profile.activations_per_sample,
-                                 model_profile.input_size, scenario.engine.max_chunk_mb,
-                                 l2=scenario.model.l2)
-    # Training-set metrics cost a pass over all training data at each evaluation: on when the
-    # scenario asks, and always when the optimum is known (their point is f - f* then).
-    evaluator.train_metrics = bool(scenario.problem.train_metrics)
-    if scenario.model.name == "logistic" and scenario.model.l2 > 0:
-        evaluator.solve_optimum()  # strongly convex: f* and x* by a reference solve, once
-        evaluator.train_metrics = True
-    return World(scenario, cell, dataset, shards, flat, model_profile, evaluator, device)
-
-
-@dataclass
-class SplitData:
-    """The dataset and who holds what: ``server`` the training indices the base station keeps
-    (sorted), ``shards`` each device's training indices."""
-
-    dataset: Dataset
-    server: np.ndarray
-    shards: list[np.ndarray]
-
-
-def split_data(scenario: Scenario) -> SplitData:
-    """Load ``scenario.data``, take the base station's share out (seed 000's server data, stream
-    (seed, "server-data")), and partition the rest over the devices (stream (seed,
-    "partition")). Classifier and logistic regression share it, so they see the same split."""
-    seed, n = scenario.seed, scenario.population.num_devices
-    dataset = load_dataset(scenario.data, seed)
-    # The base station's own samples (seed 000) come out first; devices split the rest.
-    order = keyed_rng(seed, "server-data").permutation(len(dataset.y_train))
-    keep = round(scenario.data.server_fraction * len(order))
-    server, on_devices = np.sort(order[:keep]), np.sort(order[keep:])
-    shards = partition(scenario.partition.scheme, dataset.y_train[on_devices], n,
-                       keyed_rng(seed, "partition"), **scenario.partition.params())
-    return SplitData(dataset, server, [on_devices[s] for s in shards])
-
-
-def build_logistic(scenario: Scenario, device: torch.device,
-                   split: SplitData | None = None) -> LogisticProblem:
-    """fedred.md Sec. 4.2's logistic regression on the scenario's data, split as for a
-    classifier (``split_data``, loaded here when not given); the dataset must be binary."""
-    split = split or split_data(scenario)
-    dataset, p = split.dataset, scenario.problem
-    if dataset.num_classes != 2:
-        raise UserError(f"problem 'logistic' is binary but dataset '{dataset.name}' has "
-                        f"{dataset.num_classes} classes; set data.positive_classes (e.g. [0]: "
-                        "class 0 against the rest) or data.classes with two labels")
-    if len(dataset.input_shape) != 1:
-        raise UserError(f"problem 'logistic' needs flat inputs, but dataset '{dataset.name}' has "
-                        f"shape {dataset.input_shape}; use a tabular dataset (breast_cancer, "
-                        "libsvm, synthetic, digits)")
-    return LogisticProblem(dataset.x_train, dataset.y_train, split.shards, dataset.x_test,
-                           dataset.y_test, l2=p.l2, normalize_rows=p.normalize_rows,
-                           device=device, max_chunk_mb=scenario.engine.max_chunk_mb,
-                           server=split.server)
-
-
-def build_quadratic(scenario: Scenario, device: torch.device) -> QuadraticProblem:
-    """fedred.md's synthetic quadratic (Sec. 4.1 / 5.1) from the ``problem`` section."""
-    p = scenario.problem
-    a, c = fedred_quadratic(p.clients, p.dimension, p.L, p.mu, p.delta,
-                            keyed_rng(scenario.seed, "quadratic"), p.minimizer_std)
-    return QuadraticProblem(a, c, p.noise_std, device, scenario.engine.max_chunk_mb,
-                            server_loss=p.server_loss)
-
-
-def build_bilevel(scenario: Scenario, device: torch.device) -> BilevelQuadratic:
-    """fedmsa.md Sec. 5.1's federated bilevel quadratic from the ``problem`` section, drawn from
-    the stream (seed, "bilevel-quadratic")."""
-    p = scenario.problem
-    a, b, c = bilevel_quadratic(p.clients, p.dimension_x, p.dimension_w, p.heterogeneity,
-                                keyed_rng(scenario.seed, "bilevel-quadratic"))
-    return BilevelQuadratic(a, b, c, mu=p.mu, noise_std=p.noise_std, device=device)
-
-
-def build_mco(scenario: Scenario, device: torch.device) -> RiskAverseMCO:
-    """fedmsa.md Sec. 4.1's risk-averse composition from the ``problem`` section, data drawn from
-    the stream (seed, "risk-averse-mco")."""
-    p = scenario.problem
-    a, b, x_true = risk_averse_data(p.samples, p.dimension, p.label_noise_std,
-                                    keyed_rng(scenario.seed, "risk-averse-mco"))
-    return RiskAverseMCO(a, b, x_true, p.clients, p.risk_weight, p.risk_delta, p.initial_value,
-                         p.sample_batch, device)
-
-
-def build_loss_tuning(scenario: Scenario, device: torch.device) -> LossTuning:
-    """fedmsa.md Sec. 4.2 / 5.2's loss-function tuning on ``scenario.data``: long tail,
-    q-partition and train/validation split drawn from the stream (seed, "loss-tuning")."""
-    p = scenario.problem
-    data = load_dataset(scenario.data, scenario.seed)
-    return LossTuning(data.x_train, data.y_train, data.x_test, data.y_test, data.num_classes,
-                      scenario.population.num_devices, keyed_rng(scenario.seed, "loss-tuning"),
-                      p.imbalance_ratio, p.heterogeneity_q, p.validation_fraction,
-                      p.weight_decay, device)
+    built = problem_spec(scenario.problem.name).build(scenario, device)
+    return World(scenario, cell, built.dataset, built.shards, built.flat, built.model_profile,
+                 built.problem, device)

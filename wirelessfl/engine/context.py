@@ -11,7 +11,7 @@ import simpy
 import torch
 
 from wirelessfl.engine.ledger import Ledger
-from wirelessfl.learning.problems import Problem
+from wirelessfl.problems.base import Problem
 from wirelessfl.results.health import loss_growth_violation
 
 

@@ -5,14 +5,15 @@ exists, and a clear refusal.
 the catalog (built-in sets), the synthetic section, the IDX files' 16-byte headers or one
 streaming pass over a LIBSVM file (stopped as soon as it is too large), the problem's dimensions,
 and the model's parameter and activation counts from its architecture (the module is built, the
-data is not). It returns what a whole ``wirelessfl run`` adds to the interpreter and its imports,
+data is not). What the problem holds is its own ``ProblemSpec.memory`` (problems/); this module
+sizes the data every problem on a dataset shares (``data_bytes``). It returns what a whole ``wirelessfl run`` adds to the interpreter and its imports,
 report figures included, as named parts (docs/reliability.md, "Memory"):
 
 * ``fixed``: first use of the parquet writer, the figures' canvas and fonts, and of a torch
   model's batched passes (constants);
 * ``data``: the problem's arrays as the run holds them (a classifier's inputs as loaded and in
-  device order, the test set, per-sample bookkeeping; a quadratic or bilevel problem's
-  per-client matrices), or the loader's own peak when that is the largest moment;
+  device order, the test set, per-sample bookkeeping; a synthetic problem's per-client
+  matrices), or the loader's own peak when that is the largest moment;
 * ``population``: per-device arrays every algorithm shares (positions, classes, shards, label
   counts as the manifest holds them);
 * ``state``: the largest algorithm's [N, d] arrays (``Algorithm.peak_device_arrays``) in the
@@ -301,46 +302,35 @@ def _libsvm_shape(data, limit_bytes: float) -> tuple[int, int, int | None]:
 
 
 def problem_facts(scenario, limit_bytes: float = math.inf) -> ProblemFacts:
-    """The problem's size, from the scenario alone (``dataset_shape`` for data; the model is
-    built to count its parameters and activations, the dataset is not loaded)."""
-    p, n = scenario.problem, scenario.population.num_devices
-    if p.name == "quadratic":  # A_i [N, d, d] and c_i [N, d] float64; the draw makes copies
-        held = 8 * n * p.dimension * (p.dimension + 1)
-        return ProblemFacts(p.dimension, 8, held, 3 * held)
-    if p.name == "bilevel-quadratic":  # A_m, B_m, c_m float64; the draw's G_m beside them
-        held = 8 * n * p.dimension_w * (p.dimension_w + p.dimension_x + 1)
-        return ProblemFacts(p.dimension_x + 2 * p.dimension_w, 8, held,
-                            held + 8 * n * p.dimension_w**2)
-    if p.name == "risk-averse-mco":
-        held = 8 * p.samples * (p.dimension + 2)
-        return ProblemFacts(p.dimension, 8, held, 3 * held)
-    shape_ = dataset_shape(scenario.data, limit_bytes)
-    samples, shape, classes, test = shape_.train, shape_.input_shape, shape_.classes, shape_.test
-    input_size = math.prod(shape)
-    # the dataset in device order and as loaded, the test set, per-sample bookkeeping
-    data_bytes = BYTES_PER_FLOAT * input_size * (2 * samples + test) + SAMPLE_BYTES * samples
-    load_bytes = shape_.load_bytes * shape_.loaded_values
-    on_devices = round(samples * (1 - scenario.data.server_fraction))
-    if p.name == "logistic":
-        return ProblemFacts(input_size, 8, data_bytes + 8 * input_size * samples, load_bytes,
-                            on_devices, test, input_size, 1, classes)
-    if p.name == "loss-tuning":
-        return ProblemFacts(input_size * classes + classes, 4, data_bytes, load_bytes,
-                            on_devices, test, input_size, classes, classes)
-    if max(data_bytes, load_bytes) > limit_bytes:  # no model needed to refuse
-        return ProblemFacts(0, 4, data_bytes, load_bytes, on_devices, test, input_size, 0,
-                            classes)
-    from wirelessfl.energy import profile_model
-    from wirelessfl.learning.models import build_model
+    """The problem's size, from the scenario alone: the registered problem's ``memory`` hook
+    (problems/base.py), which builds nothing and loads no dataset."""
+    from wirelessfl.plugins import problem_spec
 
-    if not all(shape):
-        return ProblemFacts(0, 4, 0, 0)  # files missing or unreadable: the loader says which
-    model = build_model(scenario.model.name, shape, classes, hidden=tuple(scenario.model.hidden),
-                        options=scenario.model.options)
-    prof = profile_model(model, shape)
-    d = sum(v.numel() for v in model.parameters())
-    return ProblemFacts(d, 4, data_bytes, load_bytes, on_devices, test, prof.input_size,
-                        prof.activations_per_sample, classes)
+    return problem_spec(scenario.problem.name).memory(scenario, limit_bytes)
+
+
+@dataclass(frozen=True)
+class DataBytes:
+    """A problem on data, sized from the scenario: ``shape`` (``dataset_shape``), values per
+    sample, the dataset in device order and as loaded plus the test set and per-sample
+    bookkeeping (``held``), the loader's peak (``load``), training samples on devices."""
+
+    shape: DataShape
+    input_size: int
+    held: int
+    load: int
+    on_devices: int
+
+
+def data_bytes(scenario, limit_bytes: float = math.inf) -> DataBytes:
+    """What every problem on ``scenario.data`` holds of it (the problems' memory hooks add their
+    own arrays)."""
+    shape = dataset_shape(scenario.data, limit_bytes)
+    input_size = math.prod(shape.input_shape)
+    held = BYTES_PER_FLOAT * input_size * (2 * shape.train + shape.test) \
+        + SAMPLE_BYTES * shape.train
+    on_devices = round(shape.train * (1 - scenario.data.server_fraction))
+    return DataBytes(shape, input_size, held, shape.load_bytes * shape.loaded_values, on_devices)
 
 
 # ---- the estimate ------------------------------------------------------------------------------

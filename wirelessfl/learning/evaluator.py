@@ -7,7 +7,7 @@ perturbations, quantisation and aggregation are plain tensor algebra. Three kind
   over the concatenated device minibatches, per-device losses recovered by a reshape;
 * per-device gradients at a shared model and per-device local SGD: ``torch.func.vmap`` over devices;
 * test-set evaluation of the global model;
-* exact training-set passes for the optimisation view (``Problem``, learning/problems.py):
+* exact training-set passes for the optimisation view (``Problem``, problems/base.py):
   f(theta) = (1/N) sum_i f_i(theta) with f_i the mean cross-entropy over device i's samples plus
   ``l2``/2 ||theta||^2, its gradient, every device's full local gradient, and for the convex
   ``logistic`` model with l2 > 0 the optimum by a float64 L-BFGS-B reference solve.
@@ -43,8 +43,8 @@ from wirelessfl.learning.minibatch import (
     real_batch_sizes,
     sample_minibatches,
 )
-from wirelessfl.learning.problems import Problem
 from wirelessfl.learning.stacked import StackedForward, to_channels_last, uses_convolutions
+from wirelessfl.problems.base import Problem
 
 BYTES_PER_FLOAT = 4
 # Samples per piece when a threaded model's test-set and training-set passes are split over the

@@ -12,23 +12,22 @@ from pydantic import (
     NonNegativeFloat,
     PositiveFloat,
     SerializeAsAny,
+    ValidationError,
     field_validator,
     model_serializer,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from wirelessfl.algorithms.base import AlgorithmParams
 from wirelessfl.channel.config import ChannelConfig
 from wirelessfl.energy.profile import EnergyProfile
-from wirelessfl.learning.bilevel import BILEVEL_QUADRATIC_DEFAULTS
-from wirelessfl.learning.datasets import BUILTIN_CLASSES, DataConfig
-from wirelessfl.learning.logistic import LOGISTIC_DEFAULTS
-from wirelessfl.learning.loss_tuning import LOSS_TUNING_DEFAULTS
-from wirelessfl.learning.mco import MCO_DEFAULTS
+from wirelessfl.errors import UserError
+from wirelessfl.learning.datasets import DataConfig
 from wirelessfl.learning.models import MODEL_NAMES
 from wirelessfl.learning.partition import PARAM_DEFAULTS, SCHEME_PARAMS
-from wirelessfl.learning.problems import QUADRATIC_DEFAULTS
 from wirelessfl.plugins import MODELS, drop_empty_options, name_validator, options_field
+from wirelessfl.problems.base import ProblemConfig
 from wirelessfl.scenario.names import validated_name
 
 
@@ -234,158 +233,6 @@ class ModelConfig(_Strict):
         return hidden
 
 
-# Keys of the problem section each problem reads (besides name); defaults filled in when read.
-PROBLEM_PARAMS = {
-    "classification": ("train_metrics",),
-    "quadratic": ("clients", "dimension", "L", "mu", "delta", "noise_std", "minimizer_std",
-                  "server_loss"),
-    "logistic": ("l2", "normalize_rows"),
-    "bilevel-quadratic": ("clients", "dimension_x", "dimension_w", "heterogeneity", "mu",
-                          "noise_std"),
-    "risk-averse-mco": ("clients", "dimension", "samples", "risk_weight", "risk_delta",
-                        "label_noise_std", "initial_value", "sample_batch"),
-    "loss-tuning": ("imbalance_ratio", "heterogeneity_q", "validation_fraction", "weight_decay"),
-}
-# Problems without data: one device per client, no data/model/partition sections.
-CLIENT_PROBLEMS = {"quadratic": QUADRATIC_DEFAULTS, "bilevel-quadratic": BILEVEL_QUADRATIC_DEFAULTS,
-                   "risk-averse-mco": MCO_DEFAULTS}
-# Each problem's own defaults (a key two problems share, such as dimension, may differ).
-DEFAULTS_BY_PROBLEM = {"classification": {"train_metrics": False}, "logistic": LOGISTIC_DEFAULTS,
-                       "loss-tuning": LOSS_TUNING_DEFAULTS, **CLIENT_PROBLEMS}
-PROBLEM_DEFAULTS = {k: v for table in DEFAULTS_BY_PROBLEM.values() for k, v in table.items()}
-
-
-class ProblemConfig(_Strict):
-    """What the algorithms optimise. ``classification``: a model from the zoo on a dataset split
-    over devices (the ``data``, ``model`` and ``partition`` sections). ``quadratic``: fedred.md's
-    synthetic f_i(x) = 1/2 x^T A_i x - c_i^T x with known optimum, one device per client.
-    ``logistic``: fedred.md Sec. 4.2's regularised binary logistic regression (no bias) on a
-    binary dataset split over devices (the ``data`` and ``partition`` sections), f* known.
-    ``bilevel-quadratic``: fedmsa.md Sec. 5.1's federated bilevel quadratic with known solution,
-    one device per client (for ``fedmsa``). ``risk-averse-mco``: fedmsa.md Sec. 4.1's three-level
-    compositional problem (for ``fedmsa``). ``loss-tuning``: fedmsa.md Sec. 4.2 / 5.2's federated
-    loss-function tuning on a long-tailed version of the ``data`` set (its own q-partition)."""
-
-    name: Literal["classification", "quadratic", "logistic", "bilevel-quadratic",
-                  "risk-averse-mco", "loss-tuning"] = Field(
-        "classification", description="classification (data/model/partition), quadratic, "
-                                      "logistic (data/partition), bilevel-quadratic, "
-                                      "risk-averse-mco or loss-tuning (data)")
-    train_metrics: bool | None = Field(
-        None, description="classification: compute grad_norm_sq over the training set at "
-                          "evaluation points (one extra pass over it each time; default false, "
-                          "always on when f* is known: logistic with model.l2 > 0)")
-    clients: int | None = Field(
-        None, gt=0, description=f"quadratic, bilevel-quadratic: n clients = devices (default "
-                                f"{QUADRATIC_DEFAULTS['clients']} / "
-                                f"{BILEVEL_QUADRATIC_DEFAULTS['clients']}, or "
-                                "population.num_devices)")
-    dimension_x: int | None = Field(
-        None, gt=0, description=f"bilevel-quadratic: d_x, the upper-level variable (default "
-                                f"{BILEVEL_QUADRATIC_DEFAULTS['dimension_x']})")
-    dimension_w: int | None = Field(
-        None, gt=0, description=f"bilevel-quadratic: d_w, the lower-level variable (default "
-                                f"{BILEVEL_QUADRATIC_DEFAULTS['dimension_w']})")
-    heterogeneity: float | None = Field(
-        None, ge=0, allow_inf_nan=False,
-        description=f"bilevel-quadratic: h, the spread of the clients' A_m, B_m, c_m around "
-                    f"their common draw (default {BILEVEL_QUADRATIC_DEFAULTS['heterogeneity']:g})")
-    dimension: int | None = Field(
-        None, gt=0, description=f"quadratic, risk-averse-mco: d (default "
-                                f"{QUADRATIC_DEFAULTS['dimension']} / "
-                                f"{MCO_DEFAULTS['dimension']})")
-    samples: int | None = Field(
-        None, gt=0, description=f"risk-averse-mco: examples in total, split equally over the "
-                                f"clients (default {MCO_DEFAULTS['samples']})")
-    risk_weight: float | None = Field(
-        None, ge=0, allow_inf_nan=False,
-        description=f"risk-averse-mco: lambda (default {MCO_DEFAULTS['risk_weight']:g})")
-    risk_delta: float | None = Field(
-        None, gt=0, allow_inf_nan=False,
-        description=f"risk-averse-mco: delta in sqrt(s + delta) (default "
-                    f"{MCO_DEFAULTS['risk_delta']:g})")
-    label_noise_std: float | None = Field(
-        None, ge=0, allow_inf_nan=False,
-        description=f"risk-averse-mco: std of the noise on b (default "
-                    f"{MCO_DEFAULTS['label_noise_std']:g})")
-    initial_value: float | None = Field(
-        None, allow_inf_nan=False,
-        description=f"risk-averse-mco: x_0 = initial_value * 1 (default "
-                    f"{MCO_DEFAULTS['initial_value']:g}; 0 is a stationary point)")
-    imbalance_ratio: float | None = Field(
-        None, gt=0, le=1, allow_inf_nan=False,
-        description=f"loss-tuning: smallest / largest class count of the long tail (default "
-                    f"{LOSS_TUNING_DEFAULTS['imbalance_ratio']:g}, fedmsa.md 4.5 [C])")
-    heterogeneity_q: float | None = Field(
-        None, ge=0, le=1, allow_inf_nan=False,
-        description=f"loss-tuning: q, each client's share of its own class (default "
-                    f"{LOSS_TUNING_DEFAULTS['heterogeneity_q']:g}, fedmsa.md 4.2)")
-    validation_fraction: float | None = Field(
-        None, gt=0, lt=1, allow_inf_nan=False,
-        description=f"loss-tuning: each client's validation share (default "
-                    f"{LOSS_TUNING_DEFAULTS['validation_fraction']:g}, fedmsa.md 4.5 [C])")
-    weight_decay: float | None = Field(
-        None, ge=0, allow_inf_nan=False,
-        description=f"loss-tuning: lambda_w of the inner loss (default "
-                    f"{LOSS_TUNING_DEFAULTS['weight_decay']:g}, fedmsa.md 5.2)")
-    sample_batch: int | None = Field(
-        None, gt=0, description=f"risk-averse-mco: samples per stochastic map evaluation "
-                                f"(full_batch: false; default {MCO_DEFAULTS['sample_batch']})")
-    L: float | None = Field(
-        None, gt=0, allow_inf_nan=False,
-        description=f"quadratic: smoothness max_i ||A_i|| (default {QUADRATIC_DEFAULTS['L']:g})")
-    mu: float | None = Field(
-        None, ge=0, allow_inf_nan=False,
-        description=f"quadratic: min_i lambda_min(A_i); bilevel-quadratic: weight of the outer "
-                    f"mu/2 ||x||^2 (default {QUADRATIC_DEFAULTS['mu']:g})")
-    delta: float | None = Field(
-        None, ge=0, allow_inf_nan=False,
-        description=f"quadratic: Hessian dissimilarity delta_A = sqrt(mean_i ||A_i - A||^2) "
-                    f"(default {QUADRATIC_DEFAULTS['delta']:g})")
-    noise_std: float | None = Field(
-        None, ge=0, allow_inf_nan=False,
-        description="quadratic: sigma, E||g - grad f_i||^2 = sigma^2 / batch_size; "
-                    "bilevel-quadratic: sigma of the per-call perturbation of A_m, B_m, c_m "
-                    "(fedmsa.md Sec. 5.1; default 0)")
-    minimizer_std: float | None = Field(
-        None, ge=0, allow_inf_nan=False,
-        description=f"quadratic: std of the clients' minimisers (default "
-                    f"{QUADRATIC_DEFAULTS['minimizer_std']:g})")
-    server_loss: bool | None = Field(
-        None, description="quadratic: the base station holds a loss of its own, the clients' "
-                          "mean quadratic (what ZO-HFL's server term needs; default false)")
-    l2: float | None = Field(
-        None, gt=0, allow_inf_nan=False,
-        description="logistic: weight of l2/2 ||x||^2 in every f_i (default 1/M, M the devices' "
-                    "training samples: the paper's mu = 1/M)")
-    normalize_rows: bool | None = Field(
-        None, description="logistic: rescale inputs so the devices' rows have mean norm 1 "
-                          "(fedred.md Sec. 5.2; default true)")
-
-    @model_validator(mode="after")
-    def _params_match_name(self):
-        reads = PROBLEM_PARAMS[self.name]
-        own = DEFAULTS_BY_PROBLEM[self.name]
-        for key in PROBLEM_DEFAULTS:
-            default = own.get(key)
-            if key not in reads and getattr(self, key) is not None:
-                readers = [n for n, keys in PROBLEM_PARAMS.items() if key in keys]
-                names = " or ".join(map(repr, readers))
-                raise ValueError(f"'{key}' is only read by problem {names}"
-                                 f" but name is {self.name!r}; remove it or set name: "
-                                 f"{readers[0]}")
-            if key in reads and key != "clients" and getattr(self, key) is None:
-                setattr(self, key, default)
-        if self.name == "quadratic" and not self.L > self.mu:
-            raise ValueError(f"L ({self.L:g}) must be larger than mu ({self.mu:g}); raise L or "
-                             "lower mu")
-        return self
-
-    @model_serializer(mode="wrap")
-    def _only_read_params(self, handler):
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
 class EngineConfig(_Strict):
     mode: Literal["vectorized", "processes"] = Field(
         "vectorized", description="vectorized: one numpy step per synchronous phase (fast); "
@@ -420,6 +267,32 @@ class HealthConfig(_Strict):
                     "only reported)")
 
 
+def _spec(name: str):
+    """The registered problem called ``name``; a validation error at ``problem.name`` if none
+    (a plain unknown name lists the built-ins, as a Literal field did; a plugin that fails to
+    load says why)."""
+    from wirelessfl.plugins import PROBLEMS, is_reference
+
+    try:
+        return PROBLEMS.get(name, "problem.name")
+    except UserError as err:
+        if name in PROBLEMS.names() or is_reference(name):
+            error = PydanticCustomError("problem_plugin", "{reason}",
+                                        {"reason": str(err).removeprefix("problem.name: ")})
+        else:
+            *first, last = map(repr, PROBLEMS.names())
+            expected = f"{', '.join(first)} or {last}" if first else last
+            error = PydanticCustomError(
+                "literal_error", "Input should be {expected} (or a problem plugin: registered, "
+                "installed, or a 'module:attribute' reference)", {"expected": expected})
+        raise ValidationError.from_exception_data(
+            "ProblemConfig", [{"type": error, "loc": ("name",), "input": name}]) from None
+
+
+def _default_problem() -> ProblemConfig:
+    return _spec("classification").Config(name="classification")
+
+
 class Scenario(_Strict):
     """A complete, resolved scenario: every profile looked up, every default filled in."""
 
@@ -435,7 +308,10 @@ class Scenario(_Strict):
     data: DataConfig = DataConfig()
     partition: PartitionConfig = PartitionConfig()
     model: ModelConfig = ModelConfig()
-    problem: ProblemConfig = ProblemConfig()
+    problem: SerializeAsAny[ProblemConfig] = Field(
+        default_factory=_default_problem,
+        description="what the algorithms optimise: {name: <problem>, <its keys>}; each problem "
+                    "validates its own keys (wirelessfl/problems/, 'wirelessfl list')")
     quantization_bits: int = Field(
         16, ge=1, le=32, description="M, bits per transmitted value and MAC precision "
                                      "(seed 002, Sec. V: 16)")
@@ -466,6 +342,16 @@ class Scenario(_Strict):
     algorithms: list[SerializeAsAny[AlgorithmParams]] = Field(min_length=1)
 
     _safe_name = field_validator("name")(validated_name)  # names the run folder
+
+    @field_validator("problem", mode="before")
+    @classmethod
+    def _problem_section(cls, value):
+        """The section is validated by the named problem's own Config (problems/)."""
+        if isinstance(value, dict):
+            name = value.get("name", "classification")
+            if isinstance(name, str):
+                return _spec(name).Config.model_validate({**value, "name": name})
+        return value
 
     @model_validator(mode="after")
     def _stop_needs_a_target(self):
@@ -500,66 +386,9 @@ class Scenario(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _logistic_fits(self):
-        """Logistic regression is its own linear model, on a binary dataset."""
-        if self.problem.name != "logistic":
-            return self
-        if self.model != ModelConfig():
-            raise ValueError("model: not read by problem 'logistic' (a linear model without bias; "
-                             "its regulariser is problem.l2); remove the model section or set "
-                             "problem.name: classification")
-        data = self.data
-        classes = (data.synthetic.num_classes if data.name == "synthetic"
-                   else BUILTIN_CLASSES.get(data.name))
-        if data.classes is not None and len(data.classes) != 2:
-            raise ValueError(f"data.classes={data.classes} keeps {len(data.classes)} labels but "
-                             "problem 'logistic' is binary; list two labels (e.g. [3, 8]) or use "
-                             "data.positive_classes")
-        if (classes is not None and classes > 2 and data.classes is None
-                and data.positive_classes is None):
-            raise ValueError(f"data: problem 'logistic' is binary but dataset '{data.name}' has "
-                             f"{classes} classes; set data.positive_classes (e.g. [0]: class 0 "
-                             "against the rest) or data.classes with two labels (e.g. [3, 8]), "
-                             "or use data.name: breast_cancer")
-        return self
-
-    @model_validator(mode="after")
-    def _loss_tuning_fits(self):
-        """Loss tuning builds its own linear model and its own split of ``data``."""
-        if self.problem.name != "loss-tuning":
-            return self
-        for key, default in (("model", ModelConfig()), ("partition", PartitionConfig())):
-            if getattr(self, key) != default:
-                raise ValueError(f"{key}: not read by problem 'loss-tuning' (a linear softmax "
-                                 "model on its own q-partition: problem.heterogeneity_q); remove "
-                                 f"the {key} section")
-        return self
-
-    @model_validator(mode="after")
     def _problem_fits(self):
-        """A quadratic (single-level or bilevel) has one device per client and no data, model
-        or partition."""
-        problem = self.problem
-        if problem.name not in CLIENT_PROBLEMS:
-            return self
-        given = "num_devices" in self.population.model_fields_set
-        n = self.population.num_devices
-        if problem.clients is None:
-            problem.clients = n if given else CLIENT_PROBLEMS[problem.name]["clients"]
-        elif given and problem.clients != n:
-            raise ValueError(f"problem.clients is {problem.clients} but population.num_devices is "
-                             f"{n}; the quadratic has one device per client: give only one of "
-                             "them, or equal values")
-        if not given:
-            self.population = PopulationConfig.model_validate(
-                {**self.population.model_dump(exclude_unset=True), "num_devices": problem.clients})
-        if problem.name == "quadratic" and problem.clients == 1 and problem.delta > 0:
-            raise ValueError(f"problem.delta ({problem.delta:g}) needs at least 2 clients (one "
-                             "client has no dissimilarity); set delta: 0 or clients >= 2")
-        for key, default in (("data", DataConfig()), ("model", ModelConfig()),
-                             ("partition", PartitionConfig())):
-            if getattr(self, key) != default:
-                raise ValueError(f"{key}: not read by problem '{problem.name}' (it has no "
-                                 f"dataset or model); remove the {key} section or set "
-                                 "problem.name: classification")
+        """The problem's own rules across sections (its ``ProblemSpec.fit``: e.g. a quadratic has
+        one device per client and no data, model or partition section)."""
+        _spec(self.problem.name).fit(self)
         return self
+

@@ -21,14 +21,31 @@ mean over classes of the per-class accuracy of argmax W^T a), the paper's metric
 from __future__ import annotations
 
 import math
+from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from wirelessfl.algorithms.types import Cost
 from wirelessfl.energy.profiler import ModelProfile
+from wirelessfl.engine.resources import ProblemFacts, data_bytes
 from wirelessfl.errors import UserError
-from wirelessfl.learning.bilevel import BilevelProblem
+from wirelessfl.learning.datasets import load_dataset
+from wirelessfl.learning.seeds import keyed_rng
+from wirelessfl.problems.base import (
+    BuiltProblem,
+    ProblemConfig,
+    ProblemSpec,
+    default_field,
+    unread_section,
+)
+from wirelessfl.problems.bilevel import BilevelProblem
+from wirelessfl.problems.data import selected_classes
+
+if TYPE_CHECKING:
+    from wirelessfl.learning.datasets import DataFacts
+    from wirelessfl.scenario.schema import Scenario
 
 # Defaults of `problem: {name: loss-tuning}` (fedmsa.md Sec. 4.2, 4.5 [C], 5.2).
 LOSS_TUNING_DEFAULTS = {
@@ -211,3 +228,67 @@ class LossTuning(BilevelProblem):
                 "dimension_x": self.dx, "dimension_w": self.dw,
                 "class_counts": self.class_counts.tolist(),
                 "train_samples": int(self.train_sizes.sum())}
+
+
+# ---- the problem as a plugin (problems/base.py) -------------------------------------------------
+_key = partial(default_field, LOSS_TUNING_DEFAULTS)  # a key of this problem's section
+
+class LossTuningConfig(ProblemConfig):
+    """``problem: {name: loss-tuning}``: fedmsa.md Sec. 4.2 / 5.2's federated loss-function
+    tuning on a long-tailed version of the ``data`` set (its own q-partition)."""
+
+    imbalance_ratio: float = _key("imbalance_ratio", "loss-tuning: smallest / largest class count "
+                                                     "of the long tail (default {default}, "
+                                                     "fedmsa.md 4.5 [C])", gt=0, le=1)
+    heterogeneity_q: float = _key("heterogeneity_q", "loss-tuning: q, each client's share of its "
+                                                     "own class (default {default}, fedmsa.md 4.2)",
+                                                     ge=0, le=1)
+    validation_fraction: float = _key("validation_fraction", "loss-tuning: each client's "
+                                                             "validation share (default {default},"
+                                                             " fedmsa.md 4.5 [C])", gt=0, lt=1)
+    weight_decay: float = _key("weight_decay", "loss-tuning: lambda_w of the inner loss (default "
+                                               "{default}, fedmsa.md 5.2)", ge=0)
+
+
+def build(scenario: Scenario, device: torch.device) -> BuiltProblem:
+    """fedmsa.md Sec. 4.2 / 5.2's loss-function tuning on ``scenario.data``: long tail,
+    q-partition and train/validation split drawn from the stream (seed, "loss-tuning")."""
+    p = scenario.problem
+    data = load_dataset(scenario.data, scenario.seed)
+    return BuiltProblem(LossTuning(
+        data.x_train, data.y_train, data.x_test, data.y_test, data.num_classes,
+        scenario.population.num_devices, keyed_rng(scenario.seed, "loss-tuning"),
+        p.imbalance_ratio, p.heterogeneity_q, p.validation_fraction, p.weight_decay, device))
+
+
+def fit(scenario: Scenario) -> None:
+    """Loss tuning builds its own linear model and its own split of ``data``."""
+    key = unread_section(scenario, ("model", "partition"))
+    if key is not None:
+        raise ValueError(f"{key}: not read by problem 'loss-tuning' (a linear softmax "
+                         "model on its own q-partition: problem.heterogeneity_q); remove "
+                         f"the {key} section")
+
+
+def check(scenario: Scenario, facts: DataFacts | None) -> None:
+    """One client group per class."""
+    n = scenario.population.num_devices
+    classes = selected_classes(scenario, facts)
+    if classes is not None and n % classes:
+        raise UserError(f"problem 'loss-tuning': population.num_devices ({n}) must be a "
+                        f"multiple of the {classes} classes (one client group per class)")
+
+
+def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:
+    """The data; the state is W [(D + 1) x C] and x [2C] per client."""
+    data = data_bytes(scenario, limit_bytes)
+    size, classes = data.input_size, data.shape.classes
+    return ProblemFacts(size * classes + classes, 4, data.held, data.load, data.on_devices,
+                        data.shape.test, size, classes, classes)
+
+
+SPEC = ProblemSpec(
+    name="loss-tuning", Config=LossTuningConfig, build=build, memory=memory, fit=fit,
+    check=check, reads_data=True, multi_sequence=True, bilevel=True,
+    summary="fedmsa.md's federated loss-function tuning on a long-tailed dataset (fedmsa, "
+            "fednest)")

@@ -31,14 +31,32 @@ from abc import abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from wirelessfl.algorithms.types import Cost
 from wirelessfl.energy.profiler import ModelProfile
+from wirelessfl.engine.resources import ProblemFacts
 from wirelessfl.errors import UserError
-from wirelessfl.learning.problems import KEY_LIMIT, Problem, keyed_normals
+from wirelessfl.learning.seeds import keyed_rng
+from wirelessfl.problems.base import (
+    KEY_LIMIT,
+    BuiltProblem,
+    Problem,
+    ProblemConfig,
+    ProblemSpec,
+    default_field,
+    keyed_normals,
+    one_device_per_client,
+    refuse_data_sections,
+)
+
+if TYPE_CHECKING:
+    from wirelessfl.scenario.schema import Scenario
 
 # Defaults of the `problem: {name: bilevel-quadratic}` scenario section (fedmsa.md Sec. 5.1 [D]).
 BILEVEL_QUADRATIC_DEFAULTS = {
@@ -375,3 +393,56 @@ class BilevelQuadratic(BilevelProblem):
                 "dimension_x": self.dx, "dimension_w": self.dw, "mu": self.mu,
                 "noise_std": self.noise_std, "optimum_value": self.optimum_value,
                 "solution_norm": float(torch.linalg.vector_norm(self.solution))}
+
+
+# ---- the problem as a plugin (problems/base.py) -------------------------------------------------
+_key = partial(default_field, BILEVEL_QUADRATIC_DEFAULTS)  # a key of this problem's section
+
+class BilevelQuadraticConfig(ProblemConfig):
+    """``problem: {name: bilevel-quadratic}``: fedmsa.md Sec. 5.1's federated bilevel quadratic
+    with known solution, one device per client (for ``fedmsa`` and ``fednest``)."""
+
+    clients: int | None = Field(
+        None, gt=0, description=f"bilevel-quadratic: n clients = devices (default "
+                                f"{BILEVEL_QUADRATIC_DEFAULTS['clients']}, or "
+                                "population.num_devices)")
+    dimension_x: int = _key("dimension_x", "bilevel-quadratic: d_x, the upper-level variable "
+                                           "(default {default})", gt=0)
+    dimension_w: int = _key("dimension_w", "bilevel-quadratic: d_w, the lower-level variable "
+                                           "(default {default})", gt=0)
+    heterogeneity: float = _key("heterogeneity", "bilevel-quadratic: h, the spread of the clients'"
+                                                 " A_m, B_m, c_m around their common draw (default"
+                                                 " {default})", ge=0)
+    mu: float = _key("mu", "bilevel-quadratic: weight of the outer mu/2 ||x||^2 (default "
+                           "{default})", ge=0)
+    noise_std: float = _key("noise_std", "bilevel-quadratic: sigma of the per-call perturbation of"
+                                         " A_m, B_m, c_m (fedmsa.md Sec. 5.1; default 0)", ge=0)
+
+
+def build(scenario: Scenario, device: torch.device) -> BuiltProblem:
+    """fedmsa.md Sec. 5.1's federated bilevel quadratic from the ``problem`` section, drawn from
+    the stream (seed, "bilevel-quadratic")."""
+    p = scenario.problem
+    a, b, c = bilevel_quadratic(p.clients, p.dimension_x, p.dimension_w, p.heterogeneity,
+                                keyed_rng(scenario.seed, "bilevel-quadratic"))
+    return BuiltProblem(BilevelQuadratic(a, b, c, mu=p.mu, noise_std=p.noise_std, device=device))
+
+
+def fit(scenario: Scenario) -> None:
+    """One device per client, no data."""
+    one_device_per_client(scenario, BILEVEL_QUADRATIC_DEFAULTS["clients"])
+    refuse_data_sections(scenario)
+
+
+def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:
+    """A_m, B_m, c_m float64; the draw's G_m beside them."""
+    p, n = scenario.problem, scenario.population.num_devices
+    held = 8 * n * p.dimension_w * (p.dimension_w + p.dimension_x + 1)
+    return ProblemFacts(p.dimension_x + 2 * p.dimension_w, 8, held,
+                        held + 8 * n * p.dimension_w**2)
+
+
+SPEC = ProblemSpec(
+    name="bilevel-quadratic", Config=BilevelQuadraticConfig, build=build, memory=memory, fit=fit,
+    multi_sequence=True, bilevel=True,
+    summary="fedmsa.md's federated bilevel quadratic with known solution (fedmsa, fednest)")

@@ -19,15 +19,19 @@ backtracking line search), or scipy L-BFGS-B when d is large.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
-from functools import cached_property
+from functools import cached_property, partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from wirelessfl.energy.profiler import ModelProfile
+from wirelessfl.engine.resources import ProblemFacts, data_bytes
 from wirelessfl.errors import UserError
+from wirelessfl.learning.datasets import BUILTIN_CLASSES
 from wirelessfl.learning.minibatch import (
     batch_counts,
     minibatch_mean,
@@ -36,7 +40,21 @@ from wirelessfl.learning.minibatch import (
     real_batch_sizes,
     sample_minibatches,
 )
-from wirelessfl.learning.problems import Problem, similarity_constants
+from wirelessfl.problems.base import (
+    ALL_CONSTANTS,
+    BuiltProblem,
+    Problem,
+    ProblemConfig,
+    ProblemSpec,
+    default_field,
+    similarity_constants,
+    unread_section,
+)
+from wirelessfl.problems.data import SplitData, check_partition, server_keeps_data, split_data
+
+if TYPE_CHECKING:
+    from wirelessfl.learning.datasets import DataFacts
+    from wirelessfl.scenario.schema import Scenario
 
 # Defaults of the `problem: {name: logistic}` scenario section.
 LOGISTIC_DEFAULTS = {
@@ -459,3 +477,94 @@ class LogisticProblem(Problem):
     def __repr__(self) -> str:
         return (f"LogisticProblem(N={self.num_devices}, d={self.d}, M={self.M}, "
                 f"l2={self.l2:.3g}, f*={self.optimum_value:.6g})")
+
+
+# ---- the problem as a plugin (problems/base.py) -------------------------------------------------
+_key = partial(default_field, LOGISTIC_DEFAULTS)  # a key of this problem's section
+
+class LogisticConfig(ProblemConfig):
+    """``problem: {name: logistic}``: fedred.md Sec. 4.2's regularised binary logistic
+    regression (no bias) on a binary dataset split over devices (the ``data`` and ``partition``
+    sections), f* known."""
+
+    l2: float | None = _key("l2", "logistic: weight of l2/2 ||x||^2 in every f_i (default 1/M, M "
+                                  "the devices' training samples: the paper's mu = 1/M)", gt=0)
+    normalize_rows: bool = _key("normalize_rows", "logistic: rescale inputs so the devices' rows "
+                                                  "have mean norm 1 (fedred.md Sec. 5.2; default "
+                                                  "true)")
+
+
+def build(scenario: Scenario, device: torch.device, split: SplitData | None = None
+          ) -> BuiltProblem:
+    """fedred.md Sec. 4.2's logistic regression on the scenario's data, split as for a
+    classifier (``split_data``, loaded here when not given); the dataset must be binary."""
+    split = split or split_data(scenario)
+    dataset, p = split.dataset, scenario.problem
+    if dataset.num_classes != 2:
+        raise UserError(f"problem 'logistic' is binary but dataset '{dataset.name}' has "
+                        f"{dataset.num_classes} classes; set data.positive_classes (e.g. [0]: "
+                        "class 0 against the rest) or data.classes with two labels")
+    if len(dataset.input_shape) != 1:
+        raise UserError(f"problem 'logistic' needs flat inputs, but dataset '{dataset.name}' has "
+                        f"shape {dataset.input_shape}; use a tabular dataset (breast_cancer, "
+                        "libsvm, synthetic, digits)")
+    problem = LogisticProblem(dataset.x_train, dataset.y_train, split.shards, dataset.x_test,
+                              dataset.y_test, l2=p.l2, normalize_rows=p.normalize_rows,
+                              device=device, max_chunk_mb=scenario.engine.max_chunk_mb,
+                              server=split.server)
+    return BuiltProblem(problem, dataset=dataset, shards=split.shards)
+
+
+def fit(scenario: Scenario) -> None:
+    """Logistic regression is its own linear model, on a binary dataset."""
+    if unread_section(scenario, ("model",)):
+        raise ValueError("model: not read by problem 'logistic' (a linear model without bias; "
+                         "its regulariser is problem.l2); remove the model section or set "
+                         "problem.name: classification")
+    data = scenario.data
+    classes = (data.synthetic.num_classes if data.name == "synthetic"
+               else BUILTIN_CLASSES.get(data.name))
+    if data.classes is not None and len(data.classes) != 2:
+        raise ValueError(f"data.classes={data.classes} keeps {len(data.classes)} labels but "
+                         "problem 'logistic' is binary; list two labels (e.g. [3, 8]) or use "
+                         "data.positive_classes")
+    if (classes is not None and classes > 2 and data.classes is None
+            and data.positive_classes is None):
+        raise ValueError(f"data: problem 'logistic' is binary but dataset '{data.name}' has "
+                         f"{classes} classes; set data.positive_classes (e.g. [0]: class 0 "
+                         "against the rest) or data.classes with two labels (e.g. [3, 8]), "
+                         "or use data.name: breast_cancer")
+
+
+def check(scenario: Scenario, facts: DataFacts | None) -> None:
+    """Flat inputs; every device gets samples."""
+    shape = facts.input_shape if facts is not None else None
+    if shape is not None and len(shape) != 1:
+        raise UserError(f"problem 'logistic' needs flat inputs, but dataset "
+                        f"'{scenario.data.name}' has shape {shape}; use a tabular dataset "
+                        "(breast_cancer, libsvm, synthetic, digits)")
+    check_partition(scenario, facts)
+
+
+def constants(scenario: Scenario, facts: DataFacts | None) -> set[str] | None:
+    """The delta keys only with dense Hessians (``LogisticProblem.constants``)."""
+    shape = facts.input_shape if facts is not None else None
+    if shape is None:
+        return None
+    d, n = math.prod(shape), scenario.population.num_devices
+    dense = d <= DENSE_HESSIAN_MAX_D and 8 * n * d * d <= DENSE_HESSIAN_MAX_BYTES
+    return set(ALL_CONSTANTS) if dense else {"L", "mu"}
+
+
+def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:
+    """The data, and the float64 copy of the devices' rows the problem keeps."""
+    data = data_bytes(scenario, limit_bytes)
+    size = data.input_size
+    return ProblemFacts(size, 8, data.held + 8 * size * data.shape.train, data.load,
+                        data.on_devices, data.shape.test, size, 1, data.shape.classes)
+
+
+SPEC = ProblemSpec(
+    name="logistic", Config=LogisticConfig, build=build, memory=memory, fit=fit, check=check,
+    constants=constants, server_loss=server_keeps_data, reads_data=True,
+    summary="fedred.md's regularised binary logistic regression, f* known (data, partition)")

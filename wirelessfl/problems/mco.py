@@ -23,14 +23,31 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from wirelessfl.algorithms.types import Cost
 from wirelessfl.energy.profiler import ModelProfile
+from wirelessfl.engine.resources import ProblemFacts
 from wirelessfl.errors import UserError
-from wirelessfl.learning.bilevel import MSAProblem, single_thread_if_small
+from wirelessfl.learning.seeds import keyed_rng
+from wirelessfl.problems.base import (
+    BuiltProblem,
+    ProblemConfig,
+    ProblemSpec,
+    default_field,
+    one_device_per_client,
+    refuse_data_sections,
+)
+from wirelessfl.problems.bilevel import MSAProblem, single_thread_if_small
+
+if TYPE_CHECKING:
+    from wirelessfl.learning.datasets import DataFacts
+    from wirelessfl.scenario.schema import Scenario
 
 # Defaults of `problem: {name: risk-averse-mco}` (fedmsa.md Sec. 4.1, 4.5 [C], 5.3).
 MCO_DEFAULTS = {
@@ -194,3 +211,66 @@ def risk_averse_data(samples: int, dimension: int, noise_std: float, rng: np.ran
     b = (a @ x_true) ** 2 + noise_std * rng.standard_normal(samples)
     order = rng.permutation(samples)
     return a[order], b[order], x_true
+
+
+# ---- the problem as a plugin (problems/base.py) -------------------------------------------------
+_key = partial(default_field, MCO_DEFAULTS)  # a key of this problem's section
+
+class RiskAverseMCOConfig(ProblemConfig):
+    """``problem: {name: risk-averse-mco}``: fedmsa.md Sec. 4.1's three-level compositional
+    problem, one device per client (for ``fedmsa``)."""
+
+    clients: int | None = Field(
+        None, gt=0, description=f"risk-averse-mco: n clients = devices (default "
+                                f"{MCO_DEFAULTS['clients']}, or population.num_devices)")
+    dimension: int = _key("dimension", "risk-averse-mco: d (default {default})", gt=0)
+    samples: int = _key("samples", "risk-averse-mco: examples in total, split equally over the "
+                                   "clients (default {default})", gt=0)
+    risk_weight: float = _key("risk_weight", "risk-averse-mco: lambda (default {default})", ge=0)
+    risk_delta: float = _key("risk_delta", "risk-averse-mco: delta in sqrt(s + delta) (default "
+                                           "{default})", gt=0)
+    label_noise_std: float = _key("label_noise_std", "risk-averse-mco: std of the noise on b "
+                                                     "(default {default})", ge=0)
+    initial_value: float = _key("initial_value", "risk-averse-mco: x_0 = initial_value * 1 "
+                                                 "(default {default}; 0 is a stationary point)")
+    sample_batch: int = _key("sample_batch", "risk-averse-mco: samples per stochastic map "
+                                             "evaluation (full_batch: false; default {default})",
+                                             gt=0)
+
+
+def build(scenario: Scenario, device: torch.device) -> BuiltProblem:
+    """fedmsa.md Sec. 4.1's risk-averse composition from the ``problem`` section, data drawn from
+    the stream (seed, "risk-averse-mco")."""
+    p = scenario.problem
+    a, b, x_true = risk_averse_data(p.samples, p.dimension, p.label_noise_std,
+                                    keyed_rng(scenario.seed, "risk-averse-mco"))
+    return BuiltProblem(RiskAverseMCO(a, b, x_true, p.clients, p.risk_weight, p.risk_delta,
+                                      p.initial_value, p.sample_batch, device))
+
+
+def fit(scenario: Scenario) -> None:
+    """One device per client, no data."""
+    one_device_per_client(scenario, MCO_DEFAULTS["clients"])
+    refuse_data_sections(scenario)
+
+
+def check(scenario: Scenario, facts: DataFacts | None) -> None:
+    """Every client holds the same number of samples."""
+    problem = scenario.problem
+    if problem.samples % problem.clients:
+        raise UserError(f"problem.samples ({problem.samples}) must be a multiple of "
+                        f"problem.clients ({problem.clients}): every client holds the same "
+                        "number of samples")
+
+
+def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:
+    """The samples a [S, d] and b [S], float64, and copies while drawing."""
+    p = scenario.problem
+    held = 8 * p.samples * (p.dimension + 2)
+    return ProblemFacts(p.dimension, 8, held, 3 * held)
+
+
+SPEC = ProblemSpec(
+    name="risk-averse-mco", Config=RiskAverseMCOConfig, build=build, memory=memory, fit=fit,
+    check=check, multi_sequence=True,
+    summary="fedmsa.md's three-level risk-averse compositional problem (fedmsa)")
