@@ -64,6 +64,18 @@ def test_claims_against_a_constant():
     assert judge(below, {"A": _runs([0.1, 0.11, 0.12])})["verdict"] == HOLDS
 
 
+def test_a_failed_evaluation_run_scores_nan_for_every_claim():
+    """A run that failed has no rounds (tune/study._outcome): every metric of it is NaN, so
+    the claim sees a missed run instead of the command ending in a KeyError."""
+    from wirelessfl.tune.reproduce import _metric
+
+    failed = {"value": math.nan, "reached": False, "closeness": math.nan, "healthy": False,
+              "health": "run failed: worker killed", "rounds": None}
+    for metric in ("energy_to_target", "compute_share"):
+        claim = Claim(id="f", statement="s", metric=metric, algorithm="A", above=0.5)
+        assert math.isnan(_metric(claim, failed))
+
+
 def _tune_file(tmp_path):
     doc = {"name": "small", "scenario": "quickstart", "objective": "energy_to_target",
            "set": {"target_accuracy": 0.6, "population.num_devices": 10,

@@ -113,9 +113,9 @@ def run(scenario_or_source, out=None, *, overrides=(), progress: bool = False,
     ``out=None``: in memory, nothing written (``Result.save`` writes it later). ``out=FOLDER``:
     the run folder ``wirelessfl run --out FOLDER`` writes (tables, manifest, summary.csv, and
     with ``figures`` the PNGs), refused when it already holds a run. Either way the numbers are
-    those of ``wirelessfl run`` for the same scenario and seed. ``progress``: a progress bar
-    (tqdm; in a notebook its widget). ``threads``: host threads, as ``--threads`` (the results
-    do not depend on it). Warnings are printed to stderr, as the CLI prints them, and kept in
+    those of ``wirelessfl run`` for the same scenario and seed. ``progress``: the CLI's
+    progress on stderr (a bar on a terminal, a plain line now and then elsewhere). ``threads``:
+    host threads, as ``--threads`` (the results do not depend on it). Warnings are printed to stderr, as the CLI prints them, and kept in
     ``Result.warnings``."""
     from wirelessfl.engine.runner import run_to_record
 
@@ -128,28 +128,25 @@ def run(scenario_or_source, out=None, *, overrides=(), progress: bool = False,
         warnings.append(text)
         print(text, file=sys.stderr)
 
-    bar = _progress_bar(scenario) if progress else None
+    from wirelessfl.progress import RunProgress
+
+    # The CLI's progress: a bar on a terminal, plain lines in a log or a notebook's stderr.
+    bar = RunProgress([(p.display_name, p.rounds) for p in scenario.algorithms],
+                      quiet=not progress)
     try:
         _, table, record = run_to_record(
             scenario, Path(out) if out is not None else None, warn=warn, threads=threads,
-            on_round=bar.update if bar is not None else None,
-            on_algorithm=bar.set_description if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
+            on_round=bar.update, on_algorithm=bar.start)
+    except BaseException:
+        bar.abandon()
+        raise
+    bar.close()
     result = Result(record, scenario=scenario, summary=table, warnings=warnings)
     if out is not None and figures:
         from wirelessfl.report.plots import draw_report
 
         draw_report(record)
     return result
-
-
-def _progress_bar(scenario: Scenario):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=sum(p.rounds for p in scenario.algorithms), unit="round",
-                file=sys.stderr, mininterval=0.5)
 
 
 class Result(RunRecord):

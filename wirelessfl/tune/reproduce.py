@@ -109,6 +109,9 @@ def load_reproduction(name_or_path: str) -> Reproduction:
 
 
 def _metric(claim: Claim, outcome: dict) -> float:
+    """The claim's metric for one evaluation run; NaN for a run that failed (no rounds)."""
+    if outcome.get("rounds") is None:
+        return math.nan
     objective = OBJECTIVES.get(claim.metric)
     if objective is not None:
         return score(objective, outcome["rounds"], *outcome["targets"])["value"]
