@@ -17,8 +17,8 @@ from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.engine.build import build_world
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.errors import UserError
-from wirelessfl.problems.bilevel import BilevelQuadratic, bilevel_quadratic
 from wirelessfl.learning.seeds import keyed_generator, keyed_rng
+from wirelessfl.problems.bilevel import BilevelQuadratic, bilevel_quadratic
 from wirelessfl.scenario.loader import scenario_from_document
 
 PROBLEM = {"name": "bilevel-quadratic", "clients": 5, "dimension_x": 3, "dimension_w": 4,

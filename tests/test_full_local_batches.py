@@ -18,9 +18,9 @@ from wirelessfl.engine.build import build_world
 from wirelessfl.engine.ledger import KIND_INDEX
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
-from wirelessfl.problems.logistic import LogisticProblem
 from wirelessfl.learning.minibatch import sample_minibatches
 from wirelessfl.learning.models import build_model
+from wirelessfl.problems.logistic import LogisticProblem
 from wirelessfl.scenario.loader import scenario_from_document
 
 RELIABLE = {"profile": "seed002-pinned", "uplink": {"delivery_probability": 1.0}}
