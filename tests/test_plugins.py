@@ -440,3 +440,17 @@ def test_tutorial_runs_from_the_examples_folder(tmp_path):
     assert "FedAvgM" in done.stdout
     docs = (ROOT / "docs" / "plugins.md").read_text()
     assert "wirelessfl run my-algorithm.yaml" in docs and "examples/my_algorithm.py" in docs
+
+
+def test_a_module_whose_own_import_fails_is_not_called_missing(tmp_path, monkeypatch):
+    """A module that exists but imports a missing dependency (whose name is a prefix of the
+    module's own) is reported as failing to import, with the dependency named, not as absent."""
+    from wirelessfl.errors import UserError
+    from wirelessfl.plugins import import_reference
+
+    (tmp_path / "depx_plugin.py").write_text("import depx\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError) as err:
+        import_reference("depx_plugin:Algo", "algorithms[0].name")
+    assert "importing 'depx_plugin'" in str(err.value) and "depx" in str(err.value)
+    assert "cannot import module" not in str(err.value)

@@ -59,7 +59,7 @@ def import_reference(reference: str, where: str) -> Any:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
         missing = getattr(err, "name", None)
-        if missing and module_name.startswith(missing) or missing == module_name:
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
             raise UserError(f"{where}: cannot import module '{module_name}' of {reference!r}; "
                             "install the package that holds it (pip install -e .) or run from "
                             "the folder that holds it") from None
