@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
+import yaml
 
 from wirelessfl.scenario.loader import scenario_from_document
 
@@ -64,17 +66,26 @@ def algorithm_scenario(algorithm: dict, overrides=()):
     return scenario_from_document(doc, "small.yaml", kept)
 
 
+def write_yaml(folder: Path, doc, name: str = "scenario.yaml") -> Path:
+    """Write a document (or a text as it is) to ``folder/name`` as YAML; returns the path."""
+    path = Path(folder) / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False) if not isinstance(doc, str) else doc)
+    return path
+
+
 @pytest.fixture
 def scenario_file(tmp_path):
     """Write a scenario document to a YAML file and return its path."""
-    import yaml
+    return lambda doc, name="scenario.yaml": write_yaml(tmp_path, doc, name)
 
-    def write(doc, name="scenario.yaml"):
-        path = tmp_path / name
-        path.write_text(yaml.safe_dump(doc, sort_keys=False) if not isinstance(doc, str) else doc)
-        return path
 
-    return write
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    """``wirelessfl ARGV`` in this process: (exit code, stdout, stderr)."""
+    from wirelessfl.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def run_recording_thetas(monkeypatch, scenario):

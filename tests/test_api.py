@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 import wirelessfl
-from tests.conftest import small_doc
+from tests.conftest import cli as _cli
+from tests.conftest import small_doc, write_yaml
 from wirelessfl.cli import main
 from wirelessfl.plugins import Registry, registries
 from wirelessfl.scenario.loader import load_scenario as cli_load_scenario
@@ -29,23 +30,11 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTH
 WHEN = ("started_at", "finished_at")
 
 
-def _cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _write(folder: Path, doc: dict, name: str = "small.yaml") -> Path:
-    path = folder / name
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory):
     """The small scenario run by `wirelessfl run` into a folder: what the API must reproduce."""
     folder = tmp_path_factory.mktemp("cli")
-    path = _write(folder, small_doc())
+    path = write_yaml(folder, small_doc(), "small.yaml")
     assert main(["run", str(path), "--out", str(folder / "run"), "--quiet", "--no-report"]) == 0
     return path, folder / "run"
 
@@ -291,11 +280,11 @@ TINY = small_doc(algorithms=[{"name": "dzofl", "rounds": 20, "eval_every": 10},
 def tiny_sweep(tmp_path_factory):
     """2 powers x 1 learning rate x 2 seeds on one worker."""
     folder = tmp_path_factory.mktemp("sweep")
-    _write(folder, TINY, "base.yaml")
+    write_yaml(folder, TINY, "base.yaml")
     sweep = {"scenario": "base.yaml", "seeds": [0, 1],
              "grid": {"channel.uplink.tx_power_dbm": [0, 23],
                       "algorithms.fedsgd.lr": [0.5]}}
-    path = _write(folder, sweep, "study.yaml")
+    path = write_yaml(folder, sweep, "study.yaml")
     assert main(["sweep", str(path), "--out", str(folder / "out"), "--workers", "1", "--quiet",
                  "--no-compare"]) == 0
     return folder / "out"
@@ -345,14 +334,14 @@ def tiny_reproduction(tmp_path_factory):
     from wirelessfl.tune.reproduce import load_reproduction, run_reproduction
 
     folder = tmp_path_factory.mktemp("reproduction")
-    _write(folder, small_doc(algorithms=[TINY["algorithms"][1]]), "base.yaml")
-    _write(folder, {"name": "tiny", "scenario": "base.yaml", "objective": "final_accuracy",
-                    "tuning_seeds": [100], "evaluation_seeds": [0, 1],
-                    "compare_untuned": False, "search": {"fedsgd": {"lr": [0.1, 0.5]}}},
-           "tiny-tune.yaml")
-    path = _write(folder, {"title": "tiny", "paper": "none", "tune": "tiny-tune.yaml",
-                           "claims": [{"id": "acc", "statement": "s", "metric": "final_accuracy",
-                                       "algorithm": "fedsgd", "above": 0.1}]}, "tiny.yaml")
+    write_yaml(folder, small_doc(algorithms=[TINY["algorithms"][1]]), "base.yaml")
+    write_yaml(folder, {"name": "tiny", "scenario": "base.yaml", "objective": "final_accuracy",
+                        "tuning_seeds": [100], "evaluation_seeds": [0, 1],
+                        "compare_untuned": False, "search": {"fedsgd": {"lr": [0.1, 0.5]}}},
+               "tiny-tune.yaml")
+    path = write_yaml(folder, {"title": "tiny", "paper": "none", "tune": "tiny-tune.yaml",
+                               "claims": [{"id": "acc", "statement": "s", "metric": "final_accuracy",
+                                           "algorithm": "fedsgd", "above": 0.1}]}, "tiny.yaml")
     # the library call behind `wirelessfl reproduce` (the folder it writes, without its HTML)
     run_reproduction(load_reproduction(str(path)), folder / "out", "local", 1, quiet=True)
     return folder / "out"

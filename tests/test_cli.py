@@ -9,15 +9,9 @@ import sys
 import pandas as pd
 import pytest
 
+from tests.conftest import cli as _cli
 from tests.conftest import small_doc
-from wirelessfl.cli import main
 from wirelessfl.results.records import DEVICE_COLUMNS, ROUND_COLUMNS
-
-
-def _cli(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_profile_seed002_cnn(capsys):

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.conftest import cli as _cli
 from tests.conftest import small_doc
 from wirelessfl import progress
 from wirelessfl.cli import main
@@ -51,11 +52,6 @@ PROGRESS = re.compile(r"progress: (\S+) round (\d+)/(\d+) \(algorithm (\d)/(\d)\
 ENDED = re.compile(r"progress: (\S+) (finished|ended) at round (\d+)/(\d+) \(algorithm "
                    r"(\d)/(\d)\), [\d.]+ s elapsed")
 
-
-def _cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _tables(text: str) -> dict[str, pd.DataFrame]:

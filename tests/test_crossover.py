@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.conftest import cli as _cli
 from wirelessfl.cli import main
 from wirelessfl.results.records import read_run
 from wirelessfl.results.summary import summarize
@@ -128,11 +129,6 @@ def test_recosting_gives_back_the_run_and_predicts_another_setting(runs):
     # and the recorded point is not the other: the check can fail
     assert float(costs["FedSGD"].time_s(4e8, 5e5)) > 2 * float(costs["FedSGD"].time_s(4e9, 4e6))
 
-
-def _cli(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_command_writes_the_table_figure_and_marks_the_scenario(runs, capsys, tmp_path):

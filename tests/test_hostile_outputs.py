@@ -27,6 +27,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.conftest import cli as _cli
 from tests.conftest import small_doc
 from tests.hostile import EXIT_USER_ERROR, assert_refused, assert_untouched, run_cli, snapshot
 from wirelessfl.cli import main
@@ -41,11 +42,6 @@ def _umask() -> int:
     os.umask(mask)
     return mask
 
-
-def _cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _refused(capsys, *argv, fragments=()) -> str:

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
+from tests.conftest import cli as _cli
 from tests.conftest import small_doc
-from wirelessfl.cli import main
+from tests.conftest import write_yaml as _write
 from wirelessfl.plugins import ALGORITHMS, FADING, registries
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,16 +196,6 @@ def installed(plugin_folder, monkeypatch):
     _rescan()
 
 
-def _cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _write(folder: Path, doc: dict, name: str = "scenario.yaml") -> Path:
-    path = folder / name
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 def _run(capsys, folder: Path, doc: dict, tag: str) -> pd.DataFrame:

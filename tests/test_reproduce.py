@@ -12,14 +12,8 @@ import pytest
 import yaml
 from scipy import stats
 
-from wirelessfl.cli import main
+from tests.conftest import cli as _cli
 from wirelessfl.tune.claims import FAILS, HOLDS, INCONCLUSIVE, Claim, judge
-
-
-def _cli(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _runs(values, healthy=True):

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.conftest import cli as _cli
 from tests.conftest import small_doc
 from wirelessfl.cli import main
 
@@ -36,11 +37,6 @@ def _write_sweep(folder: Path, sweep: dict, base: dict | None = None) -> Path:
     path.write_text(yaml.safe_dump({"scenario": "base.yaml", **sweep}, sort_keys=False))
     return path
 
-
-def _cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _finished(out: Path) -> dict[str, float]:

@@ -13,18 +13,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from wirelessfl.cli import main
+from tests.conftest import cli as _cli
 from wirelessfl.tune.objectives import OBJECTIVES
 from wirelessfl.tune.select import edge_warnings, summarize_configurations
 from wirelessfl.tune.spec import Range
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
-
-def _cli(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_ranges_expand_to_the_grids_a_reader_expects():

@@ -319,7 +319,7 @@ MODELS = Registry("models", {
     "mlp": _MODELS + "mlp",
     "logistic": _MODELS + "logistic",
     "resnet18-cifar": _MODELS + "resnet18_cifar",
-}, check=_model_check, name_of=lambda obj: getattr(obj, "name", None))
+}, check=_model_check)
 
 
 def _dataset_check(obj: Any) -> str | None:
