@@ -50,3 +50,36 @@ def device_uniform(seed: int, stream: str, k: int, rows: slice, cols: int,
         out.append(values[max(start - lo, 0):])
     noise = torch.from_numpy(out[0] if len(out) == 1 else np.concatenate(out))
     return noise.to(device) if device is not None else noise
+
+
+# SplitMix64's increment and finaliser constants (Steele, Lea and Flood, "Fast splittable
+# pseudorandom number generators", OOPSLA 2014; the finaliser is Stafford's variant 13).
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+def counter_uniform(seed: int, stream: str, keys: tuple[int, ...], devices: np.ndarray,
+                    count: int) -> np.ndarray:
+    """Float64 uniforms in [0, 1) [n, count]: row r holds values 0..count-1 of device
+    ``devices[r]``'s stream for (seed, stream, keys).
+
+    A counter-based generator (SplitMix64 over the counter (device, position) under a key
+    hashed from (seed, stream, keys)): a device's values are a pure function of its index, so
+    any subset of devices, in any order or grouping, gets exactly the values the whole
+    population would (what per-device random streams of cross-device populations need, where
+    a round draws only for the devices asked). Vectorised: no per-device Python work.
+    """
+    base = np.uint64(stream_key(seed, stream, *keys))
+    with np.errstate(over="ignore"):
+        device_key = _mix64(np.asarray(devices, dtype=np.uint64) * _GOLDEN + base)
+        counters = np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN
+        bits = _mix64(device_key[:, None] ^ counters[None, :])
+    return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53

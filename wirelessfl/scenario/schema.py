@@ -83,6 +83,12 @@ class CpuFrequencyConfig(_Strict):
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
+# Populations up to this size draw each round's randomness from one stream over all devices, as
+# every run recorded before cross-device populations did; larger ones key it per device, so a
+# round's cost follows its participants, not the registered population [D].
+SHARED_STREAMS_MAX_DEVICES = 1000
+
+
 class PopulationConfig(_Strict):
     num_devices: int = Field(50, gt=0, description="N devices in the cell (seed 002, Sec. V: 50)")
     distances_m: list[float] | None = Field(
@@ -97,6 +103,13 @@ class PopulationConfig(_Strict):
         None, description="per-device CPU clocks drawn for cmos profiles: {distribution: "
                           "uniform, low_hz, high_hz} or {distribution: lognormal, median_hz, "
                           "sigma[, low_hz, high_hz]}")
+    random_streams: Literal["shared", "per-device"] | None = Field(
+        None, description="how a round's random draws (minibatches, quantiser noise, channels) "
+                          "are keyed: shared: one stream per round over all N devices (the "
+                          "results of every run recorded before cross-device populations); "
+                          "per-device: a stream per (round, device), so a round costs what its "
+                          "participants cost; default: shared up to "
+                          f"{SHARED_STREAMS_MAX_DEVICES} devices, per-device above [D]")
 
     @model_validator(mode="after")
     def _distances_match(self):
@@ -126,6 +139,14 @@ class PopulationConfig(_Strict):
         """Leave the optional sections out when absent (runs recorded before them match)."""
         return {k: v for k, v in handler(self).items()
                 if v is not None or k == "distances_m"}
+
+    @property
+    def per_device_streams(self) -> bool:
+        """True when every random draw of a round is keyed by (round, device) (cross-device
+        populations), False for one stream per round over all devices (``random_streams``)."""
+        if self.random_streams is None:
+            return self.num_devices > SHARED_STREAMS_MAX_DEVICES
+        return self.random_streams == "per-device"
 
     def profiles(self, default: EnergyProfile) -> list[EnergyProfile]:
         """The energy profiles in use: the classes', or ``default`` alone."""
