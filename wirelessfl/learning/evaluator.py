@@ -144,7 +144,16 @@ class DeviceData:
                     server: np.ndarray | None = None) -> DeviceData:
         """``shards``: training indices of each device; ``server``: those the base station keeps."""
         order = np.concatenate(shards)
-        sizes = torch.tensor([len(s) for s in shards], dtype=torch.int64)
+        sizes = np.array([len(s) for s in shards], dtype=np.int64)
+        return cls.from_index_sets(x_train, y_train, order, sizes, x_test, y_test, device, server)
+
+    @classmethod
+    def from_index_sets(cls, x_train, y_train, order: np.ndarray, sizes: np.ndarray, x_test,
+                        y_test, device, server: np.ndarray | None = None) -> DeviceData:
+        """Device i holds training samples ``order[offsets[i]:offsets[i] + sizes[i]]`` (global
+        indices, device after device; an index may repeat across devices when the population
+        outgrows the dataset); ``server``: the indices the base station keeps."""
+        sizes = torch.as_tensor(np.asarray(sizes, dtype=np.int64))
         offsets = torch.cumsum(sizes, 0) - sizes
 
         def put(a, dtype):
