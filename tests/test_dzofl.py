@@ -51,8 +51,8 @@ def test_aggregate_reads_only_delivered_packets():
     q = torch.tensor([0.5, float("nan"), -0.25, float("inf"), 1.0])
     delivered = torch.tensor([True, False, True, False, True])
     # (N / |S|) * sum over S = 5/3 * 1.25, by hand
-    assert float(aggregate_delivered(q, delivered)) == pytest.approx(5 / 3 * 1.25)
-    assert aggregate_delivered(q, torch.zeros(5, dtype=torch.bool)) is None
+    assert float(aggregate_delivered(q[delivered], 5)) == pytest.approx(5 / 3 * 1.25)
+    assert aggregate_delivered(q[torch.zeros(5, dtype=torch.bool)], 5) is None
 
 
 def test_estimator_mean_matches_seed_expectation(world):
@@ -73,7 +73,7 @@ def test_estimator_mean_matches_seed_expectation(world):
                  - ev.device_losses(theta - gamma * phi, idx))
         q, _ = quantize_scalars(delta, 8, 1.0, keyed_generator(1, "q", t))
         delivered = torch.as_tensor(rng.random(n) < 0.6)
-        agg = aggregate_delivered(q, delivered)
+        agg = aggregate_delivered(q[delivered], n)
         if agg is None:
             continue
         samples.append(float((phi * agg) @ grad_f))

@@ -31,6 +31,21 @@ def _grad(world, theta, idx):
     return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(leaf.values()))])
 
 
+def scaffold_reference_round(world, theta, c, c_i, idx, devices, lr, steps):
+    """One SCAFFOLD round (option II, Karimireddy et al. 2020, Alg. 1) of ``devices``, one
+    device at a time with plain autograd; updates c_i [N, d] in place, returns (theta, c)."""
+    dy, dc = [], []
+    for i in devices:
+        y = theta.clone()
+        for e in range(steps):
+            y = y - lr * (_grad(world, y, idx[e, i]) - c_i[i] + c)
+        c_plus = c_i[i] - c + (theta - y) / (steps * lr)  # option II
+        dy.append(y - theta)
+        dc.append(c_plus - c_i[i])
+        c_i[i] = c_plus
+    return theta + torch.stack(dy).mean(0), c + torch.stack(dc).sum(0) / world.num_devices
+
+
 def _algorithm(name, rounds=2, **params):
     return small_scenario(EXACT, algorithms=[{"name": name, "rounds": rounds, "eval_every": 1,
                                               "local_steps": 3, "lr": 0.3, **params}])
@@ -67,17 +82,7 @@ def test_scaffold_matches_a_per_device_reference(monkeypatch):
     c, c_i = torch.zeros_like(theta), torch.zeros(n, theta.numel())
     for k in range(3):
         idx = world.evaluator.sample(keyed_generator(3, "batch", k), 10, steps)
-        dy, dc = [], []
-        for i in range(n):
-            y = theta.clone()
-            for e in range(steps):
-                y = y - lr * (_grad(world, y, idx[e, i]) - c_i[i] + c)
-            c_plus = c_i[i] - c + (theta - y) / (steps * lr)  # option II
-            dy.append(y - theta)
-            dc.append(c_plus - c_i[i])
-            c_i[i] = c_plus
-        theta = theta + torch.stack(dy).mean(0)
-        c = c + torch.stack(dc).sum(0) / n
+        theta, c = scaffold_reference_round(world, theta, c, c_i, idx, range(n), lr, steps)
         torch.testing.assert_close(thetas[k + 1], theta, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(c, c_i.mean(0), rtol=1e-5, atol=1e-6)  # c is the mean of the c_i
 

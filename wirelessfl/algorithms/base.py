@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from wirelessfl.algorithms.types import Payload
 from wirelessfl.learning.quantize import FULL_PRECISION_BITS, quantize_rows, quantize_scalars
-from wirelessfl.learning.seeds import device_uniform, keyed_rng
+from wirelessfl.learning.seeds import counter_uniform, device_uniform, keyed_generator, keyed_rng
 
 if TYPE_CHECKING:
     from wirelessfl.engine.context import RunContext
@@ -179,6 +179,26 @@ class Algorithm:
         self.ctx.health.collected(result.active, result.delivered)
         return result
 
+    def minibatches(self, k: int, devices: np.ndarray, steps: int = 1, stream: str = "batch",
+                    *keys: int) -> torch.Tensor:
+        """Round k's minibatches [steps, n, w] for the devices ``devices`` (increasing indices;
+        a round computes only for the devices whose work can matter): the rows of the
+        population's draw from (seed, stream, k, keys), or with per-device random streams each
+        device's own (``Problem.minibatches``)."""
+        return self.ctx.evaluator.minibatches(self.ctx.seed, stream, (k, *keys),
+                                              self.params.batch_size, steps, devices,
+                                              self.ctx.per_device_streams)
+
+    def scalar_noise(self, stream: str, k: int, devices: np.ndarray) -> torch.Tensor:
+        """Uniforms [n] for quantising one scalar of each of ``devices`` at round k: the rows
+        of the population's draw from (seed, stream, k) (shared streams), or each device's own
+        (per-device streams), so quantising a round's delivered scalars alone gives the values
+        quantising everyone's gave."""
+        if self.ctx.per_device_streams:
+            return torch.from_numpy(counter_uniform(self.ctx.seed, stream, (k,), devices, 1)[:, 0])
+        noise = torch.rand(self.ctx.num_devices, generator=keyed_generator(self.ctx.seed, stream, k))
+        return noise[torch.as_tensor(devices)]
+
     def broadcast(self, payload: Payload, values: torch.Tensor | None = None):
         """``net.broadcast`` to every device; those that miss it become stale. ``values``: what
         it carries when the algorithm sends it unquantised (a NaN or inf there stops the run;
@@ -205,12 +225,12 @@ class Algorithm:
         result = yield from self.ctx.net.broadcast(self.resync_payload(missed), receivers=stale)
         self.missed[stale & result.received] = 0
 
-    def quantize(self, vectors: torch.Tensor, stream: str, k: int, rows: slice,
+    def quantize(self, vectors: torch.Tensor, stream: str, k: int, rows: slice | np.ndarray,
                  delivered: torch.Tensor | np.ndarray | None = None, direction: str = "up"
                  ) -> torch.Tensor:
-        """Per-vector-scaled unbiased M-bit quantisation of rows ``rows`` [n, d] (the devices'
-        uploads, or one row for a broadcast: ``direction`` "down"), noise keyed by (stream,
-        round, device). ``delivered`` [n] bool: the uploads that reach the base station (default
+        """Per-vector-scaled unbiased M-bit quantisation of the rows of devices ``rows`` [n, d]
+        (a slice or an increasing index array: the devices' uploads, or one row for a
+        broadcast: ``direction`` "down"), noise keyed by (stream, round, device). ``delivered`` [n] bool: the uploads that reach the base station (default
         all rows); only those are checked for NaN/inf (which stops the run as diverged) and
         counted in the health columns. Per-vector scales never clip."""
         sent = self._sent(vectors, delivered)

@@ -11,6 +11,7 @@ with alpha_k = alpha_0 (1+k)^-v1, gamma_k = gamma_0 (1+k)^-v2 and Phi_k Rademach
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from pydantic import Field, model_validator
 
@@ -37,15 +38,12 @@ class DZOFLParams(ScalarFormatParams):
         return self
 
 
-def aggregate_delivered(q_up: torch.Tensor, delivered: torch.Tensor) -> torch.Tensor | None:
-    """Delta f_k = (N / |S_k|) sum_{i in S_k} Q(Delta f_i); None when S_k is empty.
-
-    Only entries of delivered devices are read: a lost packet cannot reach the aggregate.
-    """
-    received = int(delivered.sum())
-    if not received:
+def aggregate_delivered(q_delivered: torch.Tensor, num_devices: int) -> torch.Tensor | None:
+    """Delta f_k = (N / |S_k|) sum_{i in S_k} Q(Delta f_i) from the delivered values
+    q_delivered [|S_k|] (a lost packet cannot reach the aggregate); None when S_k is empty."""
+    if not len(q_delivered):
         return None
-    return (q_up.numel() / received) * q_up[delivered].sum()
+    return (num_devices / len(q_delivered)) * q_delivered.sum()
 
 
 class DZOFL(Algorithm):
@@ -77,22 +75,25 @@ class DZOFL(Algorithm):
         alpha = p.alpha0 * (1 + k) ** (-p.v1)
         gamma = p.gamma0 * (1 + k) ** (-p.v2)
         phi = self.perturbation(k)
-        idx = ctx.evaluator.sample(keyed_generator(ctx.seed, "batch", k), p.batch_size)[0]
-        diff = (ctx.evaluator.device_losses(self.theta + gamma * phi, idx)
-                - ctx.evaluator.device_losses(self.theta - gamma * phi, idx))
         scalar, _ = self.declared_payloads(self.theta.numel(), self.bits)
         cost = Cost(forward_passes=2, paper_forward_passes=1,
                     batch_size=ctx.evaluator.minibatch_sizes(p.batch_size))
         result = yield from self.collect(cost, scalar)
-        delivered = torch.as_tensor(result.delivered, device=diff.device)
-        fixed = p.fixed_range()  # None: the stochastic float format, relative error
-        q_up = self.quantize_scalars(diff, fixed, keyed_generator(ctx.seed, "dzofl-up", k),
-                                     delivered)
-        aggregate = aggregate_delivered(q_up, delivered)
+        # Only delivered differences reach the aggregate: compute and quantise those alone.
+        devices = np.flatnonzero(result.delivered)
+        q_up = torch.zeros(0)
+        if len(devices):
+            idx = self.minibatches(k, devices)[0]
+            diff = (ctx.evaluator.device_losses(self.theta + gamma * phi, idx)
+                    - ctx.evaluator.device_losses(self.theta - gamma * phi, idx))
+            fixed = p.fixed_range()  # None: the stochastic float format, relative error
+            q_up = self.quantize_scalars(diff, fixed, self.scalar_noise("dzofl-up", k, devices))
+        aggregate = aggregate_delivered(q_up, n)
         yield from self.broadcast(scalar)
         if aggregate is None:  # S_k empty: the model stays as it is
             return
         # fixed format: |aggregate| <= (N / |S|) |S| r = N r, the broadcast's range
+        fixed = p.fixed_range()
         q_down = self.quantize_scalars(aggregate.reshape(1), None if fixed is None else n * fixed,
                                        keyed_generator(ctx.seed, "dzofl-down", k),
                                        direction="down")

@@ -51,6 +51,7 @@ import torch
 from pydantic import Field, field_validator
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
+from wirelessfl.algorithms.device_state import DeviceRows
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator
 
@@ -66,8 +67,10 @@ class VectorUploadAlgorithm(Algorithm):
     def cost(self) -> Cost:
         raise NotImplementedError
 
-    def device_vectors(self, k: int) -> Iterator[tuple[slice, torch.Tensor]]:
-        """What each device uploads, chunk by chunk: (rows, [n, d]) before quantisation."""
+    def device_vectors(self, k: int, devices: np.ndarray
+                       ) -> Iterator[tuple[slice, torch.Tensor]]:
+        """What the devices ``devices`` upload, chunk by chunk: (rows of ``devices``, [rows, d])
+        before quantisation."""
         raise NotImplementedError
 
     def apply(self, mean_vector: torch.Tensor) -> None:
@@ -98,10 +101,14 @@ class VectorUploadAlgorithm(Algorithm):
         d = self.theta.numel()
         vector, broadcast = self.declared_payloads(d, self.bits)
         result = yield from self.collect(self.cost(), vector)
-        delivered = torch.as_tensor(result.delivered, device=self.theta.device)
-        received = int(delivered.sum())
+        # Only the delivered uploads enter the average, and whether an upload arrives is known
+        # before anyone computes, so only the devices whose upload arrives are computed for
+        # (their minibatches and noise are theirs whichever devices are computed together).
+        devices = np.flatnonzero(result.delivered)
+        received = len(devices)
+        weights = self.weights[torch.as_tensor(devices, device=self.theta.device)]
         total = torch.zeros_like(self.theta)
-        weight = float(self.weights[delivered].double().sum()) if received else 0.0
+        weight = float(weights.double().sum()) if received else 0.0
         if self.params.server_data:  # the base station takes part as one more (wired) client
             total += self.server_weight * self.server_vector(k)
             received += 1
@@ -109,11 +116,10 @@ class VectorUploadAlgorithm(Algorithm):
         if not received:
             yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
             return
-        for rows, vectors in self.device_vectors(k):
-            mask = delivered[rows]
-            if mask.any():
-                q = self.quantize(vectors, f"{self.name}-up", k, rows, mask)
-                total += (q[mask] * self.weights[rows][mask, None]).sum(0)
+        if len(devices):
+            for rows, vectors in self.device_vectors(k, devices):
+                q = self.quantize(vectors, f"{self.name}-up", k, devices[rows])
+                total += (q * weights[rows, None]).sum(0)
         mean = (total / weight).unsqueeze(0)
         q_mean = self.quantize(mean, f"{self.name}-down", k, slice(0, 1), direction="down")[0]
         yield from self.broadcast(broadcast)
@@ -145,10 +151,8 @@ class FedSGD(VectorUploadAlgorithm):
         return Cost(forward_passes=1, backward_passes=1,
                     batch_size=self.ctx.evaluator.minibatch_sizes(self.params.batch_size))
 
-    def device_vectors(self, k):
-        ev = self.ctx.evaluator
-        idx = ev.sample(keyed_generator(self.ctx.seed, "batch", k), self.params.batch_size)[0]
-        return ev.device_gradients(self.theta, idx)
+    def device_vectors(self, k, devices):
+        return self.ctx.evaluator.device_gradients(self.theta, self.minibatches(k, devices)[0])
 
     def server_vector(self, k):
         p = self.params
@@ -175,9 +179,9 @@ class FedAvg(VectorUploadAlgorithm):
         return Cost(forward_passes=e, backward_passes=e,
                     batch_size=self.ctx.evaluator.minibatch_sizes(self.params.batch_size))
 
-    def device_vectors(self, k):
+    def device_vectors(self, k, devices):
         p, ev = self.params, self.ctx.evaluator
-        idx = ev.sample(keyed_generator(self.ctx.seed, "batch", k), p.batch_size, p.local_steps)
+        idx = self.minibatches(k, devices, p.local_steps)
         for rows, models in ev.local_sgd(self.theta, idx, p.lr):
             yield rows, models - self.theta
 
@@ -210,10 +214,10 @@ class FedProx(FedAvg):
     def proximal_pull(self, model):
         return self.params.mu * (model - self.theta)
 
-    def device_vectors(self, k):
+    def device_vectors(self, k, devices):
         p, ev = self.params, self.ctx.evaluator
-        idx = ev.sample(keyed_generator(self.ctx.seed, "batch", k), p.batch_size, p.local_steps)
-        for rows in ev.chunks(p.batch_size, own_model=True):
+        idx = self.minibatches(k, devices, p.local_steps)
+        for rows in ev.row_chunks(len(devices), p.batch_size, own_model=True):
             models = self.theta.expand(rows.stop - rows.start, -1).clone()
             for e in range(p.local_steps):
                 g = ev.stacked_gradients(models, idx[e, rows])
@@ -256,8 +260,9 @@ class Scaffold(VectorUploadAlgorithm):
 
     def setup(self) -> None:
         self.c = torch.zeros_like(self.theta)
-        self.c_device = torch.zeros(self.ctx.num_devices, self.theta.numel(),
-                                    device=self.theta.device)
+        # c_i = 0 until device i's first delivered upload: rows only for the devices that
+        # have one (a cross-device population's c_i would otherwise be N x d from round 0).
+        self.c_device = DeviceRows(self.ctx.num_devices, torch.zeros_like(self.theta))
 
     def cost(self) -> Cost:
         e = self.params.local_steps
@@ -268,28 +273,28 @@ class Scaffold(VectorUploadAlgorithm):
         p, ev, d = self.params, self.ctx.evaluator, self.theta.numel()
         up, down = self.declared_payloads(d, self.bits)
         result = yield from self.collect(self.cost(), up)
-        delivered = torch.as_tensor(result.delivered, device=self.theta.device)
-        received = int(delivered.sum())
+        # Only delivered uploads are aggregated and only they commit c_i: compute those alone.
+        devices = np.flatnonzero(result.delivered)
+        received = len(devices)
         if not received:
             yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
             return
-        idx = ev.sample(keyed_generator(self.ctx.seed, "batch", k), p.batch_size, p.local_steps)
+        idx = self.minibatches(k, devices, p.local_steps)
         total_y, total_c = torch.zeros_like(self.theta), torch.zeros_like(self.theta)
-        for rows in ev.chunks(p.batch_size, own_model=True):
-            mask = delivered[rows]
-            if not mask.any():
-                continue
-            correction = self.c - self.c_device[rows]
-            models = self.theta.expand(rows.stop - rows.start, -1).clone()
+        for rows in ev.row_chunks(received, p.batch_size, own_model=True):
+            chunk = devices[rows]
+            c_old = self.c_device.get(chunk)
+            correction = self.c - c_old
+            models = self.theta.expand(len(chunk), -1).clone()
             for e in range(p.local_steps):
                 models.sub_(ev.stacked_gradients(models, idx[e, rows]) + correction, alpha=p.lr)
             delta_y = models - self.theta
             delta_c = -self.c - delta_y / (p.local_steps * p.lr)  # c_i+ - c_i
-            q_y = self.quantize(delta_y, "scaffold-up-y", k, rows, mask)
-            q_c = self.quantize(delta_c, "scaffold-up-c", k, rows, mask)
-            total_y += q_y[mask].sum(0)
-            total_c += q_c[mask].sum(0)
-            self.c_device[rows] += q_c * mask[:, None].to(q_c.dtype)
+            q_y = self.quantize(delta_y, "scaffold-up-y", k, chunk)
+            q_c = self.quantize(delta_c, "scaffold-up-c", k, chunk)
+            total_y += q_y.sum(0)
+            total_c += q_c.sum(0)
+            self.c_device.set(chunk, c_old + q_c)
         q_y_mean = self.quantize((total_y / received)[None], "scaffold-down-y", k, slice(0, 1),
                                  direction="down")[0]
         q_c_step = self.quantize((total_c / self.ctx.num_devices)[None], "scaffold-down-c", k,

@@ -55,7 +55,6 @@ from pydantic import Field
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.algorithms.types import VECTOR_SCALE_HEADER_BITS, Cost, Payload
 from wirelessfl.errors import UserError
-from wirelessfl.learning.seeds import keyed_generator
 
 SCALAR_BITS = 64  # s and v travel as float64 (fgdro.md Sec. 3: "scalars float64 (8 B)")
 EXP_CLAMP = 700.0  # exp(u / lam) with u / lam clamped at 700 (fgdro.md Sec. 2.2 and 6 item 20)
@@ -132,17 +131,17 @@ class _FGDRO(Algorithm):
         """(device indices, vectors, scalars, backward passes) for the devices of ``mask``,
         chunk by chunk."""
         p, ev = self.params, self.ctx.evaluator
-        idx = ev.sample(keyed_generator(self.ctx.seed, "batch", k), p.batch_size, p.local_steps)
-        for chunk in ev.chunks(p.batch_size, own_model=True):
-            rows = np.flatnonzero(mask[chunk]) + chunk.start
-            if not len(rows):
-                continue
-            rows_t = torch.as_tensor(rows, device=idx.device)
+        devices = np.flatnonzero(mask)  # every asked device's work matters: it moves its u_i
+        if not len(devices):
+            return
+        idx = self.minibatches(k, devices, p.local_steps)
+        for chunk in ev.row_chunks(len(devices), p.batch_size, own_model=True):
+            rows_t = torch.as_tensor(devices[chunk], device=self.u.device)
             # host seconds of learning compute (the problem's own timers are overridden here)
             before, start = ev.compute_s, time.perf_counter()
-            out = self.local_round(rows_t, idx[:, rows_t])
+            out = self.local_round(rows_t, idx[:, chunk])
             ev.compute_s = before + (time.perf_counter() - start)
-            yield (torch.as_tensor(rows), *out)
+            yield (torch.as_tensor(devices[chunk]), *out)
 
     def round(self, k: int):
         p, n, d = self.params, self.ctx.num_devices, self.theta.numel()
@@ -192,17 +191,7 @@ class _FGDRO(Algorithm):
         """Quantise the uploads of devices ``rows`` (sorted indices; ``delivered`` [n]: those
         that arrive) with each device's own keyed noise (the same values whichever devices are
         computed together)."""
-        out = torch.empty_like(vectors)
-        start = 0
-        # consecutive runs of device indices share one draw of keyed noise
-        breaks = np.flatnonzero(np.diff(rows.numpy()) != 1) + 1
-        for run in np.split(np.arange(len(rows)), breaks):
-            lo, hi = int(rows[run[0]]), int(rows[run[-1]]) + 1
-            part = slice(start, start + len(run))
-            out[part] = self.quantize(vectors[part], f"{self.name}-up-{j}", k, slice(lo, hi),
-                                      delivered[part])
-            start += len(run)
-        return out
+        return self.quantize(vectors, f"{self.name}-up-{j}", k, rows.numpy(), delivered)
 
     def state_vectors(self) -> torch.Tensor:
         """The broadcast vectors [c, d]: theta, then m (and q)."""
@@ -344,10 +333,11 @@ class FGDROKL(_FGDRO):
         # the base's collect asks only the round's participants: this one-off asks every holder
         result = yield from self.ctx.net.collect(cost, up, holders)
         self.ctx.health.collected(result.active, result.delivered)
-        active = torch.as_tensor(np.asarray(result.active, dtype=bool))
-        idx = ev.sample(keyed_generator(self.ctx.seed, "fgdro-warm-start", 0), p.batch_size)[0]
-        losses = ev.device_losses(self.theta, idx).double().to(self.u.device)
-        self.u = torch.where(active.to(self.u.device), losses, self.u)
+        active = np.flatnonzero(np.asarray(result.active, dtype=bool))
+        if len(active):
+            idx = self.minibatches(0, active, 1, "fgdro-warm-start")[0]
+            losses = ev.device_losses(self.theta, idx).double().to(self.u.device)
+            self.u[torch.as_tensor(active, device=self.u.device)] = losses
         e = self.exp_weight(self.u)
         delivered = torch.as_tensor(np.asarray(result.delivered, dtype=bool)).to(e.device)
         self.ctx.check_finite(e, "up", self.round_index, delivered)

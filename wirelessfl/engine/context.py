@@ -157,6 +157,9 @@ class RunContext:
     stop_loss_growth: float | None = None
     # Clipped and quantised values, empty rounds, non-finite uploads (the health columns).
     health: HealthCounter = field(default_factory=HealthCounter)
+    # Random draws keyed per (round, device) (population.random_streams per-device): a round
+    # draws only for the devices it asks; False: one stream per round over all devices.
+    per_device_streams: bool = False
 
     @property
     def num_devices(self) -> int:

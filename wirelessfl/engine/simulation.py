@@ -213,7 +213,8 @@ def _build(world: World, params: AlgorithmParams, env: simpy.Environment,
                      stop_targets=((sc.target_accuracy, sc.target_suboptimality)
                                    if sc.stop_at_target else None),
                      stop_loss_growth=(sc.health.max_loss_growth if sc.stop_when_unhealthy
-                                       else None))
+                                       else None),
+                     per_device_streams=sc.population.per_device_streams)
     algorithm = algorithm_class(params.name)(params, ctx)
     algorithm.setup()
     return algorithm

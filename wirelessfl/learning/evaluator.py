@@ -41,6 +41,7 @@ from wirelessfl.learning.minibatch import (
     minibatch_mean,
     owner_sizes,
     real_batch_sizes,
+    sample_device_minibatches,
     sample_minibatches,
 )
 from wirelessfl.learning.stacked import StackedForward, to_channels_last, uses_convolutions
@@ -241,6 +242,15 @@ class BatchedEvaluator(Problem):
         start = time.perf_counter()
         out = sample_minibatches(generator, self.data.sizes, self.data.offsets, batch_size,
                                  steps, self.device)
+        self.compute_s += time.perf_counter() - start
+        return out
+
+    def sample_devices(self, seed, stream, keys, batch_size, steps, devices):
+        """``sample``'s minibatches for the devices ``devices`` alone, keyed per device
+        (``sample_device_minibatches``)."""
+        start = time.perf_counter()
+        out = sample_device_minibatches(seed, stream, keys, devices, self.data.sizes,
+                                        self.data.offsets, batch_size, steps, self.device)
         self.compute_s += time.perf_counter() - start
         return out
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from wirelessfl.learning.seeds import counter_uniform
+
 
 def sample_minibatches(generator: torch.Generator, sizes: torch.Tensor, offsets: torch.Tensor,
                        batch_size: int, steps: int = 1,
@@ -32,10 +34,38 @@ def sample_minibatches(generator: torch.Generator, sizes: torch.Tensor, offsets:
     draw does not depend on which devices are short, so a device with m_i >= b gets the same
     indices as before full local batches existed.
     """
-    n = len(sizes)
-    largest = int(sizes.max())
-    width = max(largest, batch_size)
-    keys = torch.rand((steps, n, width), generator=generator)
+    width = key_width(sizes, batch_size)
+    keys = torch.rand((steps, len(sizes), width), generator=generator)
+    return _smallest_keys(keys, sizes, offsets, batch_size, int(sizes.max()), device)
+
+
+def sample_device_minibatches(seed: int, stream: str, keys: tuple[int, ...], devices: np.ndarray,
+                              sizes: torch.Tensor, offsets: torch.Tensor, batch_size: int,
+                              steps: int = 1, device: torch.device | str | None = None
+                              ) -> torch.Tensor:
+    """As ``sample_minibatches`` for the devices ``devices`` only [steps, n, w], with each
+    device's keys from its own counter-based stream (seed, stream, keys, device)
+    (``counter_uniform``): a device gets the same minibatches whichever other devices are drawn
+    for, so a cross-device round samples for its participants alone (``sizes`` and
+    ``offsets`` are the whole population's: w, like the shared draw's, is fixed by them)."""
+    width = key_width(sizes, batch_size)
+    rows = torch.as_tensor(np.asarray(devices, dtype=np.int64))
+    uniforms = counter_uniform(seed, stream, keys, np.asarray(devices), steps * width)
+    ranks = torch.from_numpy(uniforms).view(len(rows), steps, width).transpose(0, 1)
+    return _smallest_keys(ranks.contiguous(), sizes[rows], offsets[rows], batch_size,
+                          int(sizes.max()), device)
+
+
+def key_width(sizes: torch.Tensor, batch_size: int) -> int:
+    """Keys per device per step: enough to rank the largest device's samples, and at least b."""
+    return max(int(sizes.max()), batch_size)
+
+
+def _smallest_keys(keys: torch.Tensor, sizes: torch.Tensor, offsets: torch.Tensor,
+                   batch_size: int, largest: int, device) -> torch.Tensor:
+    """Each row's b samples of smallest key [steps, n, w] (keys [steps, n, width]; a row of a
+    short device: all of its samples, then padding with its first sample)."""
+    width = keys.shape[2]
     keys.masked_fill_(torch.arange(width) >= sizes[:, None], 2.0)
     take = min(batch_size, largest)  # every device short: no slot beyond the largest device
     local = keys.topk(take, dim=2, largest=False).indices

@@ -32,23 +32,44 @@ def keyed_rng(seed: int, stream: str, *keys: int) -> np.random.Generator:
 DEVICE_BLOCK = 64
 
 
-def device_uniform(seed: int, stream: str, k: int, rows: slice, cols: int,
+def device_uniform(seed: int, stream: str, k: int, rows: slice | np.ndarray, cols: int,
                    device=None) -> torch.Tensor:
-    """Float32 uniforms in [0, 1) [rows, cols] for devices ``rows`` at round ``k``.
+    """Float32 uniforms in [0, 1) [rows, cols] for devices ``rows`` (a slice, or an increasing
+    array of device indices) at round ``k``.
 
     Devices are grouped in fixed blocks of DEVICE_BLOCK, each block a keyed PCG64 stream filled
     row by row, so a device's values do not depend on which devices are computed together
-    (chunking) or on the torch device. Only the rows up to the last one asked for are drawn (a
-    prefix of the block's stream), so one row costs one row, not a block.
+    (chunking, participants) or on the torch device. A consecutive run of devices draws the
+    block's prefix up to the last one asked for; a device far into a block skips to its row with
+    PCG64's jump-ahead (``advance``), so a few devices scattered over a large population cost
+    their own rows, not their blocks.
     """
-    start, stop = rows.start or 0, rows.stop
-    out = []
-    for block in range(start // DEVICE_BLOCK, (stop - 1) // DEVICE_BLOCK + 1):
-        lo = block * DEVICE_BLOCK
-        needed = min(stop - lo, DEVICE_BLOCK)
-        values = keyed_rng(seed, stream, k, block).random((needed, cols), dtype=np.float32)
-        out.append(values[max(start - lo, 0):])
-    noise = torch.from_numpy(out[0] if len(out) == 1 else np.concatenate(out))
+    if isinstance(rows, slice):
+        devices = np.arange(rows.start or 0, rows.stop)
+    else:
+        devices = np.asarray(rows, dtype=np.int64)
+    out = np.empty((len(devices), cols), dtype=np.float32)
+    blocks = devices // DEVICE_BLOCK
+    cuts = np.flatnonzero(np.diff(blocks)) + 1
+    for group in np.split(np.arange(len(devices)), cuts):
+        if not len(group):
+            continue
+        block = int(blocks[group[0]])
+        local = devices[group] - block * DEVICE_BLOCK
+        rng = keyed_rng(seed, stream, k, block)
+        if local[-1] + 1 <= 2 * len(group):  # dense enough: draw the prefix, keep the rows asked
+            out[group] = rng.random((int(local[-1]) + 1, cols), dtype=np.float32)[local]
+            continue
+        position = 0  # float32 values consumed: two per PCG64 step, low half first
+        for slot, row in zip(group, local):
+            target = int(row) * cols
+            if target > position:  # jump (advance drops a buffered high half, skipped anyway)
+                rng.bit_generator.advance(target // 2 - (position + 1) // 2)
+                if target % 2:
+                    rng.random(1, dtype=np.float32)
+            out[slot] = rng.random(cols, dtype=np.float32)
+            position = (int(row) + 1) * cols
+    noise = torch.from_numpy(out)
     return noise.to(device) if device is not None else noise
 
 

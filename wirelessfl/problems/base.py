@@ -55,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 
 from wirelessfl.energy.profiler import ModelProfile
 from wirelessfl.errors import UserError
+from wirelessfl.learning.seeds import keyed_generator
 
 if TYPE_CHECKING:
     from wirelessfl.engine.resources import ProblemFacts
@@ -155,12 +156,43 @@ class Problem(ABC):
         own (``server_data``): here one more device's (a loss without samples)."""
         return 1.0
 
+    def sample_devices(self, seed: int, stream: str, keys: tuple[int, ...], batch_size: int,
+                       steps: int, devices: np.ndarray) -> torch.Tensor:
+        """Minibatches [steps, n, w] of the devices ``devices`` only, each device's from its own
+        stream keyed by (seed, stream, keys, device) (per-device random streams): a device's
+        minibatches do not depend on which other devices are drawn for."""
+        raise UserError(f"problem: {type(self).__name__} has no per-device random streams; set "
+                        "population.random_streams: shared")
+
     # ---- built on the above -----------------------------------------------------------------
+    def minibatches(self, seed: int, stream: str, keys: tuple[int, ...], batch_size: int,
+                    steps: int, devices: np.ndarray, per_device: bool) -> torch.Tensor:
+        """This round's minibatches [steps, n, w] for the devices ``devices`` (increasing
+        indices), rows in their order. Shared streams: the population's draw from
+        (seed, stream, keys) (``sample``), of which the devices' rows are taken, so computing a
+        round's participants alone gives the numbers computing everyone gave; per-device
+        streams: drawn for these devices alone (``sample_devices``)."""
+        if per_device:
+            return self.sample_devices(seed, stream, keys, batch_size, steps, devices)
+        idx = self.sample(keyed_generator(seed, stream, *keys), batch_size, steps)
+        if len(devices) == self.num_devices:
+            return idx
+        return idx[:, torch.as_tensor(devices, device=idx.device)]
+
+    def row_chunks(self, count: int, batch_size: int, own_model: bool) -> Iterator[slice]:
+        """Consecutive slices of ``count`` rows (devices of a round, in any selection) no larger
+        than ``chunks``' first one: the memory bound of a chunk of devices, for any subset."""
+        first = next(iter(self.chunks(batch_size, own_model)))
+        size = first.stop - first.start
+        for start in range(0, count, size):
+            yield slice(start, min(start + size, count))
+
     def device_gradients(self, theta: torch.Tensor, idx: torch.Tensor
                          ) -> Iterator[tuple[slice, torch.Tensor]]:
-        """Per-device minibatch gradients at a shared theta, chunk by chunk: (rows, [n, d])."""
+        """Per-device minibatch gradients at a shared theta, chunk by chunk of idx's rows [n, b]
+        (any selection of devices): (rows, [rows, d])."""
         b = idx.shape[1]
-        for rows in self.chunks(b, own_model=True):
+        for rows in self.row_chunks(idx.shape[0], b, own_model=True):
             start = time.perf_counter()
             models = theta.expand(rows.stop - rows.start, -1)
             grads = self.stacked_gradients(models, idx[rows])
@@ -169,12 +201,13 @@ class Problem(ABC):
 
     def local_sgd(self, theta: torch.Tensor, idx: torch.Tensor, lr: float,
                   steps: torch.Tensor | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
-        """Each device runs SGD from theta on its minibatches idx [E, N, b]; yields (rows, [n, d]).
+        """Each device runs SGD from theta on its minibatches idx [E, n, b] (the rows of any
+        selection of devices); yields (rows of idx, [rows, d]).
 
-        ``steps`` [N] (optional) lets devices stop early: device i takes only its first steps[i].
+        ``steps`` [n] (optional) lets devices stop early: row i takes only its first steps[i].
         """
-        num_steps, _, b = idx.shape
-        for rows in self.chunks(b, own_model=True):
+        num_steps, count, b = idx.shape
+        for rows in self.row_chunks(count, b, own_model=True):
             start = time.perf_counter()
             models = theta.expand(rows.stop - rows.start, -1).clone()
             for e in range(num_steps):

@@ -38,6 +38,7 @@ from wirelessfl.learning.minibatch import (
     minibatch_scale,
     owner_sizes,
     real_batch_sizes,
+    sample_device_minibatches,
     sample_minibatches,
 )
 from wirelessfl.problems.base import (
@@ -318,6 +319,14 @@ class LogisticProblem(Problem):
         start = time.perf_counter()
         out = sample_minibatches(generator, self.sizes, self.offsets, batch_size, steps,
                                  self.device)
+        self.compute_s += time.perf_counter() - start
+        return out
+
+    def sample_devices(self, seed, stream, keys, batch_size, steps, devices):
+        """``sample``'s minibatches for the devices ``devices`` alone, keyed per device."""
+        start = time.perf_counter()
+        out = sample_device_minibatches(seed, stream, keys, devices, self.sizes, self.offsets,
+                                        batch_size, steps, self.device)
         self.compute_s += time.perf_counter() - start
         return out
 

@@ -1,0 +1,173 @@
+"""Cross-device rounds: per-device random streams, computing only the devices whose work
+matters, and per-device state held only for the devices that have some.
+
+Truths: a pure-Python SplitMix64 (the counter generator's definition), the rows of a whole
+population's draw (any subset must get them), plain per-device autograd references written
+from the papers' update rules (SCAFFOLD, FedAvg), and the closed form of the expected number of
+devices that ever took part."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import record_delivered, run_recording_thetas, small_scenario
+from tests.test_heterogeneity_baselines import EXACT, scaffold_reference_round
+from wirelessfl.algorithms.device_state import BLOCK_ROWS, DeviceRows, expected_rows
+from wirelessfl.learning.minibatch import sample_device_minibatches
+from wirelessfl.learning.seeds import counter_uniform, device_uniform, stream_key
+from wirelessfl.scenario.schema import SHARED_STREAMS_MAX_DEVICES, PopulationConfig
+
+MASK = 2**64 - 1
+
+
+def _splitmix_reference(seed, stream, keys, device, count):
+    """SplitMix64 in Python integers: key = mix(device * golden + base), value j =
+    mix(key ^ (j + 1) * golden) >> 11 / 2^53."""
+    golden = 0x9E3779B97F4A7C15
+
+    def mix(z):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        return z ^ (z >> 31)
+
+    key = mix((device * golden + stream_key(seed, stream, *keys)) & MASK)
+    return [(mix(key ^ (((j + 1) * golden) & MASK)) >> 11) / 2**53 for j in range(count)]
+
+
+def test_counter_uniform_is_splitmix64_per_device():
+    devices = np.array([0, 1, 7, 999_999, 123_456_789])
+    got = counter_uniform(4, "batch", (2, 5), devices, 6)
+    for row, device in zip(got, devices):
+        assert row.tolist() == _splitmix_reference(4, "batch", (2, 5), int(device), 6)
+    many = counter_uniform(0, "x", (1,), np.arange(2000), 50)
+    assert abs(many.mean() - 0.5) < 0.005 and abs(many.var() - 1 / 12) < 0.002
+
+
+def test_any_subset_of_devices_gets_the_population_rows():
+    rng = np.random.default_rng(1)
+    full = counter_uniform(1, "s", (3,), np.arange(500), 9)
+    sizes = torch.as_tensor(rng.integers(3, 40, 500))
+    offsets = torch.cumsum(sizes, 0) - sizes
+    batches = sample_device_minibatches(1, "b", (3,), np.arange(500), sizes, offsets, 10, 4)
+    for cols in (1, 7, 64):
+        noise = device_uniform(2, "q", 5, slice(0, 500), cols)
+        for _ in range(50):
+            subset = np.unique(rng.integers(0, 500, rng.integers(1, 30)))
+            assert torch.equal(device_uniform(2, "q", 5, subset, cols), noise[subset])
+    for _ in range(50):
+        subset = np.unique(rng.integers(0, 500, rng.integers(1, 30)))
+        assert np.array_equal(counter_uniform(1, "s", (3,), subset, 9), full[subset])
+        got = sample_device_minibatches(1, "b", (3,), subset, sizes, offsets, 10, 4)
+        assert torch.equal(got, batches[:, torch.as_tensor(subset)])
+
+
+def test_per_device_minibatches_are_uniform_subsets_without_replacement():
+    sizes = torch.tensor([25, 4, 10])
+    offsets = torch.cumsum(sizes, 0) - sizes
+    counts = np.zeros(25)
+    for k in range(2000):
+        idx = sample_device_minibatches(0, "b", (k,), np.array([0, 1, 2]), sizes, offsets, 10)
+        first = idx[0, 0].numpy()
+        assert len(set(first)) == 10 and first.min() >= 0 and first.max() < 25
+        assert sorted(idx[0, 1, :4].tolist()) == [25, 26, 27, 28]  # short device: all, once
+        assert sorted(idx[0, 2].tolist()) == list(range(29, 39))  # m = b: its whole data
+        counts[first] += 1
+    expected = 2000 * 10 / 25  # each sample in a b-subset with probability b / m
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 52.6  # chi-square, 24 degrees of freedom, p = 0.001
+
+
+def test_default_streams_follow_the_population_size():
+    assert not PopulationConfig(num_devices=SHARED_STREAMS_MAX_DEVICES).per_device_streams
+    assert PopulationConfig(num_devices=SHARED_STREAMS_MAX_DEVICES + 1).per_device_streams
+    assert PopulationConfig(num_devices=8, random_streams="per-device").per_device_streams
+    assert "random_streams" not in PopulationConfig(num_devices=8).model_dump()
+
+
+def test_device_rows_hold_only_written_devices():
+    rng = np.random.default_rng(2)
+    n, d = 5000, 3
+    store = DeviceRows(n, torch.zeros(d))
+    dense = torch.zeros(n, d)
+    for _ in range(30):
+        devices = np.unique(rng.integers(0, n, 60))
+        values = torch.randn(len(devices), d)
+        store.set(devices, store.get(devices) + values)
+        dense[devices] += values
+    assert torch.equal(store.dense(), dense)
+    touched = int((dense != 0).any(1).sum())
+    assert store.held == touched
+    assert len(store.blocks) == -(-touched // BLOCK_ROWS)
+
+
+def test_expected_rows_closed_form_against_simulation():
+    n, beta, rounds = 1000, 0.01, 150
+    rng = np.random.default_rng(3)
+    seen = np.zeros(n, bool)
+    ever = []
+    for _ in range(20):
+        seen[:] = False
+        for _ in range(rounds):
+            seen[rng.choice(n, 10, replace=False)] = True
+        ever.append(seen.sum())
+    assert abs(np.mean(ever) - expected_rows(n, beta, rounds)) < 0.02 * n
+
+
+def _scenario(name, **params):
+    return small_scenario([*EXACT, "population.random_streams=per-device"],
+                          algorithms=[{"name": name, "rounds": 3, "eval_every": 1,
+                                       "local_steps": 3, "lr": 0.3, "participation": 0.5,
+                                       **params}])
+
+
+def test_scaffold_per_device_streams_match_a_per_device_reference(monkeypatch):
+    """SCAFFOLD option II with half the devices asked per round, per-device minibatches: the
+    batched, participants-only run against plain autograd over the same devices, with dense
+    control variates in the reference."""
+    lr, steps = 0.3, 3
+    delivered = record_delivered(monkeypatch)
+    world, thetas, _ = run_recording_thetas(monkeypatch, _scenario("scaffold"))
+    ev, n = world.evaluator, world.num_devices
+    theta, c, c_i = thetas[0], torch.zeros_like(thetas[0]), torch.zeros(n, thetas[0].numel())
+    for k in range(3):
+        asked = np.flatnonzero(delivered[k])
+        assert len(asked) == n // 2
+        idx = sample_device_minibatches(3, "batch", (k,), np.arange(n), ev.data.sizes,
+                                        ev.data.offsets, 10, steps)
+        theta, c = scaffold_reference_round(world, theta, c, c_i, idx, asked, lr, steps)
+        torch.testing.assert_close(thetas[k + 1], theta, rtol=1e-4, atol=1e-5)
+
+
+def test_only_delivered_devices_are_computed(monkeypatch):
+    """FedAvg's local SGD runs on the rows of the delivered devices only."""
+    from wirelessfl.problems.base import Problem
+
+    rows = []
+    original = Problem.local_sgd
+
+    def counting(self, theta, idx, lr, steps=None):
+        rows.append(idx.shape[1])
+        yield from original(self, theta, idx, lr, steps)
+
+    monkeypatch.setattr(Problem, "local_sgd", counting)
+    delivered = record_delivered(monkeypatch)
+    run_recording_thetas(monkeypatch, _scenario("fedavg"))
+    assert rows == [int(d.sum()) for d in delivered]
+    assert max(rows) < 8
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "dzofl", "fgdro-kl"])
+def test_per_device_runs_are_reproducible_and_finite(monkeypatch, name):
+    if name == "dzofl":
+        sc = small_scenario([*EXACT, "population.random_streams=per-device"],
+                            algorithms=[{"name": "dzofl", "rounds": 5, "eval_every": 1,
+                                         "participation": 0.5}])
+    else:
+        sc = _scenario(name)
+    _, first, _ = run_recording_thetas(monkeypatch, sc)
+    _, again, _ = run_recording_thetas(monkeypatch, sc)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b) and bool(torch.isfinite(a).all())
+    assert not torch.equal(first[0], first[-1])
