@@ -118,6 +118,16 @@ class Algorithm:
     # the evaluator's chunked work: what the pre-run memory check (engine/resources.py) counts.
     peak_device_arrays: ClassVar[int] = 0
 
+    # True when a round computes only for the devices it asks (their work alone can matter):
+    # the memory check sizes the round's work by round(beta N), not N.
+    computes_participants_only: ClassVar[bool] = False
+
+    @classmethod
+    def state_rows(cls, num_devices: int, params: AlgorithmParams) -> float:
+        """Rows [d] of ``peak_device_arrays`` the algorithm holds at its peak, for the memory
+        check: N each (dense per-device arrays) unless a subclass holds fewer."""
+        return cls.peak_device_arrays * num_devices
+
     # Upload phases of a round in which every packet arrives (two for methods that exchange a
     # gradient and then a model); the conformance suite reads it with ``declared_payloads``.
     uploads_per_round: ClassVar[int] = 1

@@ -50,6 +50,7 @@ class DZOFL(Algorithm):
     name = "dzofl"
     Params = DZOFLParams
     summary = "seed 002: two-point zeroth-order FL, one quantised scalar up and down per iteration"
+    computes_participants_only = True
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1) -> tuple[Payload, Payload]:

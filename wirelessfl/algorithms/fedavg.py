@@ -51,13 +51,15 @@ import torch
 from pydantic import Field, field_validator
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
-from wirelessfl.algorithms.device_state import DeviceRows
+from wirelessfl.algorithms.device_state import BLOCK_ROWS, DeviceRows, expected_rows
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator
 
 
 class VectorUploadAlgorithm(Algorithm):
     """Shared mechanics of methods that upload one d-vector per device and broadcast one back."""
+
+    computes_participants_only = True
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1) -> tuple[Payload, Payload]:
@@ -252,6 +254,13 @@ class Scaffold(VectorUploadAlgorithm):
     peak_device_arrays = 1  # c_i between rounds (models and uploads go chunk by chunk)
     Params = ScaffoldParams
     summary = "drift-corrected local SGD with control variates; two d-vectors up and two down"
+
+    @classmethod
+    def state_rows(cls, num_devices, params):
+        """c_i of the devices that took part so far (``DeviceRows``: expected after all rounds,
+        plus the last storage block's slack)."""
+        held = expected_rows(num_devices, params.participation, params.rounds)
+        return min(float(num_devices), held + BLOCK_ROWS)
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1) -> tuple[Payload, Payload]:

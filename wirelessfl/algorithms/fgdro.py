@@ -83,6 +83,12 @@ class _FGDRO(Algorithm):
     """Shared round of the three methods: local steps, one upload, averages over what arrived."""
 
     peak_device_arrays = 4  # w, m, q of every device and their quantised uploads
+    computes_participants_only = True
+
+    @classmethod
+    def state_rows(cls, num_devices, params):
+        """The round's work is held for the asked devices only (u_i is one float64 each)."""
+        return cls.peak_device_arrays * max(1, round(params.participation * num_devices))
 
     vectors: ClassVar[int]  # d-vectors each way: w (+ m, + q)
 

@@ -393,10 +393,12 @@ def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstima
     for params in scenario.algorithms:
         cls = algorithm_class(params.name)
         rows = evaluations(params)
-        chunk = chunk_devices(facts, n, params.batch_size, scenario.engine.max_chunk_mb)
+        # devices whose work a round holds: the asked ones for participant-only methods
+        workers = max(1, round(params.participation * n)) if cls.computes_participants_only else n
+        chunk = chunk_devices(facts, workers, params.batch_size, scenario.engine.max_chunk_mb)
         bits = params.bits if params.bits is not None else scenario.quantization_bits
-        compute, chunked = round_compute(cls, params, facts, n, chunk, bits)
-        state = cls.peak_device_arrays * n * d * size
+        compute, chunked = round_compute(cls, params, facts, workers, chunk, bits)
+        state = cls.state_rows(n, params) * d * size
         during = (n * DEVICE_RUN_BYTES + state + compute + records
                   + rows * (accuracy + ROUND_ROW_BYTES))
         if during > round_peak:

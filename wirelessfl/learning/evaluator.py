@@ -279,7 +279,7 @@ class BatchedEvaluator(Problem):
             bounds = [n * k // count for k in range(count + 1)]  # as equal as devices allow
             out = torch.cat(parallel_map(piece, [slice(lo, hi) for lo, hi in pairwise(bounds)]))
         else:
-            out = torch.cat([piece(rows) for rows in self.chunks(b, own_model=False)])
+            out = torch.cat([piece(rows) for rows in self.row_chunks(n, b, own_model=False)])
         if self.l2:
             out += 0.5 * self.l2 * float(theta.square().sum())
         self.compute_s += time.perf_counter() - start
