@@ -130,6 +130,17 @@ def _project_rounds(world, params) -> tuple[float, float]:
     return total / params.rounds, (ev.compute_s - compute_before) / params.rounds
 
 
+def round_macs(profile, params, devices: int) -> int:
+    """MACs of one round's learning work on ``devices`` devices (2 x MACs = FLOPs): FedAvg runs
+    E local steps of a forward and a backward pass (a backward pass = 2 x forward MACs) on b
+    samples each; DZOFL two forward passes on b samples. ``profile``: the world's model_profile;
+    ``params``: the algorithm's parameters (name, batch_size, local_steps)."""
+    b = params.batch_size
+    if params.name == "fedavg":
+        return devices * params.local_steps * 3 * profile.macs(b)
+    return devices * 2 * profile.macs(b)
+
+
 def run_case(spec: dict, repeats: int, peak: float) -> dict:
     from wirelessfl.engine import threads
     from wirelessfl.engine.build import build_world
@@ -154,12 +165,8 @@ def run_case(spec: dict, repeats: int, peak: float) -> dict:
         # The peak is re-measured between repeats: the fraction is taken against the best rate
         # this process saw, so a slow start of the machine cannot inflate it.
         peak = max(peak, matmul_peak_gflops(sizes=(1024,), repeats=5))
-    prof = world.model_profile
-    b, n = params.batch_size, world.num_devices
-    if params.name == "fedavg":  # forward + backward (2x forward MACs) per local step
-        macs = n * params.local_steps * 3 * prof.macs(b)
-    else:  # two forward passes
-        macs = n * 2 * prof.macs(b)
+    n = world.num_devices
+    macs = round_macs(world.model_profile, params, n)
     project = statistics.median(project_times)
     compute = statistics.median(compute_times)
     loop = statistics.median(loop_times)
