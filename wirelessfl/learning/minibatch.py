@@ -34,9 +34,9 @@ def sample_minibatches(generator: torch.Generator, sizes: torch.Tensor, offsets:
     draw does not depend on which devices are short, so a device with m_i >= b gets the same
     indices as before full local batches existed.
     """
-    width = key_width(sizes, batch_size)
-    keys = torch.rand((steps, len(sizes), width), generator=generator)
-    return _smallest_keys(keys, sizes, offsets, batch_size, int(sizes.max()), device)
+    largest = int(sizes.max())
+    keys = torch.rand((steps, len(sizes), max(largest, batch_size)), generator=generator)
+    return _smallest_keys(keys, sizes, offsets, batch_size, largest, device)
 
 
 def sample_device_minibatches(seed: int, stream: str, keys: tuple[int, ...], devices: np.ndarray,
@@ -48,17 +48,13 @@ def sample_device_minibatches(seed: int, stream: str, keys: tuple[int, ...], dev
     (``counter_uniform``): a device gets the same minibatches whichever other devices are drawn
     for, so a cross-device round samples for its participants alone (``sizes`` and
     ``offsets`` are the whole population's: w, like the shared draw's, is fixed by them)."""
-    width = key_width(sizes, batch_size)
+    largest = int(sizes.max())
+    width = max(largest, batch_size)  # keys per device per step, as the shared draw's
     rows = torch.as_tensor(np.asarray(devices, dtype=np.int64))
     uniforms = counter_uniform(seed, stream, keys, np.asarray(devices), steps * width)
     ranks = torch.from_numpy(uniforms).view(len(rows), steps, width).transpose(0, 1)
-    return _smallest_keys(ranks.contiguous(), sizes[rows], offsets[rows], batch_size,
-                          int(sizes.max()), device)
-
-
-def key_width(sizes: torch.Tensor, batch_size: int) -> int:
-    """Keys per device per step: enough to rank the largest device's samples, and at least b."""
-    return max(int(sizes.max()), batch_size)
+    return _smallest_keys(ranks.contiguous(), sizes[rows], offsets[rows], batch_size, largest,
+                          device)
 
 
 def _smallest_keys(keys: torch.Tensor, sizes: torch.Tensor, offsets: torch.Tensor,

@@ -104,3 +104,17 @@ def counter_uniform(seed: int, stream: str, keys: tuple[int, ...], devices: np.n
         counters = np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN
         bits = _mix64(device_key[:, None] ^ counters[None, :])
     return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def keyed_normals(keys: np.ndarray, count: int) -> np.ndarray:
+    """Standard normals [len(keys), count], float64: row r is a pure function of keys[r].
+
+    Row r reads the SplitMix64 stream seeded by mix(keys[r]) (``_mix64``); two uniforms per
+    value go through Box-Muller. Vectorised over rows and columns, so which rows are drawn together (chunking)
+    never changes a row.
+    """
+    state = _mix64(np.asarray(keys, dtype=np.uint64).reshape(-1))[:, None]
+    counters = np.arange(1, 2 * count + 1, dtype=np.uint64) * _GOLDEN
+    bits = _mix64(state + counters[None, :])
+    u = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
+    return np.sqrt(-2.0 * np.log(u[:, 0::2])) * np.cos(2.0 * np.pi * u[:, 1::2])

@@ -264,33 +264,6 @@ class Problem(ABC):
         return {"d": self.d, "optimum_value": self.optimum_value}
 
 
-# ---- counter-based Gaussian noise ---------------------------------------------------------------
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-
-
-def _mix64(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's output function (Steele, Lea and Flood 2014) on uint64 arrays (wrapping)."""
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
-
-
-def keyed_normals(keys: np.ndarray, count: int) -> np.ndarray:
-    """Standard normals [len(keys), count], float64: row r is a pure function of keys[r].
-
-    Row r reads the SplitMix64 stream seeded by mix(keys[r]); two uniforms per value go through
-    Box-Muller. Vectorised over rows and columns, so which rows are drawn together (chunking)
-    never changes a row.
-    """
-    state = _mix64(np.asarray(keys, dtype=np.uint64).reshape(-1))[:, None]
-    counters = np.arange(1, 2 * count + 1, dtype=np.uint64) * _GOLDEN
-    bits = _mix64(state + counters[None, :])
-    u = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
-    return np.sqrt(-2.0 * np.log(u[:, 0::2])) * np.cos(2.0 * np.pi * u[:, 1::2])
-
-
 # ---- the quadratic ------------------------------------------------------------------------------
 KEY_LIMIT = 2**62
 

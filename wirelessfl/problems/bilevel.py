@@ -42,7 +42,7 @@ from wirelessfl.algorithms.types import Cost
 from wirelessfl.energy.profiler import ModelProfile
 from wirelessfl.engine.resources import ProblemFacts
 from wirelessfl.errors import UserError
-from wirelessfl.learning.seeds import keyed_rng
+from wirelessfl.learning.seeds import keyed_normals, keyed_rng
 from wirelessfl.problems.base import (
     KEY_LIMIT,
     BuiltProblem,
@@ -50,7 +50,6 @@ from wirelessfl.problems.base import (
     ProblemConfig,
     ProblemSpec,
     default_field,
-    keyed_normals,
     one_device_per_client,
     refuse_data_sections,
 )

@@ -21,7 +21,7 @@ from scipy.optimize import brentq
 from wirelessfl.energy.profiler import ModelProfile
 from wirelessfl.engine.resources import ProblemFacts
 from wirelessfl.errors import UserError
-from wirelessfl.learning.seeds import keyed_rng
+from wirelessfl.learning.seeds import keyed_normals, keyed_rng
 from wirelessfl.problems.base import (
     ALL_CONSTANTS,
     KEY_LIMIT,
@@ -30,7 +30,6 @@ from wirelessfl.problems.base import (
     ProblemConfig,
     ProblemSpec,
     default_field,
-    keyed_normals,
     one_device_per_client,
     refuse_data_sections,
     similarity_constants,
