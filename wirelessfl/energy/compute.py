@@ -121,6 +121,8 @@ class PassCosts:
         arrays; ``batch`` is one sample count or [N] counts (a full local gradient passes over
         each device's own m_i samples)."""
         sizes = np.asarray(batch)
+        if sizes.ndim and sizes.size and (sizes == sizes.flat[0]).all():
+            sizes = sizes.flat[0]  # one batch size for all (every device full): no np.unique
         if sizes.ndim == 0:
             return tuple(np.broadcast_to(np.asarray(c, float), (num_devices,))
                          for c in self._costs(int(sizes)))
