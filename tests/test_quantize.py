@@ -1,5 +1,7 @@
 """The stochastic quantiser against its definition: unbiased, on the grid, bounded variance."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -115,6 +117,28 @@ def test_quantize_rows_scales_and_zero_rows():
         # The largest-magnitude entry sits exactly on the end of its row's grid.
         j = m[i].abs().argmax()
         assert q[i, j].item() == pytest.approx(m[i, j].item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bits", [1, 3, 8, 16])
+def test_quantize_rows_are_stochastic_round_on_their_own_scales_bit_for_bit(bits, dtype):
+    """quantize_rows' lean path (rows inside positive scales) against the general grid
+    (stochastic_round, checked above against the levels written out) with the same scales and
+    noise: equal bits, with pre-drawn uniforms and with a generator; a zero, a NaN or an
+    infinite row takes the general path."""
+    m = (torch.randn(7, 300, generator=gen(bits)) * torch.logspace(-6, 6, 7)[:, None]).to(dtype)
+    m[3, 5] = m[3].abs().max() * 1.0000001  # a float64 maximum rounds up to its float32 scale
+    zero_row = torch.cat([m, torch.zeros(1, 300, dtype=dtype)])
+    nan_row, inf_row = m.clone(), m.clone()
+    nan_row[1, 7], inf_row[1, 7] = math.nan, math.inf
+    for rows in (m, zero_row, nan_row, inf_row):
+        noise = torch.rand(rows.shape, generator=gen(bits + 1))
+        for draw in (lambda noise=noise: noise, lambda: gen(4)):
+            q, scales = quantize_rows(rows, bits, draw())
+            assert (scales.to(dtype) >= rows.abs().amax(1)).all() or rows.isnan().any()
+            ref, _ = stochastic_round(rows, bits, scales.to(dtype)[:, None], draw())
+            assert torch.equal(q.isnan(), ref.isnan())
+            assert torch.equal(torch.nan_to_num(q), torch.nan_to_num(ref))
 
 
 def test_quantize_rows_unbiased():
