@@ -141,6 +141,45 @@ def test_quantize_rows_are_stochastic_round_on_their_own_scales_bit_for_bit(bits
             assert torch.equal(torch.nan_to_num(q), torch.nan_to_num(ref))
 
 
+def torch_stochastic_float(x, bits, noise):
+    """The float format's steps in torch (as stochastic_float was written before it moved to
+    numpy): the reference its numpy version must equal bit for bit."""
+    fmt = FloatFormat(bits)
+    work = x.double()
+    magnitude = work.abs()
+    clipped = magnitude > fmt.largest
+    magnitude = magnitude.clamp(max=fmt.largest)
+    _, exponent = torch.frexp(magnitude)
+    binade = (exponent - 1).clamp(min=fmt.min_exponent)
+    step = torch.ldexp(torch.ones_like(magnitude), binade - fmt.mantissa_bits)
+    position = magnitude / step
+    low = position.floor()
+    up = noise.to(torch.float64) < (position - low)
+    return torch.copysign((low + up) * step, work).to(x.dtype), clipped
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bits", [2, 3, 8, 16, 31])
+def test_stochastic_float_in_numpy_equals_its_torch_steps_bit_for_bit(bits, dtype):
+    """Magnitudes from the subnormals past the largest level, zeros of both signs, NaN and
+    infinities; pre-drawn uniforms and a generator; a 0-d scalar keeps its shape."""
+    magnitudes = torch.logspace(-60, 60, 400, base=2.0, dtype=torch.float64)
+    x = torch.cat([magnitudes, -magnitudes, torch.tensor([0.0, -0.0, math.nan, math.inf,
+                                                           -math.inf], dtype=torch.float64)])
+    x = x.to(dtype)
+    noise = torch.rand(x.shape, generator=gen(bits))
+    for draw in (noise, gen(7)):
+        q, clipped = stochastic_float(x, bits, draw)
+        ref, ref_clipped = torch_stochastic_float(
+            x, bits, noise if draw is noise else torch.rand(x.shape, generator=gen(7)))
+        assert q.dtype == dtype and torch.equal(clipped, ref_clipped)
+        assert torch.equal(q.isnan(), ref.isnan())
+        assert torch.equal(torch.nan_to_num(q), torch.nan_to_num(ref))
+        assert torch.equal(q.signbit(), ref.signbit())
+    one, _ = stochastic_float(x[3], bits, noise[3])
+    assert one.shape == () and torch.equal(one, stochastic_float(x[3:4], bits, noise[3:4])[0][0])
+
+
 def test_quantize_rows_unbiased():
     m = torch.tensor([[0.3, -0.1, 1.0], [2.0, -4.0, 0.7]], dtype=torch.float64)
     reps = 40_000

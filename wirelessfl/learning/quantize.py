@@ -144,22 +144,33 @@ def stochastic_float(x: torch.Tensor, bits: int,
                      generator: Noise = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Q(x) in the M = ``bits`` stochastic float format (FloatFormat); returns (values, clipped
     mask: |x| beyond the largest level, saturated to it). ``generator`` as in stochastic_round.
+
+    Computed in numpy on the CPU whatever x's device (the uniforms are drawn there anyway):
+    DZOFL quantises a few scalars per round, where numpy's per-call cost is a quarter of
+    torch's, and every step is exact in float64 (abs, frexp, ldexp, a division by a power of
+    two, floor, copysign), so the values do not depend on the library.
     """
     if bits >= FULL_PRECISION_BITS:
         return x, torch.zeros_like(x, dtype=torch.bool)
     fmt = FloatFormat(bits)
-    work = x.double()  # float64: every level of M <= 31 is exact, so is the rounding probability
-    magnitude = work.abs()
+    value = x.detach().cpu().numpy()
+    if isinstance(generator, torch.Tensor):  # pre-drawn uniforms, broadcast against x
+        uniforms = generator.detach().cpu().numpy()
+    else:
+        uniforms = torch.rand(x.shape, generator=generator, dtype=torch.float32).numpy()
+    # float64: every level of M <= 31 is exact, so is the rounding probability
+    magnitude = np.abs(value, dtype=np.float64)
     clipped = magnitude > fmt.largest
-    magnitude = magnitude.clamp(max=fmt.largest)
-    _, exponent = torch.frexp(magnitude)  # magnitude = f 2^exponent, f in [0.5, 1)
+    magnitude = np.minimum(magnitude, fmt.largest)
+    _, exponent = np.frexp(magnitude)  # magnitude = f 2^exponent, f in [0.5, 1)
     # floor(log2 |x|) = exponent - 1; the subnormals share the lowest binade's step.
-    binade = (exponent - 1).clamp(min=fmt.min_exponent)
-    step = torch.ldexp(torch.ones_like(magnitude), binade - fmt.mantissa_bits)
+    binade = np.maximum(exponent - 1, fmt.min_exponent)
+    step = np.ldexp(1.0, binade - fmt.mantissa_bits)
     position = magnitude / step  # exact: a division by a power of two
-    low = position.floor()
-    up = _uniforms(generator, work) < (position - low)
-    return torch.copysign((low + up) * step, work).to(x.dtype), clipped
+    low = np.floor(position)
+    q = np.copysign((low + (uniforms < position - low)) * step, value)  # float32 u: exact
+    return (torch.from_numpy(np.asarray(q, dtype=value.dtype)).to(x.device),
+            torch.from_numpy(np.asarray(clipped)).to(x.device))
 
 
 def _uniforms(generator: Noise, like: torch.Tensor) -> torch.Tensor:
