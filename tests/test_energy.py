@@ -170,6 +170,20 @@ def test_compute_model_vectorized_matches_scalar():
             fwd[i] * compute.forward_time_s(10) + bwd[i] * compute.backward_time_s(10), rel=REL)
 
 
+@pytest.mark.parametrize("sizes", [[10, 10, 10, 10], [10, 4, 10, 7], 10])
+def test_device_prices_are_each_device_s_own_batch_prices(sizes):
+    """Per device, the four prices of one pass over its own batch (the scalar prices of
+    ``forward_energy_j`` ... by batch size), whether the batch sizes are equal (one price for
+    all: a single value the engine broadcasts), differ ([N] arrays), or are one number."""
+    compute = ComputeModel(EnergyProfile(), CNN, bits=16)
+    prices = compute.device_prices(np.asarray(sizes), 4)
+    own = np.broadcast_to(np.asarray(sizes), (4,))
+    for k, price in enumerate((compute.forward_energy_j, compute.backward_energy_j,
+                               compute.forward_time_s, compute.backward_time_s)):
+        assert prices[k].shape == (() if len(set(own.tolist())) == 1 else (4,))
+        assert np.broadcast_to(prices[k], (4,)).tolist() == [price(int(b)) for b in own]
+
+
 def test_compute_model_rejects_bits_above_max_precision():
     with pytest.raises(UserError, match="max_precision_bits"):
         ComputeModel(EnergyProfile(max_precision_bits=16), CNN, bits=32)

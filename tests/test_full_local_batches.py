@@ -18,7 +18,7 @@ from wirelessfl.engine.build import build_world
 from wirelessfl.engine.ledger import KIND_INDEX
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
-from wirelessfl.learning.minibatch import sample_minibatches
+from wirelessfl.learning.minibatch import batch_counts, sample_minibatches
 from wirelessfl.learning.models import build_model
 from wirelessfl.problems.logistic import LogisticProblem
 from wirelessfl.scenario.loader import scenario_from_document
@@ -126,6 +126,31 @@ def test_classifier_minibatch_of_a_short_device_is_its_whole_data(model_name, st
     sub = ev.stacked_gradients(theta.expand(2, -1), idx[rows])
     torch.testing.assert_close(sub, grads[rows], rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(ev.minibatch_sizes(6), [3, 6, 6, 5])
+
+
+@pytest.mark.parametrize("model_name", ["logistic", "mlp", "seed002-cnn"])
+def test_batches_no_device_is_short_of_take_the_plain_mean_with_the_same_bits(model_name):
+    """SIZES' smallest device holds 3 samples: a batch of 3 is full everywhere, so the counts
+    are skipped (None) and the losses and gradients are a plain mean, bit for bit what the
+    masked mean (counts forced) gives; a batch of 4 keeps the counts."""
+    ev = make_evaluator(model_name)
+    theta = ev.flat.initial() + 0.05 * torch.randn(ev.d, generator=torch.Generator().manual_seed(1))
+    idx = ev.sample(torch.Generator().manual_seed(2), 3, steps=2)
+    assert batch_counts(idx[0], ev._owner_sizes, ev._smallest) is None
+    assert batch_counts(ev.sample(torch.Generator().manual_seed(2), 4)[0], ev._owner_sizes,
+                        ev._smallest).tolist() == [3, 4, 4, 4]
+    fast = (ev.device_losses(theta, idx[0]), ev.stacked_losses(theta.expand(4, -1), idx[0]),
+            torch.cat([m for _, m in ev.local_sgd(theta, idx, 0.3)]))
+    ev._smallest = 0  # every batch counted and masked, as before the shortcut
+    masked = (ev.device_losses(theta, idx[0]), ev.stacked_losses(theta.expand(4, -1), idx[0]),
+              torch.cat([m for _, m in ev.local_sgd(theta, idx, 0.3)]))
+    for a, b in zip(fast, masked, strict=True):
+        assert torch.equal(a, b)
+    for i in range(4):  # and both are the plain mean over the device's 3 drawn samples
+        params = ev.flat.unflatten(theta)
+        logits = torch.func.functional_call(ev.flat.model, params, (ev.data.x[idx[0, i]],))
+        plain = F.cross_entropy(logits, ev.data.y[idx[0, i]])
+        assert fast[0][i].item() == pytest.approx(plain.item(), rel=1e-6)
 
 
 # ---- logistic regression -----------------------------------------------------------------------------

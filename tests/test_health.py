@@ -4,6 +4,7 @@ uploads stopping a run as diverged, and the verdict in the summary, the manifest
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,7 @@ import torch
 from tests.conftest import algorithm_scenario, small_scenario
 from wirelessfl.cli import main
 from wirelessfl.engine.build import build_world
+from wirelessfl.engine.context import Diverged, RunContext
 from wirelessfl.engine.network import VectorNetwork
 from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.learning.evaluator import BatchedEvaluator
@@ -109,6 +111,43 @@ def test_a_diverging_fedavg_stops_at_the_non_finite_upload(bits):
     assert not verdict["healthy"] and verdict["health"].startswith("diverged (")
     # without the status, the stop row alone marks the divergence
     assert not assess(rows)["healthy"]
+
+
+def _context_for_checks():
+    """A run context with only what ``check_finite`` reads (its counters and rows)."""
+    return RunContext("check", None, None, None, None, torch.zeros(1), 0, 1, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_check_finite_finds_exactly_the_non_finite_rows_sent(dtype):
+    """Against numpy's elementwise isfinite per row: a NaN or an infinity in a sent row stops
+    the run and is counted, in an unsent row it is ignored, and finite values whose sum
+    overflows (the check's fast path sums them) or +inf beside -inf (a NaN sum) are told
+    apart correctly."""
+    big = torch.finfo(dtype).max
+    values = torch.ones(6, 5, dtype=dtype)
+    values[0, :] = big  # finite, but the sum overflows
+    values[1, 2] = math.nan
+    values[2, 0], values[2, 1] = math.inf, -math.inf  # the row sums to NaN
+    values[4, 4] = -math.inf
+    truth = ~np.isfinite(values.numpy()).all(axis=1)
+    assert truth.tolist() == [False, True, True, False, True, False]
+    for sent in (None, torch.tensor([True, True, False, True, True, True]),
+                 torch.tensor([True, False, False, True, False, True])):
+        ctx = _context_for_checks()
+        expected = truth if sent is None else truth & sent.numpy()
+        if not expected.any():
+            ctx.check_finite(values, "up", 3, sent)
+        else:
+            with pytest.raises(Diverged, match=f"uploads became NaN/inf \\({expected.sum()} "):
+                ctx.check_finite(values, "up", 3, sent)
+        assert ctx.health.nonfinite_uploads == expected.sum()
+    ctx = _context_for_checks()
+    ctx.check_finite(values[[0, 3, 5]], "down", 3)  # finite (overflowing sum): passes
+    for bad in (values[1], values[2:3], torch.tensor(math.nan, dtype=dtype)):
+        with pytest.raises(Diverged, match="broadcast aggregate became NaN/inf"):
+            ctx.check_finite(bad, "down", 3)
+    assert ctx.health.nonfinite_uploads == 0
 
 
 @pytest.mark.parametrize("algorithm", [

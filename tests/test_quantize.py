@@ -1,5 +1,7 @@
 """The stochastic quantiser against its definition: unbiased, on the grid, bounded variance."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -115,6 +117,67 @@ def test_quantize_rows_scales_and_zero_rows():
         # The largest-magnitude entry sits exactly on the end of its row's grid.
         j = m[i].abs().argmax()
         assert q[i, j].item() == pytest.approx(m[i, j].item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bits", [1, 3, 8, 16])
+def test_quantize_rows_are_stochastic_round_on_their_own_scales_bit_for_bit(bits, dtype):
+    """quantize_rows' lean path (rows inside positive scales) against the general grid
+    (stochastic_round, checked above against the levels written out) with the same scales and
+    noise: equal bits, with pre-drawn uniforms and with a generator; a zero, a NaN or an
+    infinite row takes the general path."""
+    m = (torch.randn(7, 300, generator=gen(bits)) * torch.logspace(-6, 6, 7)[:, None]).to(dtype)
+    m[3, 5] = m[3].abs().max() * 1.0000001  # a float64 maximum rounds up to its float32 scale
+    zero_row = torch.cat([m, torch.zeros(1, 300, dtype=dtype)])
+    nan_row, inf_row = m.clone(), m.clone()
+    nan_row[1, 7], inf_row[1, 7] = math.nan, math.inf
+    for rows in (m, zero_row, nan_row, inf_row):
+        noise = torch.rand(rows.shape, generator=gen(bits + 1))
+        for draw in (lambda noise=noise: noise, lambda: gen(4)):
+            q, scales = quantize_rows(rows, bits, draw())
+            assert (scales.to(dtype) >= rows.abs().amax(1)).all() or rows.isnan().any()
+            ref, _ = stochastic_round(rows, bits, scales.to(dtype)[:, None], draw())
+            assert torch.equal(q.isnan(), ref.isnan())
+            assert torch.equal(torch.nan_to_num(q), torch.nan_to_num(ref))
+
+
+def torch_stochastic_float(x, bits, noise):
+    """The float format's steps in torch (as stochastic_float was written before it moved to
+    numpy): the reference its numpy version must equal bit for bit."""
+    fmt = FloatFormat(bits)
+    work = x.double()
+    magnitude = work.abs()
+    clipped = magnitude > fmt.largest
+    magnitude = magnitude.clamp(max=fmt.largest)
+    _, exponent = torch.frexp(magnitude)
+    binade = (exponent - 1).clamp(min=fmt.min_exponent)
+    step = torch.ldexp(torch.ones_like(magnitude), binade - fmt.mantissa_bits)
+    position = magnitude / step
+    low = position.floor()
+    up = noise.to(torch.float64) < (position - low)
+    return torch.copysign((low + up) * step, work).to(x.dtype), clipped
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bits", [2, 3, 8, 16, 31])
+def test_stochastic_float_in_numpy_equals_its_torch_steps_bit_for_bit(bits, dtype):
+    """Magnitudes from the subnormals past the largest level, zeros of both signs, NaN and
+    infinities; pre-drawn uniforms and a generator; a 0-d scalar keeps its shape."""
+    magnitudes = torch.logspace(-60, 60, 400, base=2.0, dtype=torch.float64)
+    x = torch.cat([magnitudes, -magnitudes, torch.tensor([0.0, -0.0, math.nan, math.inf,
+                                                           -math.inf], dtype=torch.float64)])
+    x = x.to(dtype)
+    noise = torch.rand(x.shape, generator=gen(bits))
+    for draw in (noise, gen(7)):
+        q, clipped = stochastic_float(x, bits, draw)
+        ref, ref_clipped = torch_stochastic_float(
+            x, bits, noise if draw is noise else torch.rand(x.shape, generator=gen(7)))
+        assert q.dtype == dtype and torch.equal(clipped, ref_clipped)
+        assert torch.equal(q.isnan(), ref.isnan())
+        assert torch.equal(torch.nan_to_num(q), torch.nan_to_num(ref))
+        assert torch.equal(q.signbit(), ref.signbit())
+    one, _ = stochastic_float(x[3], bits, noise[3])
+    assert one.shape == () and torch.equal(one, stochastic_float(x[3:4], bits, noise[3:4])[0][0])
 
 
 def test_quantize_rows_unbiased():

@@ -118,12 +118,15 @@ class PassCosts:
 
     def device_prices(self, batch, num_devices: int) -> tuple[np.ndarray, ...]:
         """(forward J, backward J, forward s, backward s) of one pass for each device, as [N]
-        arrays; ``batch`` is one sample count or [N] counts (a full local gradient passes over
-        each device's own m_i samples)."""
+        arrays, or as one value each where every device pays the same (one batch size on one
+        device model: the engine broadcasts it, no [N] arrays built per phase); ``batch`` is
+        one sample count or [N] counts (a full local gradient passes over each device's own
+        m_i samples)."""
         sizes = np.asarray(batch)
+        if sizes.ndim and sizes.size and (sizes == sizes.flat[0]).all():
+            sizes = sizes.flat[0]  # one batch size for all (every device full): no np.unique
         if sizes.ndim == 0:
-            return tuple(np.broadcast_to(np.asarray(c, float), (num_devices,))
-                         for c in self._costs(int(sizes)))
+            return tuple(np.asarray(c, float) for c in self._costs(int(sizes)))
         out = np.zeros((4, num_devices))
         for value in np.unique(sizes):
             mask = sizes == value

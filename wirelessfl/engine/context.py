@@ -189,7 +189,14 @@ class RunContext:
         """Raise ``Diverged`` when ``values`` about to be sent ``direction`` hold a NaN or an
         infinity (checked before quantisation, which would hide them). Uploads: [n, ...], one
         row per device, of which the rows ``sent`` ([n] bool, default all) reach the base
-        station; each non-finite one is counted in ``nonfinite_uploads``."""
+        station; each non-finite one is counted in ``nonfinite_uploads``.
+
+        Runs on every upload and broadcast, so it first sums all values (one pass, nothing
+        allocated): a NaN or an infinity anywhere makes the sum NaN or infinite (inf - inf is
+        NaN), so a finite sum proves every value finite. Only a non-finite sum (a bad value, or
+        finite values whose sum overflowed) pays for the elementwise test below."""
+        if bool(torch.isfinite(values.sum())):
+            return
         finite = torch.isfinite(values)
         rows = finite.reshape(finite.shape[0], -1).all(1) if values.dim() else finite.reshape(1)
         bad = ~rows if sent is None else ~rows & sent.to(rows.device)

@@ -38,6 +38,7 @@ from wirelessfl.engine.threads import parallel_map
 from wirelessfl.errors import UserError
 from wirelessfl.learning.minibatch import (
     batch_counts,
+    counts_of,
     minibatch_mean,
     owner_sizes,
     real_batch_sizes,
@@ -206,6 +207,9 @@ class BatchedEvaluator(Problem):
         self._weights = (1.0 / (self.num_devices * sizes)).repeat_interleave(data.sizes)
         # Each sample's device size: a minibatch row's real sample count (``batch_counts``).
         self._owner_sizes = owner_sizes(data.sizes).to(self.device)
+        # The fewest samples a device holds: minibatches up to this width are full on every
+        # device (``batch_counts`` returns None, a plain mean).
+        self._smallest = int(data.sizes.min()) if len(data.sizes) else 0
 
     @property
     def d(self) -> int:
@@ -265,13 +269,13 @@ class BatchedEvaluator(Problem):
         thread pool; the pieces depend only on N and the batch size)."""
         start = time.perf_counter()
         n, b = idx.shape
-        counts = batch_counts(idx, self._owner_sizes)
+        counts = batch_counts(idx, self._owner_sizes, self._smallest)
 
         def piece(rows: slice) -> torch.Tensor:
             flat_idx = idx[rows].reshape(-1)
             logits = self.flat.predict(theta, self.data.x[flat_idx])
             losses = F.cross_entropy(logits, self.data.y[flat_idx], reduction="none")
-            return minibatch_mean(losses.view(-1, b), counts[rows])
+            return minibatch_mean(losses.view(-1, b), counts_of(counts, rows))
 
         if self.threaded:  # about PIECE_SAMPLES samples a piece, at least MIN_PIECES pieces
             count = min(n, max(math.ceil(n / self.chunk_size(b, own_model=False)), MIN_PIECES,
@@ -292,7 +296,8 @@ class BatchedEvaluator(Problem):
         y = self.data.y[idx]
         logits = self.stacked(models, self.data.x[idx])
         losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-        out = minibatch_mean(losses.view(y.shape), batch_counts(idx, self._owner_sizes))
+        out = minibatch_mean(losses.view(y.shape),
+                             batch_counts(idx, self._owner_sizes, self._smallest))
         if self.l2:
             out += 0.5 * self.l2 * models.square().sum(1)
         self.compute_s += time.perf_counter() - start
@@ -317,12 +322,12 @@ class BatchedEvaluator(Problem):
         """(minibatch loss [n], its gradient [n, d]) of each device at its own model, without
         the l2 term."""
         y = self.data.y[idx]
-        counts = batch_counts(idx, self._owner_sizes)
+        counts = batch_counts(idx, self._owner_sizes, self._smallest)
 
         def device_losses(logits: torch.Tensor, rows: slice) -> torch.Tensor:
             target = y[rows]
             losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
-            return minibatch_mean(losses.view(target.shape), counts[rows])
+            return minibatch_mean(losses.view(target.shape), counts_of(counts, rows))
 
         return self.stacked.losses_and_gradients(models, self.data.x[idx], device_losses)
 

@@ -81,9 +81,20 @@ def owner_sizes(sizes: torch.Tensor) -> torch.Tensor:
     return sizes.repeat_interleave(sizes)
 
 
-def batch_counts(idx: torch.Tensor, sample_owner_sizes: torch.Tensor) -> torch.Tensor:
-    """[n] real samples of each minibatch row idx [n, w]: min(w, m of the row's device)."""
+def batch_counts(idx: torch.Tensor, sample_owner_sizes: torch.Tensor, smallest: int = 0
+                 ) -> torch.Tensor | None:
+    """[n] real samples of each minibatch row idx [n, w]: min(w, m of the row's device); None
+    when every row is full because no device holds fewer than w samples (``smallest``: the
+    fewest any device holds), which ``minibatch_mean`` takes as a plain mean: the same bits
+    with none of the mask's tensor ops (run on every local step)."""
+    if idx.shape[1] <= smallest:
+        return None
     return sample_owner_sizes[idx[:, 0]].clamp(max=idx.shape[1])
+
+
+def counts_of(counts: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    """``batch_counts`` of the rows ``rows`` (None stays None: every row full)."""
+    return None if counts is None else counts[rows]
 
 
 def minibatch_scale(counts: torch.Tensor, width: int, dtype: torch.dtype
@@ -96,7 +107,10 @@ def minibatch_scale(counts: torch.Tensor, width: int, dtype: torch.dtype
     return mask, (width / counts.double()).to(dtype)
 
 
-def minibatch_mean(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """[n] mean of values [n, w] over each row's real slots (``minibatch_scale``)."""
+def minibatch_mean(values: torch.Tensor, counts: torch.Tensor | None) -> torch.Tensor:
+    """[n] mean of values [n, w] over each row's real slots (``minibatch_scale``); counts None:
+    every row is full, the plain mean (the same bits as the masked one, see minibatch_scale)."""
+    if counts is None:
+        return values.mean(1)
     mask, scale = minibatch_scale(counts, values.shape[1], values.dtype)
     return torch.where(mask, values, 0.0).mean(1) * scale

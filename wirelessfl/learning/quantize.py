@@ -144,22 +144,33 @@ def stochastic_float(x: torch.Tensor, bits: int,
                      generator: Noise = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Q(x) in the M = ``bits`` stochastic float format (FloatFormat); returns (values, clipped
     mask: |x| beyond the largest level, saturated to it). ``generator`` as in stochastic_round.
+
+    Computed in numpy on the CPU whatever x's device (the uniforms are drawn there anyway):
+    DZOFL quantises a few scalars per round, where numpy's per-call cost is a quarter of
+    torch's, and every step is exact in float64 (abs, frexp, ldexp, a division by a power of
+    two, floor, copysign), so the values do not depend on the library.
     """
     if bits >= FULL_PRECISION_BITS:
         return x, torch.zeros_like(x, dtype=torch.bool)
     fmt = FloatFormat(bits)
-    work = x.double()  # float64: every level of M <= 31 is exact, so is the rounding probability
-    magnitude = work.abs()
+    value = x.detach().cpu().numpy()
+    if isinstance(generator, torch.Tensor):  # pre-drawn uniforms, broadcast against x
+        uniforms = generator.detach().cpu().numpy()
+    else:
+        uniforms = torch.rand(x.shape, generator=generator, dtype=torch.float32).numpy()
+    # float64: every level of M <= 31 is exact, so is the rounding probability
+    magnitude = np.abs(value, dtype=np.float64)
     clipped = magnitude > fmt.largest
-    magnitude = magnitude.clamp(max=fmt.largest)
-    _, exponent = torch.frexp(magnitude)  # magnitude = f 2^exponent, f in [0.5, 1)
+    magnitude = np.minimum(magnitude, fmt.largest)
+    _, exponent = np.frexp(magnitude)  # magnitude = f 2^exponent, f in [0.5, 1)
     # floor(log2 |x|) = exponent - 1; the subnormals share the lowest binade's step.
-    binade = (exponent - 1).clamp(min=fmt.min_exponent)
-    step = torch.ldexp(torch.ones_like(magnitude), binade - fmt.mantissa_bits)
+    binade = np.maximum(exponent - 1, fmt.min_exponent)
+    step = np.ldexp(1.0, binade - fmt.mantissa_bits)
     position = magnitude / step  # exact: a division by a power of two
-    low = position.floor()
-    up = _uniforms(generator, work) < (position - low)
-    return torch.copysign((low + up) * step, work).to(x.dtype), clipped
+    low = np.floor(position)
+    q = np.copysign((low + (uniforms < position - low)) * step, value)  # float32 u: exact
+    return (torch.from_numpy(np.asarray(q, dtype=value.dtype)).to(x.device),
+            torch.from_numpy(np.asarray(clipped)).to(x.device))
 
 
 def _uniforms(generator: Noise, like: torch.Tensor) -> torch.Tensor:
@@ -205,8 +216,27 @@ def quantize_rows(matrix: torch.Tensor, bits: int,
     scales = torch.where(scales.to(exact.dtype) < exact, up, scales)
     if bits >= FULL_PRECISION_BITS:
         return matrix, scales
-    q, _ = stochastic_round(matrix, bits, scales.to(matrix.dtype)[:, None], generator)
+    scale = scales.to(matrix.dtype)[:, None]
+    if bool((scale > 0).all()):  # no zero row (nor a NaN one): the lean path, same values
+        return _round_within(matrix, bits, scale, generator), scales
+    q, _ = stochastic_round(matrix, bits, scale, generator)
     return q, scales
+
+
+def _round_within(x: torch.Tensor, bits: int, scale: torch.Tensor, generator: Noise
+                  ) -> torch.Tensor:
+    """``stochastic_round``'s values for rows inside their positive scales (|x_ij| <= s_i,
+    s_i > 0, quantize_rows' own): its saturation test, clipping and zero-scale select are
+    identities there (a NaN passes them unchanged too), so the grid arithmetic alone gives the
+    same bits with six fewer passes over [n, d] (every upload and broadcast of a round)."""
+    work = x.double()
+    intervals = 2**bits - 1
+    scale = scale.double()
+    step = 2 * scale / intervals
+    position = (work + scale) / step  # in [0, intervals], in units of grid steps
+    low = position.floor().clamp(0, intervals - 1)
+    up = _uniforms(generator, work) < (position - low)  # P(round up) = fractional part
+    return ((low + up) * step - scale).to(x.dtype)
 
 
 def payload_bits_vector(length: int, bits: int, header_bits: int = SCALE_HEADER_BITS) -> int:
