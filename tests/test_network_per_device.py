@@ -186,6 +186,26 @@ def test_indices_give_the_mask_results_at_those_devices(setting, engine):
                     np.testing.assert_array_equal(getattr(a, name)[b.devices], getattr(b, name))
 
 
+@pytest.mark.parametrize("per_device", [False, True])
+def test_per_device_costs_can_be_given_for_the_asked_devices_only(per_device):
+    """A Cost's per-device arrays: [N], or one value per asked device (sorted indices)."""
+    ids = np.array([1, 4, 5, 11, 30])
+    steps = np.arange(40) % 4 + 1
+    ledgers = []
+    for passes in (steps, steps[ids]):
+        env, net = _network(DETERMINISTIC, per_device=per_device)
+        cost = Cost(forward_passes=passes, backward_passes=passes, batch_size=passes * 5)
+        env.process(net.collect(cost, Payload.vectors(300, 8), ids))
+        env.run()
+        ledgers.append(net.ledger)
+    _assert_ledgers_close(*ledgers, rtol=0)
+    assert ledgers[0].backward_passes[ids].tolist() == steps[ids].tolist()
+    env, net = _network(DETERMINISTIC, per_device=per_device)
+    with pytest.raises(ValueError, match="one per registered device"):
+        env.process(net.collect(Cost(forward_passes=np.ones(7)), Payload.vectors(3, 8), ids))
+        env.run()
+
+
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_engines_agree_with_per_device_streams(setting):
     overrides = ["channel=3gpp-umi"] + SETTINGS[setting]  # gauss-markov, ARQ, random channel

@@ -47,8 +47,10 @@ Random streams (``population.random_streams``, docs/architecture.md "Cross-devic
   when), a phase is computed over the population as in shared mode, with the keyed draws (the
   resync that follows a lossy broadcast is sent at the rate of the weakest device that missed
   it, so the cell's state, not only the asked devices', sets its airtime). Collect and broadcast
-  accept the asked devices as int indices; results then come back aligned with them
-  (``devices``), so a round's engine cost is O(participants).
+  accept the asked devices as int indices (in both modes); results then come back aligned with
+  them (``devices``, sorted), a ``Cost`` may give its per-device arrays for them alone, and a
+  broadcast names the receivers that lost it (``lost_devices``), so a round's engine cost is
+  O(participants).
 """
 
 from __future__ import annotations
@@ -161,11 +163,33 @@ class _Sent:
             else devices[rows]
 
 
-def _cost_at(cost: Cost, devices: np.ndarray) -> Cost:
-    """``cost`` for ``devices`` only: its per-device arrays [N] taken at those devices."""
-    def take(value):
-        return value if value is None or np.ndim(value) == 0 else np.asarray(value)[devices]
-    return dataclasses.replace(cost, **{f.name: take(getattr(cost, f.name))
+def _cost_for(cost: Cost, asked: _Asked, num_devices: int) -> Cost:
+    """``cost`` with its per-device arrays aligned with the phase's arrays. An array is either
+    [N] (one value per registered device) or, when the devices were asked by index, one value
+    per asked device in the order of ``result.devices`` (sorted); per-device streams take the
+    asked devices' values, shared streams spread the asked devices' values over N."""
+    if asked.given is None and isinstance(asked.devices, slice):
+        return cost
+    n = len(asked.given) if asked.given is not None else len(asked.devices)
+
+    def aligned(name, value):
+        if value is None or np.ndim(value) == 0:
+            return value
+        value = np.asarray(value)
+        if len(value) == num_devices:
+            return value if isinstance(asked.devices, slice) else value[asked.devices]
+        if len(value) != n or asked.given is None:
+            raise ValueError(f"Cost.{name} has {len(value)} values: give one per registered "
+                             f"device ({num_devices}) or one per asked device ({n})")
+        if not isinstance(asked.devices, slice):
+            return value
+        # devices not asked take an asked one's value (they are inactive: priced at zero
+        # passes), so no count is priced that the caller did not give (a batch of 0, say)
+        spread = np.full(num_devices, value[0] if n else 0, dtype=value.dtype)
+        spread[asked.given] = value
+        return spread
+
+    return dataclasses.replace(cost, **{f.name: aligned(f.name, getattr(cost, f.name))
                                         for f in dataclasses.fields(cost)})
 
 
@@ -394,17 +418,15 @@ class Network:
                 out[k, here] = np.asarray(price)[devices[here]]
         return tuple(out)
 
-    def _plan_collect(self, cost: Cost, payload: Payload, active: np.ndarray,
-                      devices=slice(None)) -> _Plan:
+    def _plan_collect(self, cost: Cost, payload: Payload, asked: _Asked) -> _Plan:
         """Per-device compute, queueing and uplink outcome of one phase (the same for both
         engines): fading is drawn at each device's ready time, the deadline cuts late uploads.
-        ``devices``: slice(None) (shared streams, every array over N) or the phase's device
-        indices (per-device streams, arrays aligned with them), ``active`` aligned likewise."""
+        ``asked.devices``: slice(None) (shared streams, every array over N) or the phase's
+        device indices (per-device streams, arrays aligned with them)."""
         start = self.env.now
+        active, devices = asked.active, asked.devices
         on = active.astype(float)
-        count = self.num_devices
-        if self.per_device:
-            cost, count = _cost_at(cost, devices), len(active)
+        cost, count = _cost_for(cost, asked, self.num_devices), len(active)
         fwd, bwd = cost.priced_passes(count, self.accounting)
         fwd, bwd = fwd * on, bwd * on
         gradients = cost.per_device(count)[1] * on
@@ -548,7 +570,7 @@ class VectorNetwork(Network):
         asked = self._asked(active)
         active = asked.active
         start = self.env.now
-        plan = self._plan_collect(cost, payload, active, asked.devices)
+        plan = self._plan_collect(cost, payload, asked)
         everyone = slice(None)
         self._record_compute(plan, everyone, asked.devices)
         self._record_uplink(plan, payload.bits, active, everyone, asked.devices)
@@ -643,7 +665,7 @@ class ProcessNetwork(Network):
         alive = None if self._lazy else self.alive
         asked = self._asked(active)
         start = self.env.now
-        plan = self._plan_collect(cost, payload, asked.active, asked.devices)
+        plan = self._plan_collect(cost, payload, asked)
         finish = np.full(len(asked.active), start, dtype=float)
         rows = np.flatnonzero(asked.active)
         devices = rows if isinstance(asked.devices, slice) else asked.devices[rows]
