@@ -21,10 +21,26 @@ Time correlation (``fading.correlation``):
   w ~ CN(0, 1), rho = J0(2 pi f_D dt) (Clarke/Jakes autocorrelation; Baddour and Beaulieu, IEEE
   Trans. Wireless Commun. 4(4), 2005, first-order AR model), f_D = v f_c / c. The lag-dt correlation
   is exact for each step; over several steps it is the product of the steps' rho (AR(1) limit).
+
+Two ways to draw (``population.random_streams``):
+
+* ``FadingProcess`` (shared streams): one generator, every call draws for all n devices, so the
+  stream does not depend on who transmits (every run recorded before cross-device populations);
+* ``KeyedFading`` (per-device streams, cross-device populations): a call draws for the devices
+  it is given only, each device's values a pure function of (seed, stream, event, device)
+  (``learning.seeds.counter_uniform``), so a phase costs what its transmitters cost and a device
+  gets the same channel whichever other devices are drawn with it. Block fading is a draw per
+  (block, device): no state. Gauss-Markov fading keeps each device's state (O(n) memory) and
+  brings it forward lazily, when the device is next drawn, over the phases it sat out: the
+  shared-streams engine steps every device at every phase's grid time (its start), so the lazy
+  step over a gap uses the product of those steps' rho (prefix sums of log|rho| over the grid),
+  and s' = rho s + sqrt(1 - rho^2) w with one innovation w is, given s, the same Gaussian as
+  the step-by-step recursion (its noise variance telescopes to 1 - prod rho^2).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import numpy as np
@@ -42,6 +58,7 @@ from scipy import special
 
 from wirelessfl.channel.pathloss import SPEED_OF_LIGHT_M_S
 from wirelessfl.errors import UserError
+from wirelessfl.learning.seeds import counter_uniform, keyed_rng
 from wirelessfl.plugins import (
     FADING,
     as_value_error,
@@ -295,3 +312,144 @@ class FadingProcess:
                 self._gain = np.where(new, self._draw_power(), self._gain)
                 self._block = block
         return self._gain.copy()
+
+
+def _cn_from_uniforms(u: np.ndarray) -> np.ndarray:
+    """CN(0, 1) samples [n] from uniforms [n, 2] (Box-Muller: r = sqrt(-2 ln(1 - u0)),
+    phase 2 pi u1, so x = r cos, y = r sin are independent N(0, 1)): (x + j y) / sqrt(2)."""
+    r = np.sqrt(-2.0 * np.log1p(-u[:, 0]))
+    phase = 2.0 * np.pi * u[:, 1]
+    return (r * np.cos(phase) + 1j * r * np.sin(phase)) / np.sqrt(2.0)
+
+
+class KeyedFading:
+    """Fading of any subset of ``n`` devices, each device's draws keyed by (seed, stream, event,
+    device): the per-device random streams of cross-device populations (module docstring).
+
+    ``power(devices, now_s, event)`` gives |h|^2 [len(devices)] at times ``now_s`` [s] (a float
+    or one per device); ``event`` (a tuple of ints, e.g. (phase, attempt)) keys iid draws and
+    the Gauss-Markov innovations. Gauss-Markov needs the grid: ``mark(t)`` once at the start of
+    every phase (the times at which the shared-streams engine steps the devices that sit out).
+    Uniforms come from ``counter_uniform``, turned into each model's law by inverse transforms
+    (Rayleigh -ln(1 - u); Nakagami by the inverse regularised incomplete gamma; CN(0, 1) by
+    Box-Muller); a plugin draws one value per device from its own keyed generator.
+    """
+
+    def __init__(self, n: int, config, seed: int, stream: str, los=None):
+        fading: FadingConfig = config.fading
+        self.n, self.config, self.seed, self.stream = int(n), fading, int(seed), stream
+        self._k = k_factor_linear(fading, self.n, los) if fading.model == "rician" else None
+        self._plugin = fading_plugin(fading)
+        self._f_d = (fading.doppler(config.carrier_frequency_hz)
+                     if fading.correlation == "gauss-markov" else 0.0)
+        if fading.correlation == "gauss-markov":
+            self._s = np.zeros(self.n, dtype=complex)  # scattered part at each device's last draw
+            self._t = np.zeros(self.n)  # time of each device's last draw [s]
+            self._g = np.full(self.n, -1, dtype=np.int64)  # grid index of it; -1: never drawn
+        # The grid (gauss-markov): phase start times and prefix sums over its steps of log|rho|,
+        # of rho < 0 and of rho == 0; grown by doubling (they appear during the run).
+        self._grid: np.ndarray | None = None  # [capacity, 4]: t, sum log|rho|, negatives, zeros
+        self._grid_len = 0
+
+    def _uniforms(self, devices: np.ndarray, event: tuple, count: int, stream: str = "") -> np.ndarray:
+        return counter_uniform(self.seed, self.stream + stream, tuple(event), devices, count)
+
+    def _independent(self, devices: np.ndarray, event: tuple, stream: str = "") -> np.ndarray:
+        """Independent unit-mean |h|^2 of ``devices`` for ``event`` (iid and block)."""
+        model, n = self.config.model, len(devices)
+        if model == "none":
+            return np.ones(n)
+        if model == "rayleigh":
+            return -np.log1p(-self._uniforms(devices, event, 1, stream)[:, 0])
+        if model == "nakagami":
+            m = self.config.m
+            return special.gammaincinv(m, self._uniforms(devices, event, 1, stream)[:, 0]) / m
+        if self._plugin is not None:
+            return np.array([plugin_power(self._plugin, model, 1,
+                                          keyed_rng(self.seed, self.stream + stream, *event,
+                                                    int(i)))[0] for i in devices])
+        cn = _cn_from_uniforms(self._uniforms(devices, event, 2, stream))  # rician
+        return np.abs(self._los(devices) + self._scale(devices) * cn) ** 2
+
+    def _los(self, devices):
+        return np.sqrt(self._k[devices] / (self._k[devices] + 1.0))
+
+    def _scale(self, devices):
+        return np.sqrt(1.0 / (self._k[devices] + 1.0))
+
+    def mark(self, t: float) -> None:
+        """A phase starts at ``t`` [s]: a grid point of the lazy Gauss-Markov steps (a no-op for
+        the other correlations)."""
+        if self.config.correlation != "gauss-markov":
+            return
+        if self._grid is None or self._grid_len == len(self._grid):
+            grown = np.zeros((max(64, 2 * self._grid_len), 4))
+            if self._grid is not None:
+                grown[:self._grid_len] = self._grid
+            self._grid = grown
+        row = np.zeros(4)
+        row[0] = t
+        if self._grid_len:
+            last = self._grid[self._grid_len - 1]
+            rho = float(special.j0(2.0 * np.pi * self._f_d * abs(t - last[0])))
+            row[1:] = last[1:] + (math.log(abs(rho)) if rho else 0.0, rho < 0, rho == 0)
+        self._grid[self._grid_len] = row
+        self._grid_len += 1
+
+    def _rho(self, dt) -> np.ndarray:
+        return special.j0(2.0 * np.pi * self._f_d * np.abs(dt))
+
+    def _correlation(self, g: np.ndarray, t_last: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """The product of the step-by-step recursion's rho from each device's last draw (grid
+        index ``g``, time ``t_last``) to ``t`` in the current phase: directly when it was drawn
+        in this phase or the one before; else over the grid starts of the phases it sat out."""
+        c = self._grid_len - 1
+        rho = self._rho(t - t_last)
+        far = (g >= 0) & (g < c - 1)
+        if far.any():
+            grid = self._grid
+            a, b = g[far] + 1, c - 1  # it sat out phases a..b: drawn at their starts
+            first = self._rho(grid[a, 0] - t_last[far])
+            last = self._rho(t[far] - grid[b, 0])
+            middle = np.exp(grid[b, 1] - grid[a, 1]) * np.where(
+                (grid[b, 2] - grid[a, 2]) % 2, -1.0, 1.0) * (grid[b, 3] == grid[a, 3])
+            rho[far] = first * middle * last
+        return rho
+
+    def coefficient(self, devices: np.ndarray, now_s, event: tuple) -> np.ndarray:
+        """Complex h of ``devices`` at ``now_s`` (gauss-markov only), each brought forward from
+        its last draw (a device drawn for the first time gets a fresh CN(0, 1) scattered part:
+        the recursion's marginal law)."""
+        if self.config.correlation != "gauss-markov":
+            raise ValueError("coefficient() is defined for correlation 'gauss-markov' only")
+        if self._grid_len == 0:
+            raise ValueError("mark(t) the phase's start before the first gauss-markov draw")
+        devices = np.asarray(devices, dtype=np.int64)
+        if self.config.model == "none":
+            return np.ones(len(devices), dtype=complex)
+        t = np.broadcast_to(np.asarray(now_s, dtype=float), devices.shape)
+        g = self._g[devices]
+        w = _cn_from_uniforms(self._uniforms(devices, event, 2))
+        rho = self._correlation(g, self._t[devices], t)
+        s = np.where(g < 0, w, rho * self._s[devices]
+                     + np.sqrt(np.maximum(1.0 - rho**2, 0.0)) * w)
+        self._s[devices], self._t[devices], self._g[devices] = s, t, self._grid_len - 1
+        if self._k is None:
+            return s
+        return self._los(devices) + self._scale(devices) * s
+
+    def power(self, devices, now_s, event: tuple) -> np.ndarray:
+        """|h|^2 [len(devices)] (unit mean) of ``devices`` at ``now_s`` [s] for ``event``."""
+        devices = np.asarray(devices, dtype=np.int64)
+        corr = self.config.correlation
+        if corr == "iid":
+            return self._independent(devices, event)
+        if corr == "gauss-markov":
+            return np.abs(self.coefficient(devices, now_s, event)) ** 2
+        t = np.broadcast_to(np.asarray(now_s, dtype=float), devices.shape)
+        block = np.floor(t / self.config.coherence_time_s).astype(np.int64)
+        out = np.empty(len(devices))
+        for b in np.unique(block):  # one draw per (block, device): no state to keep
+            here = block == b
+            out[here] = self._independent(devices[here], (int(b),), "/block")
+        return out

@@ -56,9 +56,10 @@ from wirelessfl.errors import UserError
 
 CHECKPOINT_NAME = "checkpoint.npz"
 LEGACY_NAME = "checkpoint.pkl"  # FORMAT <= 4: Python pickle, never read
-FORMAT = 5  # 2: the run context holds the health counters; 3: the ledger the base station's;
+FORMAT = 6  # 2: the run context holds the health counters; 3: the ledger the base station's;
 # 4: algorithms' resolved parameters, ZO-HFL/FGDRO/FedNest state, stop_when_unhealthy;
-# 5: data only (zip of JSON + .npy), fingerprinted
+# 5: data only (zip of JSON + .npy), fingerprinted; 6: per-device streams' state (keyed fading,
+# lazily charged ledger entries, the network's per-device scheduler averages)
 KIND = "wirelessfl-checkpoint"
 HEADER, STATE = "header.json", "state.json"
 _ARRAY_MEMBER = re.compile(r"arrays/(a[0-9]{1,9})\.npy")

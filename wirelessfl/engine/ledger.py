@@ -10,6 +10,13 @@ add up to the time it was alive (``alive_s``); the engine charges ``idle`` as th
 The base station's own transmit energy is kept beside the devices' accounts, not in them
 (``bs_energy_j``, ``bs_airtime_s``): seed 002 counts "both the uplink and downlink" transmission
 energies (Sec. III-C), so the system's energy is the devices' plus the base station's.
+
+Lazy charging (per-device random streams without batteries, engine/network.py): a phase writes
+the rows of the devices it involves only. What every device receives alike, a downlink
+transmission to every device, is kept as a pending total (``charge_everyone``) and written into
+every row by ``settle_everyone``; idle time is not charged per phase but set in closed form by
+``settle_idle`` (alive time - busy time of the other kinds, the identity above). The arrays are
+complete after ``Network.settle()``, which the run context calls before it reads them.
 """
 
 from __future__ import annotations
@@ -50,6 +57,12 @@ class Ledger:
     # every downlink transmission, resends included) and that airtime [s], cumulative.
     bs_energy_j: float = field(init=False, default=0.0)
     bs_airtime_s: float = field(init=False, default=0.0)
+    # Lazy charging: transmissions to every device not yet written into the rows: each
+    # device's listening time in broadcast mode [s], the bits, and unicast ones by size
+    # (bits -> count; each device listens to its own packet, of its own length).
+    everyone_listen_s: float = field(init=False, default=0.0)
+    everyone_bits: float = field(init=False, default=0.0)
+    everyone_unicast: dict[int, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         n = self.num_devices
@@ -78,6 +91,40 @@ class Ledger:
         [s] on air."""
         self.bs_energy_j += draw_w * airtime_s
         self.bs_airtime_s += airtime_s
+
+    def charge_everyone(self, listen_s: float | None, bits: int) -> None:
+        """One downlink transmission of ``bits`` payload bits that every device receives,
+        written into the rows later (``settle_everyone``): each listens ``listen_s`` [s] (a
+        broadcast), or its own packet's airtime (None: a unicast to every device)."""
+        if listen_s is None:
+            self.everyone_unicast[int(bits)] = self.everyone_unicast.get(int(bits), 0) + 1
+        else:
+            self.everyone_listen_s += listen_s
+        self.everyone_bits += bits
+
+    def settle_everyone(self, rx_power_w: np.ndarray, unicast_airtimes_s) -> None:
+        """Write the pending transmissions to every device into every row: downlink time and
+        energy (receive power [W] ``rx_power_w`` [N]) and bits; ``unicast_airtimes_s(bits)``
+        gives each device's airtime [N] of a unicast of that size."""
+        listen = self.everyone_listen_s
+        for bits, count in self.everyone_unicast.items():
+            listen = listen + count * unicast_airtimes_s(bits)
+        if np.any(listen) or self.everyone_bits:
+            self.charge("downlink", rx_power_w * listen, listen)
+            self.bits_down += self.everyone_bits
+        self.everyone_listen_s, self.everyone_bits, self.everyone_unicast = 0.0, 0.0, {}
+
+    def settle_idle(self, now_s: float, idle_power_w: np.ndarray | None,
+                    since_s: float = 0.0) -> None:
+        """Set every device's idle time to its alive time from ``since_s`` (when its accounts
+        began) to ``now_s`` minus its busy time of every other kind (none negative), and its
+        idle energy to ``idle_power_w`` [N] [W] x that (None: devices that draw nothing while
+        idle)."""
+        k = KIND_INDEX["idle"]
+        alive = self.alive_s(now_s) - since_s
+        idle = np.maximum(alive - self.busy_s[:, :k].sum(axis=1), 0.0)
+        self.busy_s[:, k] = idle
+        self.energy_j[:, k] = 0.0 if idle_power_w is None else idle_power_w * idle
 
     def system_energy_j(self) -> float:
         """Devices' energy (every kind) + the base station's [J]."""

@@ -154,7 +154,9 @@ def run_algorithm(world: World, params: AlgorithmParams,
     except UserError:
         raise
     except Exception as err:  # noqa: BLE001 - this algorithm's failure: the others run on
+        ctx.net.close()
         return _failed(run, err, algorithm.round_index)
+    ctx.net.close()  # lazily charged accounts written in, whatever ended the run
     resolved = algorithm.resolved()
     if resolved:  # the parameters' values after the defaults' rules (manifest entry)
         run.extra["resolved"] = resolved
@@ -205,7 +207,9 @@ def _build(world: World, params: AlgorithmParams, env: simpy.Environment,
                                       world.device_power(uplink),
                                       keyed_rng(sc.seed, "fading"),
                                       keyed_rng(sc.seed, "downlink"),
-                                      accounting=sc.energy_accounting)
+                                      accounting=sc.energy_accounting,
+                                      per_device=sc.population.per_device_streams,
+                                      seed=sc.seed)
     ctx = RunContext(params.display_name, env, network, ledger, world.evaluator,
                      world.initial(), sc.seed, params.rounds,
                      params.eval_every, on_round, worst_fraction=sc.worst_fraction,

@@ -5,7 +5,8 @@ the scheduler grants it to the waiting device with the best priority; the device
 whole upload (all ARQ attempts), then releases it. Two readings of the same rule, which the tests
 check against each other:
 
-* ``schedule_uploads``: list scheduling in one pass over a heap (the vectorized engine);
+* ``schedule_uploads``: list scheduling in one pass over a heap (the vectorized engine; it reads
+  the arrays of the devices it is given, all N or, with per-device streams, the phase's own);
 * ``SharedSpectrum``: a SimPy component the per-device processes request and release (the
   processes engine). Grants are decided in a zero-delay event after every request and release,
   so devices that become ready at the same instant all compete (none wins by arrival order).
@@ -27,10 +28,16 @@ PF_TIME_CONSTANT_PHASES = 100.0  # t_c of the PF average (Jalali et al. 2000 use
 
 
 def scheduler_priorities(scheduler: str, phase: int, rate_bps: np.ndarray,
-                         average_bps: np.ndarray) -> np.ndarray:
-    """Priority keys [N, 2] (lexicographic, smaller is served first) for one upload phase."""
+                         average_bps: np.ndarray, devices: np.ndarray | None = None,
+                         num_devices: int | None = None) -> np.ndarray:
+    """Priority keys [N, 2] (lexicographic, smaller is served first) for one upload phase;
+    with ``devices`` (int indices of ``num_devices``), the keys [n, 2] of those devices only
+    (rates and averages aligned with them), the same rows the whole population's keys hold."""
     n = len(rate_bps)
-    rotation = (np.arange(n) - phase) % n
+    if devices is None:
+        rotation = (np.arange(n) - phase) % n
+    else:
+        rotation = (np.asarray(devices, dtype=np.int64) - phase) % num_devices
     if scheduler == "round-robin":
         return np.stack([np.zeros(n), rotation.astype(float)], axis=1)
     if scheduler == "proportional-fair":
