@@ -409,13 +409,18 @@ class Network:
         if not self.per_device:
             return self.compute.device_prices(batch, self.num_devices)
         n, sizes = self.num_devices, np.asarray(batch)
+
+        def rows(price, which):  # one value where every device pays the same, else its rows
+            price = np.asarray(price)
+            return price if price.ndim == 0 else price[which]
+
         if sizes.ndim == 0:
-            return tuple(np.asarray(p)[devices] for p in self.compute.device_prices(batch, n))
+            return tuple(rows(p, devices) for p in self.compute.device_prices(batch, n))
         out = np.zeros((4, len(devices)))
         for value in np.unique(sizes):
             here = sizes == value
             for k, price in enumerate(self.compute.device_prices(int(value), n)):
-                out[k, here] = np.asarray(price)[devices[here]]
+                out[k, here] = rows(price, devices[here])
         return tuple(out)
 
     def _plan_collect(self, cost: Cost, payload: Payload, asked: _Asked) -> _Plan:
