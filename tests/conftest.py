@@ -118,7 +118,9 @@ def record_delivered(monkeypatch) -> list:
 
     def recording(self, cost, payload, active=None):
         result = yield from original(self, cost, payload, active)
-        delivered.append(np.asarray(result.delivered, dtype=bool).copy())
+        mask = np.zeros(self.ctx.num_devices, dtype=bool)  # results asked by index too
+        mask[result.delivered_devices] = True
+        delivered.append(mask)
         return result
 
     monkeypatch.setattr(Algorithm, "collect", recording)

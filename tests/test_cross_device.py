@@ -171,3 +171,53 @@ def test_per_device_runs_are_reproducible_and_finite(monkeypatch, name):
     for a, b in zip(first, again):
         assert torch.equal(a, b) and bool(torch.isfinite(a).all())
     assert not torch.equal(first[0], first[-1])
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "dzofl"])
+@pytest.mark.parametrize("setting", [
+    # uploads and broadcasts lost (some delivered, some not), batteries running out mid-run
+    ["channel.uplink.tx_power_dbm=-10", "channel.downlink.loss=true",
+     "channel.downlink.tx_power_dbm=-5"],
+    ["energy.battery_j=0.0015", "energy.idle_power_w=0.1"],
+])
+def test_asking_by_index_equals_asking_by_mask(monkeypatch, name, setting):
+    """With per-device streams an index-reading algorithm asks the network by device index
+    (the engine's cost follows the participants); asking the same devices by [N] mask must give
+    the same models, the same ledger and the same rows (fading, lost uploads, downlink loss,
+    batteries running out)."""
+    from wirelessfl.algorithms.base import Algorithm
+    from wirelessfl.plugins import ALGORITHMS
+
+    sc = small_scenario(["population.random_streams=per-device", *setting],
+                        algorithms=[{"name": name, "rounds": 4, "eval_every": 1,
+                                     "participation": 0.5, **({} if name == "dzofl" else
+                                                              {"local_steps": 2, "lr": 0.1})}])
+    cls = ALGORITHMS.get(name)
+    assert cls.reads_device_indices
+    asked = []
+    original = Algorithm.collect
+
+    def recording(self, cost, payload, active=None):
+        result = yield from original(self, cost, payload, active)
+        asked.append(result.devices is not None)
+        return result
+
+    monkeypatch.setattr(Algorithm, "collect", recording)
+    _, by_index, run_i = run_recording_thetas(monkeypatch, sc)
+    by_index = list(by_index)  # the second run's recorder also feeds the first list
+    assert asked and all(asked)
+    monkeypatch.setattr(cls, "reads_device_indices", False)
+    asked.clear()
+    _, by_mask, run_m = run_recording_thetas(monkeypatch, sc)
+    assert asked and not any(asked)
+    assert len(by_index) == len(by_mask)
+    for a, b in zip(by_index, by_mask):
+        assert torch.equal(a, b)
+    for field in ("energy_j", "bits_up", "bits_down", "packets_delivered", "broadcasts_missed",
+                  "depleted_at_s"):
+        np.testing.assert_array_equal(getattr(run_i.ledger, field), getattr(run_m.ledger, field))
+    import pandas as pd
+
+    rows_i, rows_m = pd.DataFrame(run_i.rows), pd.DataFrame(run_m.rows)
+    host = [c for c in rows_i.columns if "host" in c or "wall" in c]
+    pd.testing.assert_frame_equal(rows_i.drop(columns=host), rows_m.drop(columns=host))

@@ -11,18 +11,31 @@ from scipy import stats
 
 from wirelessfl.algorithms.base import Algorithm
 from wirelessfl.engine.participation import participant_indices
+from wirelessfl.learning.seeds import keyed_rng
 
 
 def test_the_indices_are_the_devices_of_the_algorithms_mask():
+    """The asked devices as every recorded result drew them: round(beta N) of N from
+    keyed_rng(seed, "participation", k, stage...).choice(N, count, replace=False), as indices
+    (participant_indices), as the algorithm's indices and as its [N] mask."""
     for n, beta, seed in ((50, 0.3, 0), (20_000, 0.005, 3), (1_000, 0.1, 7)):
         stub = SimpleNamespace(ctx=SimpleNamespace(num_devices=n, seed=seed),
                                params=SimpleNamespace(participation=beta))
+        stub.participant_devices = lambda k, *stage, s=stub: Algorithm.participant_devices(
+            s, k, *stage)
         count = max(1, round(beta * n))
-        for k in range(5):
-            ids = participant_indices(seed, n, count, k)
-            np.testing.assert_array_equal(ids, np.flatnonzero(Algorithm.participants(stub, k)))
-        stage = participant_indices(seed, n, count, 2, 1)  # extra stage keys (FedNest)
-        np.testing.assert_array_equal(stage, np.flatnonzero(Algorithm.participants(stub, 2, 1)))
+        for keys in ((0,), (1,), (4,), (2, 1)):  # (2, 1): an extra stage key (FedNest)
+            drawn = keyed_rng(seed, "participation", *keys).choice(n, count, replace=False)
+            reference = np.zeros(n, dtype=bool)
+            reference[drawn] = True
+            ids = participant_indices(seed, n, count, *keys)
+            np.testing.assert_array_equal(ids, np.flatnonzero(reference))
+            np.testing.assert_array_equal(Algorithm.participant_devices(stub, *keys), ids)
+            np.testing.assert_array_equal(Algorithm.participants(stub, *keys), reference)
+    everyone = SimpleNamespace(ctx=SimpleNamespace(num_devices=7, seed=0),
+                               params=SimpleNamespace(participation=1.0))
+    np.testing.assert_array_equal(Algorithm.participant_devices(everyone, 3), np.arange(7))
+    assert Algorithm.participants(everyone, 3).all()
 
 
 def test_a_sample_is_distinct_sorted_and_uniform_over_the_devices():

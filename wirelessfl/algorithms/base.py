@@ -23,8 +23,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from wirelessfl.algorithms.types import Payload
+from wirelessfl.engine.participation import participant_indices
 from wirelessfl.learning.quantize import FULL_PRECISION_BITS, quantize_rows, quantize_scalars
-from wirelessfl.learning.seeds import counter_uniform, device_uniform, keyed_generator, keyed_rng
+from wirelessfl.learning.seeds import counter_uniform, device_uniform, keyed_generator
 
 if TYPE_CHECKING:
     from wirelessfl.engine.context import RunContext
@@ -122,6 +123,11 @@ class Algorithm:
     # the memory check sizes the round's work by round(beta N), not N.
     computes_participants_only: ClassVar[bool] = False
 
+    # True when the round reads its collect results by device index (``delivered_devices``)
+    # only: with per-device random streams ``collect`` then asks the network by index, so the
+    # engine's cost follows the participants, not N.
+    reads_device_indices: ClassVar[bool] = False
+
     @classmethod
     def state_rows(cls, num_devices: int, params: AlgorithmParams) -> float:
         """Rows [d] of ``peak_device_arrays`` the algorithm holds at its peak, for the memory
@@ -170,18 +176,34 @@ class Algorithm:
         drawn from a stream keyed by (seed, round), so every algorithm of a scenario with the
         same beta asks the same devices. ``stage``: extra keys for a method that draws anew for
         each stage of a round (FedNest's inner rounds and its outer stage)."""
-        n, beta = self.ctx.num_devices, self.params.participation
-        chosen = np.ones(n, dtype=bool)
-        if beta < 1:
-            count = max(1, round(beta * n))
-            chosen[:] = False
-            rng = keyed_rng(self.ctx.seed, "participation", k, *stage)
-            chosen[rng.choice(n, count, replace=False)] = True
+        n = self.ctx.num_devices
+        if self.params.participation >= 1:
+            return np.ones(n, dtype=bool)
+        chosen = np.zeros(n, dtype=bool)
+        chosen[self.participant_devices(k, *stage)] = True
         return chosen
+
+    def participant_devices(self, k: int, *stage: int) -> np.ndarray:
+        """Round k's asked devices as increasing indices: those of ``participants``'s mask,
+        drawn without building it (O(round(beta N)) whatever N; every device when beta = 1)."""
+        n, beta = self.ctx.num_devices, self.params.participation
+        if beta >= 1:
+            return np.arange(n, dtype=np.int64)
+        return participant_indices(self.ctx.seed, n, max(1, round(beta * n)), k, *stage)
 
     def collect(self, cost, payload: Payload, active: np.ndarray | None = None):
         """``net.collect`` over this round's participants that hold the current model (and
-        ``active``). Devices left out compute and send nothing."""
+        ``active``). Devices left out compute and send nothing. An algorithm that reads its
+        results by index (``reads_device_indices``) under per-device random streams asks the
+        participants by index: the result's arrays are then aligned with ``result.devices``."""
+        if self.reads_device_indices and self.ctx.per_device_streams:
+            asked = self.participant_devices(self.round_index)
+            keep = self.missed[asked] == 0
+            if active is not None:
+                keep &= np.asarray(active, dtype=bool)[asked]
+            result = yield from self.ctx.net.collect(cost, payload, asked[keep])
+            self.ctx.health.collected(result.active, result.delivered)
+            return result
         mask = (self.missed == 0) & self.participants(self.round_index)
         if active is not None:
             mask &= np.asarray(active, dtype=bool)
@@ -216,7 +238,9 @@ class Algorithm:
         if values is not None:
             self.ctx.check_finite(values, "down", self.round_index)
         result = yield from self.ctx.net.broadcast(payload)
-        self.missed += ~result.received
+        # the devices with energy that lost it (a device without energy takes no further
+        # part, so its count no longer matters): O(lost), not O(N)
+        self.missed[result.lost_devices] += 1
         return result
 
     def unicast(self, payload: Payload, receivers: np.ndarray):

@@ -11,7 +11,6 @@ with alpha_k = alpha_0 (1+k)^-v1, gamma_k = gamma_0 (1+k)^-v2 and Phi_k Rademach
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from pydantic import Field, model_validator
 
@@ -51,6 +50,7 @@ class DZOFL(Algorithm):
     Params = DZOFLParams
     summary = "seed 002: two-point zeroth-order FL, one quantised scalar up and down per iteration"
     computes_participants_only = True
+    reads_device_indices = True
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1) -> tuple[Payload, Payload]:
@@ -81,7 +81,7 @@ class DZOFL(Algorithm):
                     batch_size=ctx.evaluator.minibatch_sizes(p.batch_size))
         result = yield from self.collect(cost, scalar)
         # Only delivered differences reach the aggregate: compute and quantise those alone.
-        devices = np.flatnonzero(result.delivered)
+        devices = result.delivered_devices
         q_up = torch.zeros(0)
         if len(devices):
             idx = self.minibatches(k, devices)[0]

@@ -60,6 +60,7 @@ class VectorUploadAlgorithm(Algorithm):
     """Shared mechanics of methods that upload one d-vector per device and broadcast one back."""
 
     computes_participants_only = True
+    reads_device_indices = True
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1) -> tuple[Payload, Payload]:
@@ -106,7 +107,7 @@ class VectorUploadAlgorithm(Algorithm):
         # Only the delivered uploads enter the average, and whether an upload arrives is known
         # before anyone computes, so only the devices whose upload arrives are computed for
         # (their minibatches and noise are theirs whichever devices are computed together).
-        devices = np.flatnonzero(result.delivered)
+        devices = result.delivered_devices
         received = len(devices)
         weights = self.weights[torch.as_tensor(devices, device=self.theta.device)]
         total = torch.zeros_like(self.theta)
@@ -283,7 +284,7 @@ class Scaffold(VectorUploadAlgorithm):
         up, down = self.declared_payloads(d, self.bits)
         result = yield from self.collect(self.cost(), up)
         # Only delivered uploads are aggregated and only they commit c_i: compute those alone.
-        devices = np.flatnonzero(result.delivered)
+        devices = result.delivered_devices
         received = len(devices)
         if not received:
             yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))

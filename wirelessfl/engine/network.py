@@ -88,6 +88,17 @@ class CollectResult:
     # unique); None: the arrays cover all N devices.
     devices: np.ndarray | None = None
 
+    def device_indices(self, mask: np.ndarray) -> np.ndarray:
+        """The indices (increasing) of the devices where ``mask`` (one of the result's arrays,
+        or a mask aligned with them) holds, whether the phase asked a mask or indices."""
+        rows = np.flatnonzero(mask)
+        return rows if self.devices is None else self.devices[rows]
+
+    @property
+    def delivered_devices(self) -> np.ndarray:
+        """Indices of the devices whose upload reached the base station in time."""
+        return self.device_indices(self.delivered)
+
 
 @dataclass
 class BroadcastResult:
