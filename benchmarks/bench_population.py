@@ -9,7 +9,7 @@ which 100 devices took part in each of 50 rounds) and the two figures with per-d
 (``label_histogram``, ``device_energy``). The learning rounds are not run.
 
     python benchmarks/bench_population.py [--sizes 10000 100000 1000000] [--samples 60000]
-                                          [--out FILE.json]
+                                          [--samples-per-device M] [--out FILE.json]
 
 Timings on a shared machine are noisy (other jobs, CPU steal); peak RSS is per process and
 does not depend on the load.
@@ -32,13 +32,14 @@ from pathlib import Path
 ROUNDS, PARTICIPANTS = 50, 100
 
 
-def scenario_document(n: int, samples: int) -> dict:
+def scenario_document(n: int, samples: int, per_device: int | None = None) -> dict:
     return {
         "name": f"population-{n}", "seed": 1, "channel": "seed002-cell",
         "energy": "seed002-accelerator", "population": {"num_devices": n},
         "data": {"name": "synthetic", "synthetic": {"num_samples": samples, "num_features": 64,
                                                     "num_classes": 10, "informative": 16}},
         "model": {"name": "mlp", "hidden": [64]}, "quantization_bits": 32,
+        **({"partition": {"samples_per_device": per_device}} if per_device else {}),
         "target_accuracy": 0.9,
         "algorithms": [{"name": "fedavg", "label": "FedAvg", "rounds": ROUNDS, "eval_every": 10,
                         "batch_size": 10, "local_steps": 5, "lr": 0.1}],
@@ -96,8 +97,8 @@ def write_outputs(world, ledger, folder: Path) -> tuple[object, dict]:
     return writer.record(), timings
 
 
-def measure(n: int, samples: int, queue) -> None:
-    result = {"n": n, "samples": samples}
+def measure(n: int, samples: int, per_device: int | None, queue) -> None:
+    result = {"n": n, "samples": samples, "samples_per_device": per_device}
     try:
         start = time.perf_counter()
         import wirelessfl
@@ -109,7 +110,7 @@ def measure(n: int, samples: int, queue) -> None:
         result["import_s"] = time.perf_counter() - start
         result["base_rss_mb"] = peak_mb()
         start = time.perf_counter()
-        scenario = wirelessfl.load_scenario(scenario_document(n, samples))
+        scenario = wirelessfl.load_scenario(scenario_document(n, samples, per_device))
         result["load_scenario_s"] = time.perf_counter() - start
         start = time.perf_counter()
         result["estimate_mb"] = estimate_memory(scenario).total / 2**20
@@ -152,13 +153,17 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--samples", type=int, default=60_000,
                         help="synthetic samples before the train/test split")
+    parser.add_argument("--samples-per-device", type=int,
+                        help="partition.samples_per_device (since issue 22; default: the split, "
+                             "or one sample a device where the population outgrows the data)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     results = []
     for n in args.sizes:
         queue = ctx.Queue()
-        child = ctx.Process(target=measure, args=(n, args.samples, queue))
+        child = ctx.Process(target=measure, args=(n, args.samples, args.samples_per_device,
+                                                  queue))
         child.start()
         result = queue.get()
         child.join()

@@ -64,7 +64,7 @@ def test_a_world_of_100000_devices_on_2000_samples():
 
 def test_memory_estimate_of_a_population_drawing_with_replacement():
     """Data: the inputs as loaded (1,500 x 8 float32) and in device order (one entry a device:
-    100,000 x 8), the test set (500 x 8), 40 B an entry; population: 420 B a device, the
+    100,000 x 8), the test set (500 x 8), 40 B an entry; population: 450 B a device, the
     label-count lists of 2,000 sampled devices (64 + 8 x 4 B each) and two [N, 4] arrays."""
     n = 100_000
     for extra, entries in (({}, n), ({"partition": {"samples_per_device": 7}}, 7 * n)):
@@ -74,7 +74,7 @@ def test_memory_estimate_of_a_population_drawing_with_replacement():
         facts = problem_facts(scenario)
         assert facts.data_bytes == 4 * 8 * (1500 + entries + 500) + 40 * entries
         est = estimate_memory(scenario, facts)
-        assert est.parts["population"] == n * 420 + 2000 * (64 + 8 * 4) + n * 2 * 8 * 4
+        assert est.parts["population"] == n * 450 + 2000 * (64 + 8 * 4) + n * 2 * 8 * 4
     fits = wirelessfl.load_scenario(_wide_doc(1000))  # the split: the training set as before
     assert problem_facts(fits).data_bytes == 4 * 8 * (2 * 1500 + 500) + 40 * 1500
 
