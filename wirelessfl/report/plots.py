@@ -52,8 +52,9 @@ BAR_DEVICES = 100
 # at 120 dpi) [D]; more devices are drawn as means over consecutive devices.
 MAX_COLUMNS = 2000
 # Points per algorithm at most in the per-device accuracy figure: more devices (a large
-# population) draw a random sample of them as points, the box still over all [D].
-POINT_DEVICES = 10_000
+# population) draw a random sample of them as points, smaller and fainter, the box still over
+# all (more points hide the box) [D].
+POINT_DEVICES = 2_000
 TIME_SPLIT = [("compute_s", "compute"), ("uplink_s", "uplink"), ("downlink_s", "downlink"),
               ("idle_s", "idle")]
 
@@ -564,11 +565,13 @@ def device_accuracy(record) -> Figure | None:
                          showfliers=False, patch_artist=True)
         for patch in box["boxes"]:
             patch.set(facecolor=colour, alpha=0.25, edgecolor=colour)
+        size, alpha = 12, 0.8
         if len(values) > POINT_DEVICES:  # a large population: points of a random sample
             sampled = max(sampled, len(values))
             values = values[np.sort(rng.choice(len(values), POINT_DEVICES, replace=False))]
-        ax.scatter(a + rng.uniform(-0.2, 0.2, len(values)), values, s=12, color=colour,
-                   alpha=0.8)
+            size, alpha = 4, 0.4
+        ax.scatter(a + rng.uniform(-0.2, 0.2, len(values)), values, s=size, color=colour,
+                   alpha=alpha)
         x = group.energy_j.where(group.energy_j > 0)
         energy_ax.plot(x, group.worst_device_accuracy, color=colour, marker=".",
                        label=f"{algorithm}: worst device")
