@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import simpy
 import torch
@@ -76,7 +77,7 @@ def _assert_same_run(full, resumed, world, tmp_path):
     assert _table(full.rows, tmp_path) == _table(resumed.rows, tmp_path)
     for name in ("energy_j", "busy_s", "bits_up", "packets_delivered", "depleted_at_s"):
         np.testing.assert_array_equal(getattr(full.ledger, name), getattr(resumed.ledger, name))
-    assert repr(full.device_rows(world)) == repr(resumed.device_rows(world))  # NaN-safe
+    pd.testing.assert_frame_equal(full.device_rows(world), resumed.device_rows(world))
     assert (full.status, full.message) == (resumed.status, resumed.message)
 
 

@@ -1,8 +1,12 @@
 """Partitioners: i.i.d. (unchanged), Dirichlet, shards, quantity skew, #C = k label skew,
-per-device Dirichlet label mixes.
+per-device Dirichlet label mixes; the index sets they return (DeviceSamples); the draws with
+replacement of populations that outgrow the training set.
 
 Truths are computed here with np.bincount / np.unique on each device's labels, not with the
-module's own label_counts (which is itself checked against np.bincount below).
+module's own label_counts (which is itself checked against np.bincount below); the splits
+that fit are checked against digests recorded with the code before index sets (commit
+a9411f9), the draws with replacement against exact counts, the draws replayed with numpy and
+chi-square tests of their label frequencies.
 """
 
 import numpy as np
@@ -160,10 +164,42 @@ def test_shards_two_labels_per_device_when_shards_fit_classes():
     assert any(len(np.unique(labels[s])) == 2 for s in shards)
 
 
-def test_shards_too_many():
+def test_shards_without_samples():
     with pytest.raises(UserError, match=r"partition.shards_per_device: 6 devices x 2 shards = 12 "
-                                        r"shards exceeds the 10 training samples.*fewer shards"):
-        partition("shards", np.arange(10) % 2, 6, np.random.default_rng(0), shards_per_device=2)
+                                        r"shards exceeds the 0 training samples.*fewer shards"):
+        partition("shards", np.zeros(0, np.int64), 6, np.random.default_rng(0),
+                  shards_per_device=2)
+
+
+def _sorted_by_label(labels, rng):
+    """The partitioners' first draw: a permutation, stably sorted by label."""
+    order = rng.permutation(len(labels))
+    return order[np.argsort(labels[order], kind="stable")]
+
+
+def test_shards_with_more_shards_than_samples_draw_windows_of_the_sorted_set():
+    """11 devices x 2 shards of 20 samples, or 500 devices with samples_per_device = 6: each
+    device draws 2 windows (of 3 consecutive
+    samples for m = 6) of the label-sorted set at uniform positions, in random order:
+    replayed here with numpy from the same seed."""
+    labels = np.repeat(np.arange(4), 5)[np.random.default_rng(3).permutation(20)]
+    fits = partition("shards", labels, 10, np.random.default_rng(0), shards_per_device=2)
+    assert not fits.with_replacement and len(np.unique(fits.order)) == 20  # 20 shards of 1
+    drawn = partition("shards", labels, 11, np.random.default_rng(0), shards_per_device=2)
+    assert drawn.with_replacement and drawn.sizes.tolist() == [2] * 11  # m = shards_per_device
+    many = partition("shards", labels, 500, np.random.default_rng(1), shards_per_device=2,
+                     samples_per_device=6)
+    assert many.with_replacement and many.sizes.tolist() == [6] * 500
+    rng = np.random.default_rng(1)
+    order = _sorted_by_label(labels, rng)
+    starts = rng.integers(0, 18, size=(500, 2))  # windows of 3 in 20 samples
+    windows = order[np.repeat(starts, 3, axis=1) + np.tile(np.arange(3), 2)]
+    shuffled = np.take_along_axis(windows, np.argsort(rng.random((500, 6)), axis=1), axis=1)
+    assert np.array_equal(many.order, shuffled.ravel())
+    assert max(len(np.unique(labels[s])) for s in many) <= 4  # a window spans <= 2 labels
+    with pytest.raises(UserError, match=r"samples_per_device=50: shards of 25 samples exceed "
+                                        r"the 20 training samples"):
+        partition("shards", labels, 6, np.random.default_rng(0), samples_per_device=50)
 
 
 # ---- quantity skew (Li et al. 2022) -------------------------------------------------------------
@@ -206,9 +242,22 @@ def test_label_skew_errors():
     with pytest.raises(UserError, match=r"partition.classes_per_device=5 exceeds the 4 classes "
                                         r"in the training set; use at most 4"):
         partition("label-skew", labels, 2, np.random.default_rng(0), classes_per_device=5)
-    with pytest.raises(UserError, match=r"partition.classes_per_device=2: class \d has 3 samples "
-                                        r"for \d devices.*population.num_devices"):
-        partition("label-skew", labels, 12, np.random.default_rng(0), classes_per_device=2)
+
+
+def test_label_skew_draws_with_replacement_when_a_class_has_too_few_samples():
+    """12 devices x 2 classes of 4 classes of 3 samples: some class has more holders than
+    samples, so every device draws m = k = 2 samples (one of each of its classes); with
+    samples_per_device = 5, 3 of its first class (j mod 4) and 2 of its second."""
+    labels = np.repeat(np.arange(4), 3)
+    drawn = partition("label-skew", labels, 12, np.random.default_rng(0), classes_per_device=2)
+    assert drawn.with_replacement and drawn.sizes.tolist() == [2] * 12
+    for j, s in enumerate(drawn):
+        assert len(set(labels[s].tolist())) == 2 and labels[s][0] == j % 4
+    five = partition("label-skew", labels, 40, np.random.default_rng(1), classes_per_device=2,
+                     samples_per_device=5)
+    for j, s in enumerate(five):
+        counts = np.bincount(labels[s], minlength=4)
+        assert counts[j % 4] == 3 and sorted(counts.tolist()) == [0, 0, 2, 3]
 
 
 # ---- per-device Dirichlet label mixes (seed 003) ------------------------------------------------
@@ -241,11 +290,19 @@ def test_user_errors_name_the_key_and_the_fix():
     labels = np.arange(20) % 4
     rng = np.random.default_rng(0)
     with pytest.raises(UserError, match=r"partition.min_samples / population.num_devices: 5 "
-                                        r"devices x 5 samples each exceeds the 20 training"):
-        partition("dirichlet", labels, 5, rng, alpha=1.0, min_samples=5)
-    with pytest.raises(UserError, match=r"partition.min_samples / population.num_devices: 30 "
-                                        r"devices x 1 samples.*use fewer devices"):
-        partition("quantity-skew", labels, 30, rng)
+                                        r"devices x 5 samples each exceeds the 0 training"):
+        partition("dirichlet", labels[:0], 5, rng, alpha=1.0, min_samples=5)
+    with pytest.raises(UserError, match=r"partition.samples_per_device=3 is below the 5 "
+                                        r"samples scheme 'dirichlet' gives a device at least "
+                                        r"\(partition.min_samples\); raise it to 5"):
+        partition("dirichlet", labels, 50, rng, min_samples=5, samples_per_device=3)
+    with pytest.raises(UserError, match=r"samples_per_device=1 is below the 2 samples scheme "
+                                        r"'label-skew'.*classes_per_device \(one sample per "
+                                        r"class\)"):
+        partition("label-skew", labels, 5, rng, samples_per_device=1)
+    with pytest.raises(UserError, match=r"partition.samples_per_device must be a positive "
+                                        r"integer, got 2.5"):
+        partition("iid", labels, 5, rng, samples_per_device=2.5)
     with pytest.raises(UserError, match=r"partition.alpha must be a positive finite number, "
                                         r"got 0"):
         partition("dirichlet", labels, 2, rng, alpha=0)
@@ -253,8 +310,11 @@ def test_user_errors_name_the_key_and_the_fix():
                                         r"integer, got 1.5"):
         partition("shards", labels, 2, rng, shards_per_device=1.5)
     with pytest.raises(UserError, match=r"partition.alpha is not read by scheme 'iid' \(it reads "
-                                        r"no parameters\); remove it"):
+                                        r"samples_per_device\); remove it"):
         partition("iid", labels, 2, rng, alpha=0.1)
+    with pytest.raises(UserError, match=r"partition.samples_per_device is not read by scheme "
+                                        r"'client-dirichlet'"):
+        partition("client-dirichlet", labels, 2, rng, samples_per_device=3)
 
 
 # ---- label counts and heterogeneity -------------------------------------------------------------
@@ -279,3 +339,164 @@ def test_mean_tv_distance_by_hand():
         "dirichlet", labels, 20, np.random.default_rng(0), alpha=a), 10)) for a in (0.05, 1000.0)}
     assert tv[1000.0] < 0.05
     assert tv[0.05] > 0.5
+
+
+# ---- index sets (DeviceSamples) -------------------------------------------------------------------
+def test_device_samples_index_sets():
+    sets = part.DeviceSamples.from_arrays([[4, 2], [], [7], [1, 1, 0]])
+    assert sets.sizes.tolist() == [2, 0, 1, 3] and sets.offsets.tolist() == [0, 2, 2, 3]
+    assert len(sets) == 4 and sets.order.dtype == np.int64 and not sets.with_replacement
+    assert [s.tolist() for s in sets] == [[4, 2], [], [7], [1, 1, 0]]
+    assert sets[3].tolist() == [1, 1, 0] and sets[-1].tolist() == [1, 1, 0]
+    assert sets.owner().tolist() == [0, 0, 2, 3, 3, 3]
+    assert np.concatenate(sets).tolist() == [4, 2, 7, 1, 1, 0]
+    mapped = sets.mapped(np.arange(10) * 10)
+    assert mapped.order.tolist() == [40, 20, 70, 10, 10, 0] and mapped.sizes is sets.sizes
+    assert part.DeviceSamples.coerce(sets) is sets
+    with pytest.raises(IndexError):
+        sets[4]
+    with pytest.raises(ValueError, match="must add up to the 2 indices"):
+        part.DeviceSamples(np.array([1, 2]), np.array([1, 2]))
+
+
+# Digests (sha256 of sizes and order, int64) of splits that fit, recorded with the code before
+# index sets (commit a9411f9, which returned a list of arrays), labels _labels(), seed 11.
+RECORDED_SPLITS = [
+    ("iid", {}, 25, "1fa3e6c8cc8ca84e"), ("iid", {}, 3000, "3c4b55f31028f2df"),
+    ("dirichlet", {"alpha": 0.3}, 25, "3759077b3e42f65a"),
+    ("dirichlet", {"alpha": 0.05, "min_samples": 5}, 300, "8fa73cfbf53c8a37"),
+    # every one of the 100 draws leaves devices short: moved by _top_up (567 of 700 devices)
+    ("dirichlet", {"alpha": 0.01, "min_samples": 4}, 700, "d5554bc4c5806f51"),
+    ("shards", {"shards_per_device": 2}, 25, "489e4b438252a110"),
+    ("shards", {"shards_per_device": 3}, 1000, "b0d39960d5ddb7cf"),
+    ("quantity-skew", {"beta": 0.5, "min_samples": 3}, 25, "04fb813fa7f1a36b"),
+    ("quantity-skew", {"beta": 0.1, "min_samples": 2}, 1500, "06e29146581cf4b2"),
+    ("label-skew", {"classes_per_device": 3}, 25, "dae9bf270dffab99"),
+    ("label-skew", {"classes_per_device": 2}, 4, "f6c0f03af448d808"),
+    ("label-skew", {"classes_per_device": 2}, 290, "acb3991216f64bfd"),
+    ("client-dirichlet", {"alpha": 0.3, "min_samples": 10, "rare_classes": [5, 6],
+                          "size_median": 40.0}, 25, "f50119efaeb99f83"),
+    # 100 devices ask 4,000+ of 3,000 samples: classes scaled down, every device keeps some
+    ("client-dirichlet", {"alpha": 0.3, "min_samples": 40}, 100, "31ed04c3bdf0a1d7"),
+]
+
+
+@pytest.mark.parametrize("scheme, params, n, digest", RECORDED_SPLITS)
+def test_splits_that_fit_are_the_recorded_ones(scheme, params, n, digest):
+    import hashlib
+
+    sets = partition(scheme, _labels(), n, np.random.default_rng(11), **params)
+    assert not sets.with_replacement
+    got = hashlib.sha256(sets.sizes.astype(np.int64).tobytes()
+                         + sets.order.astype(np.int64).tobytes()).hexdigest()[:16]
+    assert got == digest
+
+
+def _top_up_by_scan(counts, need):
+    """The moves as first written, in plain lists: for each short device in turn, the largest
+    device (the first of equal ones) gives from its most frequent class (the first of equal
+    ones) until the short one holds ``need``; a scan of all devices at every move."""
+    table = counts.T.tolist()  # per device, per class
+    for device in range(len(table)):
+        while sum(table[device]) < need:
+            sizes = [sum(row) for row in table]
+            donor = sizes.index(max(sizes))
+            row = table[donor]
+            cls = row.index(max(row))
+            moved = min(need - sizes[device], sizes[donor] - need, row[cls])
+            row[cls] -= moved
+            table[device][cls] += moved
+    return np.array(table, dtype=np.int64).T
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_top_up_moves_as_the_scan(seed):
+    """Small counts, many equal sizes (ties broken to the first device, as np.argmax)."""
+    rng = np.random.default_rng(seed)
+    classes, devices = int(rng.integers(1, 5)), int(rng.integers(2, 60))
+    counts = rng.poisson(rng.uniform(0.2, 3.0), size=(classes, devices)).astype(np.int64)
+    need = max(1, min(int(rng.integers(1, 5)), int(counts.sum()) // devices))
+    if counts.sum() < need * devices:
+        counts[0, 0] += need * devices
+    expected = _top_up_by_scan(counts.copy(), need)
+    assert np.array_equal(part._top_up(counts.copy(), need), expected)
+    assert expected.sum(axis=0).min() >= need
+
+
+# ---- with replacement: populations that outgrow the training set ----------------------------------
+def test_iid_with_replacement_draws_m_uniform_samples():
+    """20,000 devices x 3 samples of 3,000: every device 3, the draws those of
+    rng.integers(0, 3000); indices uniform and labels at the set's frequencies (chi-square)."""
+    from scipy.stats import chisquare
+
+    labels = _labels()
+    drawn = partition("iid", labels, 20_000, np.random.default_rng(5), samples_per_device=3)
+    assert drawn.with_replacement and drawn.sizes.tolist() == [3] * 20_000
+    assert np.array_equal(drawn.order, np.random.default_rng(5).integers(0, 3000, 60_000))
+    assert chisquare(np.bincount(drawn.order, minlength=3000)).pvalue > 1e-3
+    freq = np.bincount(labels, minlength=10) / len(labels)
+    assert chisquare(np.bincount(labels[drawn.order], minlength=10), 60_000 * freq).pvalue > 1e-3
+    # without samples_per_device: the split while it fits, one sample each beyond
+    assert not partition("iid", labels, 3000, np.random.default_rng(5)).with_replacement
+    beyond = partition("iid", labels, 3001, np.random.default_rng(5))
+    assert beyond.with_replacement and beyond.sizes.tolist() == [1] * 3001
+
+
+def test_dirichlet_with_replacement_replayed_and_its_label_statistics():
+    """Device j's m = 20 samples are i.i.d. of class c with probability n_c D_jc / sum, D_j ~
+    Dir(alpha 1_C): replayed with numpy (a comparison of each uniform with the cumulative mix);
+    alpha = 10^4 gives every device the set's label frequencies (chi-square of all draws),
+    alpha = 0.05 one dominant class a device; N min_samples > n defaults m to min_samples."""
+    from scipy.stats import chisquare
+
+    labels = _labels()
+    n_dev, m = 4000, 20
+    drawn = partition("dirichlet", labels, n_dev, np.random.default_rng(8), alpha=0.3,
+                      samples_per_device=m)
+    rng = np.random.default_rng(8)
+    order = _sorted_by_label(labels, rng)
+    sizes = np.bincount(labels)
+    weights = rng.dirichlet(np.full(10, 0.3), n_dev) * sizes
+    cum = np.cumsum(weights, axis=1) / weights.sum(axis=1, keepdims=True)
+    owner = np.repeat(np.arange(n_dev), m)
+    cls = (rng.random(n_dev * m)[:, None] >= cum[owner, :-1]).sum(axis=1)
+    expected = order[np.cumsum(sizes)[cls] - sizes[cls] + rng.integers(0, sizes[cls])]
+    assert drawn.with_replacement and np.array_equal(drawn.order, expected)
+    flat = partition("dirichlet", labels, n_dev, np.random.default_rng(9), alpha=1e4,
+                     samples_per_device=m)
+    freq = np.bincount(labels, minlength=10) / len(labels)
+    assert chisquare(np.bincount(labels[flat.order], minlength=10), n_dev * m * freq).pvalue > 1e-3
+    skewed = partition("dirichlet", labels, n_dev, np.random.default_rng(9), alpha=0.05,
+                       samples_per_device=m)
+    top = label_counts(labels, skewed, 10).max(axis=1) / m
+    assert np.median(top) > 0.7
+    default = partition("dirichlet", labels, 1000, np.random.default_rng(1), min_samples=4)
+    assert default.with_replacement and default.sizes.tolist() == [4] * 1000
+
+
+def test_quantity_skew_with_replacement_sizes_and_samples():
+    labels = _labels()
+    drawn = partition("quantity-skew", labels, 5000, np.random.default_rng(2), beta=0.5,
+                      min_samples=2, samples_per_device=6)
+    rng = np.random.default_rng(2)
+    q = rng.dirichlet(np.full(5000, 0.5))
+    cuts = np.floor(np.cumsum(q) * 5000 * 4).astype(np.int64)
+    cuts[-1] = 5000 * 4
+    sizes = 2 + np.diff(cuts, prepend=0)
+    assert np.array_equal(drawn.sizes, sizes) and drawn.sizes.sum() == 5000 * 6
+    assert np.array_equal(drawn.order, rng.integers(0, 3000, 30_000))
+    assert drawn.sizes.min() >= 2 and drawn.sizes.std() > 0.5 * drawn.sizes.mean()  # skewed
+
+
+def test_client_dirichlet_draws_in_full_when_devices_would_be_left_without_samples():
+    """200 devices x 5 samples asked of 20 (5 classes of 4): scaled down, most would hold
+    none; instead every device draws its 5, rare classes at a fifth of the others' rate."""
+    from scipy.stats import chisquare
+
+    labels = np.repeat(np.arange(5), 4)
+    drawn = partition("client-dirichlet", labels, 200, np.random.default_rng(0), alpha=1e4,
+                      min_samples=1, rare_classes=[3, 4], rare_weight=0.2, size_median=5.0,
+                      size_sigma=0.0)
+    assert drawn.with_replacement and drawn.sizes.tolist() == [5] * 200
+    expected = np.array([1, 1, 1, 0.2, 0.2]) / 3.4 * 1000
+    assert chisquare(np.bincount(labels[drawn.order], minlength=5), expected).pvalue > 1e-3

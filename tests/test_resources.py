@@ -42,14 +42,14 @@ def test_bilevel_estimate_by_hand():
     est = estimate_memory(sc, facts)
     assert est.parts["fixed"] == 60 * 2**20  # no torch model
     assert est.parts["data"] == data
-    assert est.parts["population"] == n * 600  # no labels: no counts
+    assert est.parts["population"] == n * 450  # no labels: no counts
     state = 7 * n * d * 8  # DriftCorrected's seven [N, d] float64 arrays
     # all N uploads through the quantiser: float64 work from the heap (4.4 kB < 32 MiB)
     compute = n * d * 104
     rows = 1 + 3  # round 0 and each of the 3 rounds
     assert (est.parts["state"], est.parts["compute"]) == (state, compute)
     assert est.parts["records"] == n * 512 + rows * 4096
-    assert est.total == 60 * 2**20 + data + n * 600 + state + compute + n * 512 + rows * 4096
+    assert est.total == 60 * 2**20 + data + n * 450 + state + compute + n * 512 + rows * 4096
     assert (est.worst, est.d, est.itemsize, est.chunked) == ("fedmsa", d, 8, False)
 
 
@@ -69,11 +69,12 @@ def test_classifier_estimate_by_hand(n):
     assert facts.load_bytes == 24 * 1797 * 64
     est = estimate_memory(sc, facts)
     d = 650
-    population = n * 600 + n * (64 + 8 * 10 + 16 * 10)
+    population = n * 450 + n * (64 + 8 * 10 + 16 * 10)
     row = n * 40 + 4096  # a rounds row: its dict and one float per device
     vectors = n * 4 * 10 * (64 + 3 * 74) + n * 3 * d * 4 + n * d * 104  # chunk + quantiser
-    fedsgd = n * 512 + vectors + (4 * row + n * 1016) + 4 * row  # after DZOFL's records
-    fedavg = n * 512 + vectors + (8 * row + 2 * n * 1016) + 3 * row
+    # each earlier algorithm's devices.parquet rows: a table, 22 values of 8 B a device
+    fedsgd = n * 512 + vectors + (4 * row + n * 176) + 4 * row  # after DZOFL's records
+    fedavg = n * 512 + vectors + (8 * row + 2 * n * 176) + 3 * row
     held = facts.data_bytes + population + max(fedsgd, fedavg)
     assert est.total == (60 + 30) * 2**20 + max(facts.load_bytes, held)
     if n == 8:

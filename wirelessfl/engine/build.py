@@ -9,6 +9,7 @@ device classes and clocks), so algorithms are compared on the same world.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from wirelessfl.engine.allocator import keep_freed_memory
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import Dataset
 from wirelessfl.learning.evaluator import FlatModel
-from wirelessfl.learning.partition import label_counts
+from wirelessfl.learning.partition import DeviceSamples, label_counts
 from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.plugins import problem_spec
 from wirelessfl.problems.base import Problem
@@ -51,14 +52,15 @@ class World:
     """The cell, the devices' hardware and the learning problem. ``evaluator`` is any
     ``Problem`` (algorithms use it as ``ctx.evaluator``); ``dataset``, ``shards`` and ``flat``
     are what the problem's builder gives (None for a problem without data; ``flat`` only for a
-    zoo model). Device i has the energy profile
+    zoo model; ``shards`` every device's training indices as index sets, ``DeviceSamples``).
+    Device i has the energy profile
     ``class_profiles[device_class[i]]`` and, with ``population.cpu_frequency``, the clock
     ``frequency_hz[i]``; drawn from the scenario when not given."""
 
     scenario: Scenario
     cell: Cell
     dataset: Dataset | None
-    shards: list[np.ndarray] | None
+    shards: DeviceSamples | None
     flat: FlatModel | None
     model_profile: ModelProfile
     evaluator: Problem
@@ -69,6 +71,8 @@ class World:
     frequency_hz: np.ndarray | None = None  # [N] CPU clocks [Hz]; None: each profile's own
 
     def __post_init__(self) -> None:
+        if self.shards is not None:  # a plugin problem's list of index arrays, say
+            self.shards = DeviceSamples.coerce(self.shards)
         if self.device_class is None:
             (self.class_names, self.class_profiles, self.device_class,
              self.frequency_hz) = draw_population(self.scenario)
@@ -84,7 +88,18 @@ class World:
 
     def device_class_names(self) -> list[str]:
         """[N] the class (energy profile) name of each device."""
-        return [self.class_names[c] for c in self.device_class]
+        return self.device_class_array().tolist()
+
+    def device_class_array(self) -> np.ndarray:
+        """[N] object array of each device's class name (one str object per class, shared)."""
+        return np.asarray(self.class_names, dtype=object)[self.device_class]
+
+    @cached_property
+    def device_ranks(self) -> np.ndarray:
+        """[N] a random permutation of the devices (stream (seed, "device-sample")): which
+        devices the per-device outputs of a large population sample (results/records.py
+        ``sample_by_rank``), the same for every algorithm of the run."""
+        return keyed_rng(self.scenario.seed, "device-sample").permutation(self.num_devices)
 
     def device_power(self, uplink: Uplink | None = None) -> DevicePower:
         """Each device's transmit draw (its profile's PA and circuit with the channel's RF
@@ -121,7 +136,14 @@ class World:
         if self.dataset is None:
             return None
         config = self.scenario.partition
-        return partition_manifest(config.scheme, config.params(), self.label_counts())
+        drawn = None
+        if self.shards.with_replacement:  # the population outgrew the data (or m was given)
+            train = len(self.dataset.y_train)
+            drawn = {"with_replacement": True, "samples_drawn": len(self.shards.order),
+                     "training_samples_on_devices":
+                         train - round(self.scenario.data.server_fraction * train)}
+        return partition_manifest(config.scheme, config.params(), self.label_counts(),
+                                  self.device_ranks, drawn)
 
     def problem_record(self) -> dict:
         """What the manifest records about the problem (constants, f* when known)."""

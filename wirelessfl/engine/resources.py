@@ -12,20 +12,24 @@ report figures included, as named parts (docs/reliability.md, "Memory"):
 * ``fixed``: first use of the parquet writer, the figures' canvas and fonts, and of a torch
   model's batched passes (constants);
 * ``data``: the problem's arrays as the run holds them (a classifier's inputs as loaded and in
-  device order, the test set, per-sample bookkeeping; a synthetic problem's per-client
-  matrices), or the loader's own peak when that is the largest moment;
-* ``population``: per-device arrays every algorithm shares (positions, classes, shards, label
-  counts as the manifest holds them);
+  device order, where a sample drawn by several devices is held once per device (a population
+  that outgrows the data, learning/partition.py), the test set, per-sample bookkeeping; a
+  synthetic problem's per-client matrices), or the loader's own peak when that is the largest
+  moment;
+* ``population``: per-device arrays every algorithm shares (positions, classes, the index
+  sets' sizes, label counts as the manifest holds them: every device's up to
+  ``FULL_OUTPUT_DEVICES``, a sample's beyond);
 * ``state``: the largest algorithm's [N, d] arrays (``Algorithm.peak_device_arrays``) in the
   problem's compute precision;
 * ``compute``: that algorithm's largest round temporaries (``round_compute``): one chunk of the
   batched learning compute (the evaluator's own chunk rule under ``engine.max_chunk_mb``) and
   the float64 work of the unbiased quantiser on the rows it quantises at once (a chunk, or all
   N rows for the drift-corrected family, FedMSA and FedNest);
-* ``records``: each algorithm's ledger and network arrays, and what is recorded, held as Python
-  objects until the run ends (one dict per device per algorithm, each device's accuracy at each
-  evaluation); at the end, its conversion to tables and JSON when written, or the report's
-  reading of it back for the figures, whichever is larger.
+* ``records``: each algorithm's ledger and network arrays, and what is recorded until the run
+  ends (its devices.parquet rows as a table: every device's up to ``FULL_OUTPUT_DEVICES``, at
+  most ``DEVICE_ROWS_MAX`` beyond; each device's accuracy at each evaluation as Python
+  floats); at the end, the tables joined and the JSON written, or the report's reading of
+  them back for the figures, whichever is larger.
 
 The peak is the largest of three moments: loading the data (nothing else held yet), the worst
 algorithm's round (data + population + state + compute + the records so far) and the end (data
@@ -51,7 +55,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wirelessfl.errors import UserError
+from wirelessfl.learning.partition import fewest_samples
 from wirelessfl.plugins import algorithm_class
+from wirelessfl.results.records import (
+    DEVICE_ROWS_MAX,
+    FULL_OUTPUT_DEVICES,
+    LABEL_SAMPLE_DEVICES,
+)
 
 MIB = 2**20
 # Share of the available memory a run may plan to use: the rest is the allocator's slack and
@@ -63,9 +73,10 @@ HEADROOM = 0.8
 FIXED_BYTES = 60 * MIB
 # First use of a torch model's batched passes (autograd, the thread pool's module copies).
 MODEL_FIXED_BYTES = 30 * MIB
-# One devices.parquet row as the Python dict the writer keeps (22 keys, their floats and ints).
-DEVICE_ROW_BYTES = 1016
-# The same row as table columns while written (22 x 8 B) and read back (plus two string cells).
+# One devices.parquet row as the table the writer keeps (20 numbers and two pointers to shared
+# strings, 8 B each), as the tables joined while written (22 x 8 B) and read back (plus two
+# string cells).
+DEVICE_ROW_BYTES = 22 * 8
 DEVICE_COLUMN_BYTES = 22 * 8
 DEVICE_READ_BYTES = 22 * 8 + 2 * 60
 # One device's accuracy in a rounds row: a Python float in a list (32 B) and its list slot.
@@ -77,8 +88,11 @@ ROUND_ROW_BYTES = 4096
 COUNT_LIST_BYTES = 64
 JSON_COUNT_BYTES = 90
 # Per device, arrays every run keeps whatever the algorithm: cell geometry and mean SNRs,
-# device classes, the shard list (a numpy array object each), label mixes.
-DEVICE_STATIC_BYTES = 600
+# device classes, the index sets' sizes and offsets, label mixes. 600 B when the shards were a
+# list of numpy arrays; their replacement by two arrays (learning/partition.py DeviceSamples)
+# measured 153 B a device less after the world is built (RSS growth from 200,000 to 1,000,000
+# devices on the same 1.4 million samples: 212 B a device before, 59 B after) [D].
+DEVICE_STATIC_BYTES = 450
 # Per device while an algorithm runs: its ledger (176 B) and the network's per-phase arrays
 # (plan, fading, airtime, outcome: about 40 float64 [N] arrays).
 DEVICE_RUN_BYTES = 512
@@ -322,15 +336,43 @@ class DataBytes:
     on_devices: int
 
 
+def drawn_samples(scenario, on_devices: int) -> int | None:
+    """Entries of the devices' index sets when they draw with replacement (learning/
+    partition.py: ``samples_per_device`` given, or the population outgrows the ``on_devices``
+    training samples), else None (the split holds each sample once). client-dirichlet draws
+    its own sizes: N x their mean, max(min_samples, median e^(sigma^2 / 2)) [D]; label-skew
+    is taken to outgrow the data when N x classes_per_device exceeds it (the split's own test
+    is per class) [D]."""
+    config, n = scenario.partition, scenario.population.num_devices
+    params = config.params()
+    fewest = fewest_samples(config.scheme, params)
+    if config.scheme == "client-dirichlet":
+        if n * fewest <= on_devices:
+            return None
+        mean = config.size_median * math.exp(config.size_sigma ** 2 / 2)
+        return math.ceil(n * max(fewest, mean))
+    if config.samples_per_device is None and n * fewest <= on_devices:
+        return None
+    return n * (config.samples_per_device or fewest)
+
+
 def data_bytes(scenario, limit_bytes: float = math.inf) -> DataBytes:
     """What every problem on ``scenario.data`` holds of it (the problems' memory hooks add their
-    own arrays)."""
+    own arrays): the inputs as loaded and in device order (the training set's size, or the
+    entries drawn with replacement, ``drawn_samples``), the test set, bookkeeping per entry."""
     shape = dataset_shape(scenario.data, limit_bytes)
     input_size = math.prod(shape.input_shape)
-    held = BYTES_PER_FLOAT * input_size * (2 * shape.train + shape.test) \
-        + SAMPLE_BYTES * shape.train
     on_devices = round(shape.train * (1 - scenario.data.server_fraction))
+    entries = drawn_samples(scenario, on_devices) or shape.train
+    held = BYTES_PER_FLOAT * input_size * (shape.train + entries + shape.test) \
+        + SAMPLE_BYTES * entries
     return DataBytes(shape, input_size, held, shape.load_bytes * shape.loaded_values, on_devices)
+
+
+def kept_per_device(n: int, limit: int) -> int:
+    """Devices whose per-device output a run keeps: all up to FULL_OUTPUT_DEVICES, at most
+    ``limit`` beyond (results/records.py)."""
+    return n if n <= FULL_OUTPUT_DEVICES else min(n, limit)
 
 
 # ---- the estimate ------------------------------------------------------------------------------
@@ -386,8 +428,10 @@ def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstima
     n, d, size = scenario.population.num_devices, facts.d, facts.itemsize
     classes = facts.num_classes
     fixed = FIXED_BYTES + (MODEL_FIXED_BYTES if facts.train_samples else 0)
-    counts = n * (COUNT_LIST_BYTES + 8 * classes + 2 * 8 * classes) if classes else 0
+    listed = kept_per_device(n, LABEL_SAMPLE_DEVICES)  # devices whose counts the manifest lists
+    counts = (listed * (COUNT_LIST_BYTES + 8 * classes) + n * 2 * 8 * classes) if classes else 0
     population = n * DEVICE_STATIC_BYTES + counts
+    rows_kept = kept_per_device(n, DEVICE_ROWS_MAX)  # devices.parquet rows of an algorithm
     accuracy = n * ACCURACY_VALUE_BYTES if classes else 0
     round_peak, worst, records = 0, None, 0
     for params in scenario.algorithms:
@@ -404,13 +448,13 @@ def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstima
         if during > round_peak:
             round_peak = during
             worst = (params, cls.peak_device_arrays, state, compute, chunked)
-        records += rows * (accuracy + ROUND_ROW_BYTES) + n * DEVICE_ROW_BYTES
+        records += rows * (accuracy + ROUND_ROW_BYTES) + rows_kept * DEVICE_ROW_BYTES
     algorithms = len(scenario.algorithms)
     total_rows = sum(evaluations(p) for p in scenario.algorithms)
-    written = (records + algorithms * n * DEVICE_COLUMN_BYTES + total_rows * n * 8 * bool(classes)
-               + n * classes * JSON_COUNT_BYTES)
-    read = (algorithms * n * DEVICE_READ_BYTES + total_rows * n * 8 * bool(classes) + counts
-            + total_rows * ROUND_ROW_BYTES)
+    written = (records + algorithms * rows_kept * DEVICE_COLUMN_BYTES
+               + total_rows * n * 8 * bool(classes) + listed * classes * JSON_COUNT_BYTES)
+    read = (algorithms * rows_kept * DEVICE_READ_BYTES + total_rows * n * 8 * bool(classes)
+            + counts + total_rows * ROUND_ROW_BYTES)
     end = max(written, read)
     params, copies, state, compute, chunked = worst
     est = MemoryEstimate(worst=params.display_name, state_arrays=copies, num_devices=n, d=d,

@@ -22,7 +22,7 @@ from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.engine.threads import ensure as ensure_threads
 from wirelessfl.errors import UserError
 from wirelessfl.results.health import manifest_entry
-from wirelessfl.results.records import MemoryWriter, RunRecord, RunWriter
+from wirelessfl.results.records import MemoryWriter, RunRecord, RunWriter, device_records
 from wirelessfl.results.summary import summarize
 from wirelessfl.scenario.checks import check_runnable
 from wirelessfl.scenario.loader import resolved_document
@@ -128,7 +128,11 @@ def run_to_record(scenario: Scenario, out: Path | None, world: World | None = No
                     "params": params.model_dump(mode="json"), **run.extra,
                     "health": manifest_entry(run.rows, run.status, scenario.health,
                                              type(params).model_fields)}
-            writer.add(run.label, run.rows, run.device_rows(world), info)
+            devices, summary = device_records(run.label, run.device_columns(world),
+                                              world.device_ranks)
+            if summary is not None:  # a large population: rows of a sample (records.py)
+                info["devices"] = summary
+            writer.add(run.label, run.rows, devices, info)
             if run.status == "interrupted":
                 writer.finish("interrupted")
                 raise KeyboardInterrupt(run.message)

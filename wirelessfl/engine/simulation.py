@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import simpy
 
 from wirelessfl.algorithms.base import AlgorithmParams
@@ -27,6 +28,7 @@ from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.plugins import algorithm_class
 from wirelessfl.results.health import step_size_name
+from wirelessfl.results.records import device_frame
 
 
 @dataclass
@@ -43,41 +45,40 @@ class AlgorithmRun:
     # Merged into the algorithm's manifest entry: "resolved" (Algorithm.resolved) when not empty.
     extra: dict = field(default_factory=dict)
 
-    def device_rows(self, world: World) -> list[dict]:
-        """One ``devices.parquet`` row per device."""
+    def device_columns(self, world: World) -> dict[str, np.ndarray]:
+        """Every devices.parquet column but ``algorithm``, one value per device [N] (vectorised:
+        a million devices are arrays, not a million dicts)."""
         led, cell = self.ledger, world.cell
         k = KIND_INDEX
-        compute = led.energy_j[:, k["compute_forward"]] + led.energy_j[:, k["compute_backward"]]
-        compute_s = led.busy_s[:, k["compute_forward"]] + led.busy_s[:, k["compute_backward"]]
-        snr_db = 10 * np.log10(cell.uplink_mean_snr)
-        classes = world.device_class_names()
-        return [
-            {
-                "algorithm": self.label,
-                "device": i,
-                "device_class": classes[i],
-                "distance_m": float(cell.distances_m[i]),
-                "mean_snr_db": float(snr_db[i]),
-                "energy_j": float(led.energy_j[i].sum()),
-                "energy_compute_j": float(compute[i]),
-                "energy_uplink_j": float(led.energy_j[i, k["uplink"]]),
-                "energy_downlink_j": float(led.energy_j[i, k["downlink"]]),
-                "energy_idle_j": float(led.energy_j[i, k["idle"]]),
-                "compute_s": float(compute_s[i]),
-                "uplink_s": float(led.busy_s[i, k["uplink"]]),
-                "downlink_s": float(led.busy_s[i, k["downlink"]]),
-                "idle_s": float(led.busy_s[i, k["idle"]]),
-                "depleted_at_s": float(led.depleted_at_s[i]),
-                "bits_up": float(led.bits_up[i]),
-                "packets_sent": int(led.packets_sent[i]),
-                "packets_delivered": int(led.packets_delivered[i]),
-                "transmissions": int(led.transmissions[i]),
-                "late_uploads": int(led.late_uploads[i]),
-                "queue_wait_s": float(led.queue_wait_s[i]),
-                "broadcasts_missed": int(led.broadcasts_missed[i]),
-            }
-            for i in range(led.num_devices)
-        ]
+        energy, busy = led.energy_j, led.busy_s
+        return {
+            "device": np.arange(led.num_devices, dtype=np.int64),
+            "device_class": world.device_class_array(),
+            "distance_m": np.asarray(cell.distances_m, dtype=float),
+            "mean_snr_db": 10 * np.log10(cell.uplink_mean_snr),
+            "energy_j": energy.sum(axis=1),
+            "energy_compute_j": energy[:, k["compute_forward"]] + energy[:, k["compute_backward"]],
+            "energy_uplink_j": energy[:, k["uplink"]],
+            "energy_downlink_j": energy[:, k["downlink"]],
+            "energy_idle_j": energy[:, k["idle"]],
+            "compute_s": busy[:, k["compute_forward"]] + busy[:, k["compute_backward"]],
+            "uplink_s": busy[:, k["uplink"]],
+            "downlink_s": busy[:, k["downlink"]],
+            "idle_s": busy[:, k["idle"]],
+            "depleted_at_s": np.asarray(led.depleted_at_s, dtype=float),
+            "bits_up": np.asarray(led.bits_up, dtype=float),
+            "packets_sent": np.asarray(led.packets_sent, dtype=np.int64),
+            "packets_delivered": np.asarray(led.packets_delivered, dtype=np.int64),
+            "transmissions": np.asarray(led.transmissions, dtype=np.int64),
+            "late_uploads": np.asarray(led.late_uploads, dtype=np.int64),
+            "queue_wait_s": np.asarray(led.queue_wait_s, dtype=float),
+            "broadcasts_missed": np.asarray(led.broadcasts_missed, dtype=np.int64),
+        }
+
+    def device_rows(self, world: World) -> pd.DataFrame:
+        """One ``devices.parquet`` row per device (all N; the run writer keeps what
+        ``device_records`` says at large N)."""
+        return device_frame(self.label, self.device_columns(world))
 
 
 def run_algorithm(world: World, params: AlgorithmParams,

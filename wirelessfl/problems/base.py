@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from wirelessfl.engine.resources import ProblemFacts
     from wirelessfl.learning.datasets import DataFacts, Dataset
     from wirelessfl.learning.evaluator import FlatModel
+    from wirelessfl.learning.partition import DeviceSamples
     from wirelessfl.scenario.schema import Scenario
 
 
@@ -347,7 +348,7 @@ class BuiltProblem:
     problem: Problem
     model_profile: ModelProfile | None = None
     dataset: Dataset | None = None
-    shards: list[np.ndarray] | None = None
+    shards: DeviceSamples | None = None
     flat: FlatModel | None = None
 
     def __post_init__(self) -> None:

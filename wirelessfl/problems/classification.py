@@ -52,8 +52,9 @@ def build(scenario: Scenario, device: torch.device) -> BuiltProblem:
     model_profile = profile_model(model, dataset.input_shape)
     model = model.to(device)
     flat = FlatModel(model)
-    data = DeviceData.from_shards(dataset.x_train, dataset.y_train, shards, dataset.x_test,
-                                  dataset.y_test, device, server=server)
+    data = DeviceData.from_index_sets(dataset.x_train, dataset.y_train, shards.order,
+                                      shards.sizes, dataset.x_test, dataset.y_test, device,
+                                      server=server)
     evaluator = BatchedEvaluator(flat, data, model_profile.activations_per_sample,
                                  model_profile.input_size, scenario.engine.max_chunk_mb,
                                  l2=scenario.model.l2)

@@ -14,7 +14,7 @@ import numpy as np
 
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataFacts, Dataset, load_dataset
-from wirelessfl.learning.partition import partition
+from wirelessfl.learning.partition import DeviceSamples, drawn_count, partition
 from wirelessfl.learning.seeds import keyed_rng
 
 if TYPE_CHECKING:
@@ -24,11 +24,12 @@ if TYPE_CHECKING:
 @dataclass
 class SplitData:
     """The dataset and who holds what: ``server`` the training indices the base station keeps
-    (sorted), ``shards`` each device's training indices."""
+    (sorted), ``shards`` each device's training indices (index sets into the whole training
+    set, ``DeviceSamples``)."""
 
     dataset: Dataset
     server: np.ndarray
-    shards: list[np.ndarray]
+    shards: DeviceSamples
 
 
 def split_data(scenario: Scenario) -> SplitData:
@@ -43,7 +44,7 @@ def split_data(scenario: Scenario) -> SplitData:
     server, on_devices = np.sort(order[:keep]), np.sort(order[keep:])
     shards = partition(scenario.partition.scheme, dataset.y_train[on_devices], n,
                        keyed_rng(seed, "partition"), **scenario.partition.params())
-    return SplitData(dataset, server, [on_devices[s] for s in shards])
+    return SplitData(dataset, server, shards.mapped(on_devices))
 
 
 def selected_classes(scenario: Scenario, facts: DataFacts | None) -> int | None:
@@ -57,28 +58,23 @@ def selected_classes(scenario: Scenario, facts: DataFacts | None) -> int | None:
 
 
 def check_partition(scenario: Scenario, facts: DataFacts | None) -> None:
-    """Every device gets samples (learning/partition.py); known only without a label selection,
-    which changes the count."""
+    """What would stop the split (learning/partition.py), known before loading: more classes per
+    device than the set has, or ``samples_per_device`` below what the scheme gives a device.
+
+    A population larger than the training set allows (N x the fewest samples a device may hold
+    > the samples on devices) is not refused: every device then draws its samples from the whole
+    set, with replacement across devices (learning/partition.py, module docstring; the manifest's
+    ``partition.with_replacement`` says so)."""
+    config = scenario.partition
+    if config.samples_per_device is not None:
+        drawn_count(config.samples_per_device, config.scheme, config.params())
     if facts is None:
         return
-    data, config, n = scenario.data, scenario.partition, scenario.population.num_devices
     classes = selected_classes(scenario, facts)
     if config.scheme == "label-skew" and classes is not None \
             and config.classes_per_device > classes:
         raise UserError(f"partition.classes_per_device={config.classes_per_device} exceeds the "
                         f"{classes} classes in the training set; lower it")
-    if facts.train_samples is None or data.classes is not None:
-        return
-    samples = facts.train_samples - round(data.server_fraction * facts.train_samples)
-    need, key = 1, "population.num_devices"
-    if config.scheme == "shards":
-        need, key = config.shards_per_device, "partition.shards_per_device"
-    elif config.min_samples is not None:
-        need, key = config.min_samples, "partition.min_samples"
-    if n * need > samples:
-        raise UserError(f"{key}: {n} devices x {need} samples each exceeds the {samples} "
-                        f"training samples on devices of dataset '{data.name}', so some devices "
-                        "would get too little data; use fewer devices or more data")
 
 
 def server_keeps_data(scenario: Scenario, facts: DataFacts | None) -> bool:

@@ -41,6 +41,7 @@ from wirelessfl.learning.minibatch import (
     sample_device_minibatches,
     sample_minibatches,
 )
+from wirelessfl.learning.partition import DeviceSamples
 from wirelessfl.problems.base import (
     ALL_CONSTANTS,
     BuiltProblem,
@@ -164,7 +165,8 @@ class LogisticProblem(Problem):
     """The paper's regularised logistic regression (fedred.md Sec. 4.2) as a ``Problem``.
 
     ``x_train`` [n_train, d] with labels ``y_train`` in {0, 1} (or {-1, +1}; 0 maps to -1),
-    ``shards`` the training indices of each device (as ``partition`` returns them), the test
+    ``shards`` the training indices of each device (a ``DeviceSamples``, as ``partition``
+    returns them, or one index array per device), the test
     set ``x_test``, ``y_test``; ``server`` optional training indices the base station keeps (its
     own loss, ``server_gradient``). With ``normalize_rows`` every input (training, test and
     server) is divided by the mean norm of the devices' training rows, so that the average row
@@ -193,11 +195,12 @@ class LogisticProblem(Problem):
             raise UserError(f"problem 'logistic' needs flat inputs [samples, features], got "
                             f"shape {x_train.shape}; use a tabular dataset (breast_cancer, "
                             "libsvm, synthetic, digits)")
-        sizes = np.array([len(s) for s in shards], dtype=np.int64)
+        samples = DeviceSamples.coerce(shards)  # index sets, or one array per device
+        sizes = samples.sizes
         if len(sizes) == 0 or sizes.min() < 1:
             raise UserError("problem 'logistic': every device needs at least one training "
                             "sample; use fewer devices or partition.min_samples")
-        order = np.concatenate([np.asarray(s, dtype=np.int64) for s in shards])
+        order = samples.order
         self.num_devices, self.d = len(sizes), x_train.shape[1]
         self.M = int(sizes.sum())
         a = x_train[order].astype(np.float64)

@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 
 from wirelessfl.report.colours import run_colours
 from wirelessfl.results.records import output_folder, write_file
@@ -50,6 +51,10 @@ BAR_DEVICES = 100
 # Steps at most in the label histogram's outline: about the figure's pixel columns (16 inches
 # at 120 dpi) [D]; more devices are drawn as means over consecutive devices.
 MAX_COLUMNS = 2000
+# Points per algorithm at most in the per-device accuracy figure: more devices (a large
+# population) draw a random sample of them as points, smaller and fainter, the box still over
+# all (more points hide the box) [D].
+POINT_DEVICES = 2_000
 TIME_SPLIT = [("compute_s", "compute"), ("uplink_s", "uplink"), ("downlink_s", "downlink"),
               ("idle_s", "idle")]
 
@@ -343,9 +348,13 @@ def label_histogram(record) -> Figure | None:
     Up to ``BAR_DEVICES`` devices: one bar per device and class. More: one filled step outline
     per class (C artists whatever N; N x C bar patches took 9.5 minutes and 10.5 GB at 100,000
     devices), and beyond ``MAX_COLUMNS`` devices each step is the mean over k consecutive
-    devices (k in the axis label), about one step per pixel column of the figure."""
+    devices (k in the axis label), about one step per pixel column of the figure. A large
+    population's manifest keeps the counts of a random sample of devices
+    (``label_counts_sample``, results/records.py): those are drawn, one step each, and the
+    axis says so (means over consecutive devices would hide the skew a sample shows)."""
     part = record.manifest.get("partition") or {}
-    counts = np.asarray(part.get("label_counts") or [], dtype=float)
+    sample = part.get("label_counts_sample") or {}
+    counts = np.asarray(sample.get("counts") or part.get("label_counts") or [], dtype=float)
     if counts.ndim != 2 or counts.size == 0:
         return None
     num_devices, num_classes = counts.shape
@@ -368,7 +377,9 @@ def label_histogram(record) -> Figure | None:
             ax.fill_between(xs, np.repeat(bottom, 2), np.repeat(top, 2), color=colour,
                             label=str(c), linewidth=0)
         bottom = top
-    ax.set_xlabel("device")
+    ax.set_xlabel(f"device: a random sample of {num_devices:,} of the "
+                  f"{part.get('num_devices', num_devices):,} devices, in id order"
+                  if sample else "device")
     ax.set_ylabel("training samples" if per_step == 1 else
                   f"training samples (mean of {per_step} consecutive devices)")
     ax.set_xlim(-0.6, num_devices - 0.4)
@@ -378,10 +389,13 @@ def label_histogram(record) -> Figure | None:
     params = ", ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}"
                        for k, v in (part.get("params") or {}).items())
     tv = part.get("mean_label_tv")
+    drawn = (", drawn with replacement" if part.get("with_replacement") else "") \
+        + (f", {num_devices:,} sampled devices" if sample else "")
     ax.set_title(textwrap.fill(f"labels per device: {part.get('scheme', '?')}"
-                               + (f" ({params})" if params else ""), 90)
+                               + (f" ({params})" if params else "") + drawn, 90)
                  + (f"\nmean total-variation distance to the overall mix {tv:.3f}"
-                    if tv is not None else ""), fontsize="medium")
+                    + (" (over all devices)" if sample else "") if tv is not None else ""),
+                 fontsize="medium")
     return finish(fig)
 
 
@@ -436,6 +450,14 @@ def device_energy(record) -> Figure | None:
         return None
     classes = list(dict.fromkeys(devices.device_class))
     algorithms = list(dict.fromkeys(devices.algorithm))
+    # a large population's rows are the devices that took part (records.device_records); its
+    # manifest entry ("devices") has the class counts and sums over every device
+    summaries = {a: (record.manifest.get("algorithms", {}).get(a) or {}).get("devices")
+                 for a in algorithms}
+    for summary in summaries.values():
+        for name in (summary or {}).get("classes", {}):
+            if name not in classes:
+                classes.append(name)
     width = 0.8 / len(algorithms)
     fig = new_figure((12.0, 4.6), 120)
     ax, time_ax = fig.subplots(1, 2)
@@ -460,7 +482,7 @@ def device_energy(record) -> Figure | None:
                        linewidths=0.8,
                        label=f"{algorithm}: battery ran out" if out.any() else None)
         # time split per class (stacked shares of alive time), hatched by algorithm
-        times = rows.groupby("device_class")[[c for c, _ in TIME_SPLIT]].sum().reindex(classes)
+        times = _class_times(rows, summaries[algorithm], classes)
         alive_s = np.maximum(times.sum(axis=1).to_numpy(), 1e-300)
         bottom = np.zeros(len(classes))
         for (column, label), shade in zip(TIME_SPLIT, ("#4c72b0", "#dd8452", "#55a868", "#c7c7c7")):
@@ -471,21 +493,51 @@ def device_energy(record) -> Figure | None:
     energies = devices.energy_j[devices.energy_j > 0]
     if len(energies) and energies.max() / energies.min() > 100:
         ax.set_yscale("log")
+    summary = next((v for v in summaries.values() if v), None)
+    if summary is None:
+        per_class = [(devices.device_class == c).sum() // len(algorithms) for c in classes]
+    else:
+        per_class = [summary["classes"].get(c, {}).get("devices", 0) for c in classes]
     for axis in (ax, time_ax):
         axis.set_xticks(np.arange(len(classes)))
-        per_class = [(devices.device_class == c).sum() // len(algorithms) for c in classes]
-        axis.set_xticklabels([f"{literal(c)}\n({count} devices)"
-                              for c, count in zip(classes, per_class)])
+        axis.set_xticklabels([f"{literal(c)}\n({count if summary is None else f'{count:,}'}"
+                              " devices)" for c, count in zip(classes, per_class)])
     ax.set_ylabel("energy per device over the run [J]")
-    ax.set_title("per-device energy by class", fontsize="medium")
+    ax.set_title("per-device energy by class" + ("" if summary is None else
+                 f"\n(points: {_rows_rule(summaries)}; boxes of those)"), fontsize="medium")
     ax.legend(fontsize="small")
     ax.grid(True, axis="y", which="both", alpha=0.3)
     time_ax.set_ylabel("share of the time alive")
     time_ax.set_ylim(0, 1.0)
-    time_ax.set_title("where each class's time went (bars: " + ", ".join(algorithms) + ")",
+    time_ax.set_title("where each class's time went (bars: " + ", ".join(algorithms) + ")"
+                      + ("" if summary is None else "\n(summed over every device)"),
                       fontsize="medium")
     time_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return finish(fig)
+
+
+def _class_times(rows, summary: dict | None, classes: list[str]):
+    """Seconds in each state (TIME_SPLIT) per device class: summed over ``rows``, or, for a
+    large population, over every device (the manifest's summary)."""
+    columns = [c for c, _ in TIME_SPLIT]
+    if summary is None:
+        return rows.groupby("device_class")[columns].sum().reindex(classes)
+    sums = summary.get("classes", {})
+    return pd.DataFrame([[sums.get(c, {}).get(k) or 0.0 for k in columns] for c in classes],
+                        index=classes, columns=columns)
+
+
+def _rows_rule(summaries: dict) -> str:
+    """What the rows of a large population's devices.parquet are, per algorithm (its manifest
+    summaries), in a few words."""
+    said = []
+    for algorithm, s in summaries.items():
+        if s:
+            sample = "" if s["rows_written"] == s["took_part"] else \
+                f", a random {s['rows_written']:,}"
+            said.append(f"{algorithm} {s['took_part']:,} of {s['num_devices']:,} took part"
+                        + sample)
+    return "; ".join(said)
 
 
 def device_accuracy(record) -> Figure | None:
@@ -501,6 +553,7 @@ def device_accuracy(record) -> Figure | None:
     rng = np.random.default_rng(0)  # jitter of the points only
     names = []
     colours = run_colours(record)
+    sampled = 0  # devices of the largest population whose points are a sample
     for a, (algorithm, group) in enumerate(rounds.groupby("algorithm", sort=False)):
         colour = colours[algorithm]
         group = group[group.device_accuracy.notna()].sort_values("round")
@@ -512,8 +565,13 @@ def device_accuracy(record) -> Figure | None:
                          showfliers=False, patch_artist=True)
         for patch in box["boxes"]:
             patch.set(facecolor=colour, alpha=0.25, edgecolor=colour)
-        ax.scatter(a + rng.uniform(-0.2, 0.2, len(values)), values, s=12, color=colour,
-                   alpha=0.8)
+        size, alpha = 12, 0.8
+        if len(values) > POINT_DEVICES:  # a large population: points of a random sample
+            sampled = max(sampled, len(values))
+            values = values[np.sort(rng.choice(len(values), POINT_DEVICES, replace=False))]
+            size, alpha = 4, 0.4
+        ax.scatter(a + rng.uniform(-0.2, 0.2, len(values)), values, s=size, color=colour,
+                   alpha=alpha)
         x = group.energy_j.where(group.energy_j > 0)
         energy_ax.plot(x, group.worst_device_accuracy, color=colour, marker=".",
                        label=f"{algorithm}: worst device")
@@ -523,7 +581,9 @@ def device_accuracy(record) -> Figure | None:
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([literal(name) for name in names], rotation=20, ha="right")
     ax.set_ylabel("accuracy on the device's own label mix")
-    ax.set_title("per-device accuracy at the last evaluation", fontsize="medium")
+    ax.set_title("per-device accuracy at the last evaluation" + (
+        f"\n(boxes: all {sampled:,} devices; points: a random {POINT_DEVICES:,})"
+        if sampled else ""), fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
     energy_ax.set_xscale("log")
     energy_ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no crowded labels

@@ -153,8 +153,8 @@ def write_csv(path: Path, frame: pd.DataFrame) -> None:
     atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
-def write_table(path: Path, rows: list[dict], columns: list[str]) -> None:
-    frame = pd.DataFrame(rows, columns=columns)
+def write_table(path: Path, rows: list[dict] | pd.DataFrame, columns: list[str]) -> None:
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows, columns=columns)
     atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
@@ -228,12 +228,117 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def partition_manifest(scheme: str, params: dict, counts) -> dict:
+# ---- per-device outputs of large populations [D] -------------------------------------------------
+# Up to this many devices every per-device output is complete: one devices.parquet row per device
+# and algorithm, the manifest's label counts of every device (a few MB of JSON and Parquet at
+# most). Above it (cross-device populations: a million devices would give about 20 MB of
+# Parquet per algorithm, 120 MB of JSON label counts and minutes of writing), they hold a sample
+# and the manifest holds quantiles and totals over every device.
+FULL_OUTPUT_DEVICES = 10_000
+# Above FULL_OUTPUT_DEVICES: devices whose label counts the manifest keeps (a random sample,
+# about one per pixel column of the label histogram) ...
+LABEL_SAMPLE_DEVICES = 2_000
+# ... and devices.parquet rows per algorithm: every device that took part (computed or sent in
+# some round), or a random sample of them when more did.
+DEVICE_ROWS_MAX = 10_000
+# Quantiles of every per-device column over all devices, in the manifest above the limit.
+DEVICE_QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
+# Columns summed per device class in that summary (where energy and time went, by class).
+CLASS_SUMS = ("energy_j", "energy_compute_j", "energy_uplink_j", "energy_downlink_j",
+              "energy_idle_j", "compute_s", "uplink_s", "downlink_s", "idle_s")
+
+
+def sample_by_rank(ranks: np.ndarray, count: int, among: np.ndarray | None = None
+                   ) -> np.ndarray:
+    """Sorted ids of the ``count`` devices of lowest ``ranks`` (a random permutation of the
+    devices, drawn once per run), among the mask ``among`` [N] when given: a uniform sample
+    without replacement, the same devices whatever is asked of it (a device in the sample of
+    one algorithm's participants is in that of every other's that it took part in)."""
+    ids = np.arange(len(ranks)) if among is None else np.flatnonzero(among)
+    if len(ids) > count:
+        ids = np.sort(ids[np.argpartition(ranks[ids], count - 1)[:count]])
+    return ids
+
+
+def partition_manifest(scheme: str, params: dict, counts, ranks: np.ndarray | None = None,
+                       drawn: dict | None = None) -> dict:
     """The manifest's ``partition`` entry: the scheme, its parameters, the [N, C] label counts
-    (a list per device) and their mean total-variation distance to the overall label mix."""
+    (a list per device) and their mean total-variation distance to the overall label mix.
+
+    Above FULL_OUTPUT_DEVICES devices the label counts are those of the LABEL_SAMPLE_DEVICES
+    devices of lowest ``ranks`` (``label_counts_sample``: their ids and counts), with the
+    population's size and samples per class; the distance is over every device. ``drawn``:
+    what a split drawn with replacement (learning/partition.py) records: ``with_replacement``
+    and the samples drawn, against the training samples on devices."""
     counts = np.asarray(counts, dtype=np.int64)
-    return {"scheme": scheme, "params": dict(params), "num_classes": int(counts.shape[1]),
-            "mean_label_tv": mean_tv_distance(counts), "label_counts": counts.tolist()}
+    entry = {"scheme": scheme, "params": dict(params), "num_classes": int(counts.shape[1]),
+             "mean_label_tv": mean_tv_distance(counts)}
+    if len(counts) <= FULL_OUTPUT_DEVICES or ranks is None:
+        entry["label_counts"] = counts.tolist()
+    else:
+        chosen = sample_by_rank(ranks, LABEL_SAMPLE_DEVICES)
+        entry.update(num_devices=len(counts), class_totals=counts.sum(axis=0).tolist(),
+                     label_counts_sample={"devices": chosen.tolist(),
+                                          "counts": counts[chosen].tolist()})
+    if drawn:
+        entry.update(drawn)
+    return entry
+
+
+def device_frame(label: str, columns: dict[str, np.ndarray], rows=slice(None)) -> pd.DataFrame:
+    """devices.parquet rows of one algorithm: ``columns`` (every DEVICE_COLUMNS entry but
+    ``algorithm``, one value per device) at ``rows``, in DEVICE_COLUMNS order."""
+    data = {name: columns[name][rows] for name in DEVICE_COLUMNS[1:]}
+    return pd.DataFrame({"algorithm": np.full(len(data["device"]), label, dtype=object),
+                         **data})
+
+
+def _number(value) -> float | None:
+    """A JSON number, None for NaN (the manifest is strict JSON)."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def device_summary(columns: dict[str, np.ndarray], took_part: np.ndarray, rows: int) -> dict:
+    """The manifest entry (``algorithms.<label>.devices``) of a run whose devices.parquet holds
+    ``rows`` of its N devices: the rule, and per column the sum, mean and DEVICE_QUANTILES over
+    every device (NaN entries, ``depleted_at_s`` of devices whose battery lasted, left out and
+    counted); per device class the devices, those that took part and the CLASS_SUMS."""
+    n, part = len(took_part), int(took_part.sum())
+    rule = ("every device that took part (computed or sent in some round)" if rows == part else
+            f"a random sample of {rows:,} of the {part:,} devices that took part (computed or "
+            "sent in some round)")
+    stats = {}
+    for name in DEVICE_COLUMNS[3:]:
+        values = np.asarray(columns[name], dtype=float)
+        known = values[~np.isnan(values)]
+        stats[name] = {"count": len(known), "sum": _number(known.sum()),
+                       "mean": _number(known.mean()) if len(known) else None,
+                       "quantiles": [_number(q) for q in np.quantile(known, DEVICE_QUANTILES)]
+                       if len(known) else None}
+    codes, names = pd.factorize(columns["device_class"])
+    classes = {}
+    for c, name in enumerate(names):
+        mask = codes == c
+        classes[str(name)] = {"devices": int(mask.sum()), "took_part": int(took_part[mask].sum()),
+                              **{k: _number(np.asarray(columns[k])[mask].sum())
+                                 for k in CLASS_SUMS}}
+    return {"rows": rule, "num_devices": n, "took_part": part, "rows_written": rows,
+            "quantiles": list(DEVICE_QUANTILES), "columns": stats, "classes": classes}
+
+
+def device_records(label: str, columns: dict[str, np.ndarray], ranks: np.ndarray | None = None
+                   ) -> tuple[pd.DataFrame, dict | None]:
+    """(devices.parquet rows, manifest summary or None) of one algorithm from its per-device
+    ``columns`` [N] each: every device's row up to FULL_OUTPUT_DEVICES devices (no summary);
+    above, the rows of the devices that took part, at most DEVICE_ROWS_MAX of them (those of
+    lowest ``ranks``), and ``device_summary`` over all devices."""
+    n = len(columns["device"])
+    if n <= FULL_OUTPUT_DEVICES or ranks is None:
+        return device_frame(label, columns), None
+    took_part = (np.asarray(columns["compute_s"]) > 0) | (np.asarray(columns["transmissions"]) > 0)
+    rows = sample_by_rank(ranks, DEVICE_ROWS_MAX, took_part)
+    return device_frame(label, columns, rows), device_summary(columns, took_part, len(rows))
 
 
 LOCK_NAME = ".lock"
@@ -336,7 +441,7 @@ class MemoryWriter:
     def __init__(self, scenario_doc: dict, seed: int, extra: dict | None = None,
                  partition: dict | None = None):
         self.round_rows: list[dict] = []
-        self.device_rows: list[dict] = []
+        self.device_frames: list[pd.DataFrame] = []  # one per algorithm (device_records)
         self.manifest = {
             "status": "running",
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -349,11 +454,22 @@ class MemoryWriter:
         if partition is not None:
             self.manifest["partition"] = partition
 
-    def add(self, label: str, rounds: list[dict], devices: list[dict], info: dict) -> None:
+    def add(self, label: str, rounds: list[dict], devices: pd.DataFrame | list[dict],
+            info: dict) -> None:
+        """Record one finished algorithm: its rounds rows, its devices.parquet rows (a frame
+        from ``device_records``, or dicts) and its manifest entry."""
         self.round_rows += rounds
-        self.device_rows += devices
+        self.device_frames.append(devices if isinstance(devices, pd.DataFrame)
+                                  else pd.DataFrame(devices, columns=DEVICE_COLUMNS))
         self.manifest["algorithms"][label] = info
         self.flush()
+
+    def devices(self) -> pd.DataFrame:
+        """Every algorithm's devices.parquet rows so far, as one table."""
+        frames = [f for f in self.device_frames if len(f)]
+        if not frames:
+            return pd.DataFrame([], columns=DEVICE_COLUMNS)
+        return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
     def finish(self, status: str = "complete") -> None:
         self.manifest["status"] = status
@@ -371,14 +487,15 @@ class MemoryWriter:
         Parquet and the manifest through JSON in memory, so their types are those of the files
         (an integer column with a missing value read back as floats, tuples as lists)."""
         return RunRecord(None, _stored(self.round_rows, ROUND_COLUMNS),
-                         _stored(self.device_rows, DEVICE_COLUMNS),
+                         _stored(self.devices(), DEVICE_COLUMNS),
                          json.loads(json.dumps(self.manifest)))
 
 
-def _stored(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+def _stored(rows: list[dict] | pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     """``rows`` as write_table stores them and read_run reads them back."""
     buffer = io.BytesIO()
-    pd.DataFrame(rows, columns=columns).to_parquet(buffer, index=False)
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows, columns=columns)
+    frame.to_parquet(buffer, index=False)
     buffer.seek(0)
     return pd.read_parquet(buffer)
 
@@ -410,7 +527,7 @@ class RunWriter(MemoryWriter):
             datetime.now(UTC).isoformat(timespec="seconds"))
         keep = lambda frame: frame[frame.algorithm.isin(list(done))]
         writer.round_rows = keep(record.rounds).to_dict("records")
-        writer.device_rows = keep(record.devices).to_dict("records")
+        writer.device_frames = [keep(record.devices).reset_index(drop=True)]
         writer.flush()
         return writer
 
@@ -426,7 +543,7 @@ class RunWriter(MemoryWriter):
 
     def flush(self) -> None:
         write_table(self.dir / "rounds.parquet", self.round_rows, ROUND_COLUMNS)
-        write_table(self.dir / "devices.parquet", self.device_rows, DEVICE_COLUMNS)
+        write_table(self.dir / "devices.parquet", self.devices(), DEVICE_COLUMNS)
         write_json(self.dir / "manifest.json", self.manifest)
 
 

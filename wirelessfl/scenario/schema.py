@@ -25,7 +25,7 @@ from wirelessfl.energy.profile import EnergyProfile
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataConfig
 from wirelessfl.learning.models import MODEL_NAMES
-from wirelessfl.learning.partition import PARAM_DEFAULTS, SCHEME_PARAMS
+from wirelessfl.learning.partition import OPTIONAL_PARAMS, PARAM_DEFAULTS, SCHEME_PARAMS
 from wirelessfl.plugins import MODELS, drop_empty_options, name_validator, options_field
 from wirelessfl.problems.base import ProblemConfig
 from wirelessfl.scenario.names import validated_name
@@ -200,17 +200,24 @@ class PartitionConfig(_Strict):
         None, ge=0, allow_inf_nan=False,
         description=f"client-dirichlet: sigma of the log device size (default "
                     f"{PARAM_DEFAULTS['size_sigma']}, fgdro.md Sec. 5)")
+    samples_per_device: int | None = Field(
+        None, gt=0, description="iid, dirichlet, shards, quantity-skew, label-skew: every device "
+                                "draws this many samples (the mean size for quantity-skew) from "
+                                "the whole training set, independently of the other devices (a "
+                                "sample may be on several), keeping the scheme's label skew [D]; "
+                                "default: the split of the training set, or, where the population "
+                                "outgrows it, the fewest samples the scheme allows a device")
 
     @model_validator(mode="after")
     def _params_match_scheme(self):
         reads = SCHEME_PARAMS[self.scheme]
-        for name in PARAM_DEFAULTS:
+        for name in (*PARAM_DEFAULTS, *OPTIONAL_PARAMS):
             if name not in reads and getattr(self, name) is not None:
                 readers = [s for s, p in SCHEME_PARAMS.items() if name in p]
                 raise ValueError(f"'{name}' is only read by scheme {' or '.join(map(repr, readers))}"
                                  f" but scheme is {self.scheme!r}; remove it or set scheme: "
                                  f"{readers[0]}")
-            if name in reads and getattr(self, name) is None:
+            if name in reads and getattr(self, name) is None and name in PARAM_DEFAULTS:
                 setattr(self, name, PARAM_DEFAULTS[name])
         return self
 
@@ -221,8 +228,10 @@ class PartitionConfig(_Strict):
         return {k: v for k, v in handler(self).items() if v is not None}
 
     def params(self) -> dict:
-        """The keyword parameters the scheme's partitioner reads, defaults filled in."""
-        return {name: getattr(self, name) for name in SCHEME_PARAMS[self.scheme]}
+        """The keyword parameters the scheme's partitioner reads, defaults filled in (an
+        optional one without a default only when given)."""
+        return {name: getattr(self, name) for name in SCHEME_PARAMS[self.scheme]
+                if name not in OPTIONAL_PARAMS or getattr(self, name) is not None}
 
 
 class ModelConfig(_Strict):
