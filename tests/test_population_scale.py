@@ -48,7 +48,8 @@ def test_a_world_of_100000_devices_on_2000_samples():
     world = build_world(scenario)
     assert time.perf_counter() - start < 10.0
     assert world.shards.with_replacement and world.shards.sizes.tolist() == [1] * n
-    assert world.evaluator.data.sizes.sum() == n and world.evaluator.data.x.shape == (n, 8)
+    assert world.evaluator.data.sizes.sum() == n and world.evaluator.data.x.shape == (1500, 8)
+    assert world.evaluator.data.index.shape == (n,)  # indices into the training set, no copies
     assert world.shards.order.max() < 2000 and len(np.unique(world.shards.order)) <= 1500
     record = world.partition_record()
     sample = record["label_counts_sample"]
@@ -63,8 +64,9 @@ def test_a_world_of_100000_devices_on_2000_samples():
 
 
 def test_memory_estimate_of_a_population_drawing_with_replacement():
-    """Data: the inputs as loaded (1,500 x 8 float32) and in device order (one entry a device:
-    100,000 x 8), the test set (500 x 8), 40 B an entry; population: 450 B a device, the
+    """Data: the inputs as loaded (1,500 x 8 float32) and as the devices read them (the
+    training set once: the entries, one or seven a device, outnumber it), the test set
+    (500 x 8), 40 B an entry; population: 450 B a device, the
     label-count lists of 2,000 sampled devices (64 + 8 x 4 B each) and two [N, 4] arrays."""
     n = 100_000
     for extra, entries in (({}, n), ({"partition": {"samples_per_device": 7}}, 7 * n)):
@@ -72,7 +74,7 @@ def test_memory_estimate_of_a_population_drawing_with_replacement():
         doc.update(extra)
         scenario = wirelessfl.load_scenario(doc)
         facts = problem_facts(scenario)
-        assert facts.data_bytes == 4 * 8 * (1500 + entries + 500) + 40 * entries
+        assert facts.data_bytes == 4 * 8 * (1500 + 1500 + 500) + 40 * entries
         est = estimate_memory(scenario, facts)
         assert est.parts["population"] == n * 450 + 2000 * (64 + 8 * 4) + n * 2 * 8 * 4
     fits = wirelessfl.load_scenario(_wide_doc(1000))  # the split: the training set as before
@@ -205,3 +207,37 @@ def test_a_run_above_the_limit_keeps_the_devices_that_took_part(monkeypatch):
     fig = plots.device_energy(result)
     assert "took part" in fig.axes[0].get_title()
     assert fig.axes[0].get_xticklabels()[0].get_text().endswith("(30 devices)")
+
+
+def test_index_sets_read_the_samples_a_copy_would_hold():
+    """3,000 devices on 1,500 training samples hold indices into them; an evaluator over the
+    same positions copied out (what a smaller population holds) gives bit-equal minibatch
+    losses, gradients and local SGD, and the training objective and its gradient (each
+    distinct sample once, weighted by its positions) to float rounding."""
+    import dataclasses
+
+    import torch
+
+    from wirelessfl.learning.evaluator import BatchedEvaluator
+
+    world = build_world(wirelessfl.load_scenario(_wide_doc(3000)))
+    ev = world.evaluator
+    data = ev.data
+    assert data.index is not None and len(data.x) == 1500 and data.num_samples == 3000
+    copied = dataclasses.replace(data, x=data.x[data.index], y=data.y[data.index], index=None)
+    ref = BatchedEvaluator(ev.flat, copied, ev.activations_per_sample, ev.input_size,
+                           l2=ev.l2)
+    theta = ev.initial()
+    devices = np.array([0, 5, 17, 2999])
+    idx = ev.minibatches(1, "b", (0,), 1, 2, devices, True)
+    models = theta + 0.01 * torch.randn(len(devices), theta.numel(),
+                                        generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ev.device_losses(theta, idx[0]), ref.device_losses(theta, idx[0]))
+    for a, b in zip(ev.stacked_losses_and_gradients(models, idx[0]),
+                    ref.stacked_losses_and_gradients(models, idx[0])):
+        assert torch.equal(a, b)
+    assert torch.equal(ev.full_gradients(theta), ref.full_gradients(theta))
+    assert ev.objective(theta) == pytest.approx(ref.objective(theta), rel=1e-6)
+    torch.testing.assert_close(ev.objective_gradient(theta), ref.objective_gradient(theta),
+                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(ev.label_mix, ref.label_mix)

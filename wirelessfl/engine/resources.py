@@ -96,8 +96,9 @@ DEVICE_STATIC_BYTES = 450
 # Per device while an algorithm runs: its ledger (176 B) and the network's per-phase arrays
 # (plan, fading, airtime, outcome: about 40 float64 [N] arrays).
 DEVICE_RUN_BYTES = 512
-# Per sample of a classifier's training set beyond its inputs: labels twice, the minibatch
-# owner sizes and the objective's sample weights, the shard indices (int64 / float64 each).
+# Per sample of a classifier's training set beyond its inputs: labels twice (or the labels once
+# and DeviceData's index), the minibatch owner sizes and the objective's sample weights, the
+# shard indices (int64 / float64 each).
 SAMPLE_BYTES = 40
 # Per value of a [rows, d] block quantised at fewer than 32 bits (quantize_rows): the float32
 # input and output and the float64 work copies (clipped, position, floor, uniforms, result).
@@ -358,13 +359,15 @@ def drawn_samples(scenario, on_devices: int) -> int | None:
 
 def data_bytes(scenario, limit_bytes: float = math.inf) -> DataBytes:
     """What every problem on ``scenario.data`` holds of it (the problems' memory hooks add their
-    own arrays): the inputs as loaded and in device order (the training set's size, or the
-    entries drawn with replacement, ``drawn_samples``), the test set, bookkeeping per entry."""
+    own arrays): the inputs as loaded and as the devices read them (in device order, or the
+    training set once when the entries drawn with replacement, ``drawn_samples``, outnumber it:
+    DeviceData's index), the test set, bookkeeping per entry."""
     shape = dataset_shape(scenario.data, limit_bytes)
     input_size = math.prod(shape.input_shape)
     on_devices = round(shape.train * (1 - scenario.data.server_fraction))
     entries = drawn_samples(scenario, on_devices) or shape.train
-    held = BYTES_PER_FLOAT * input_size * (shape.train + entries + shape.test) \
+    rows = min(entries, shape.train)
+    held = BYTES_PER_FLOAT * input_size * (shape.train + rows + shape.test) \
         + SAMPLE_BYTES * entries
     return DataBytes(shape, input_size, held, shape.load_bytes * shape.loaded_values, on_devices)
 

@@ -130,16 +130,52 @@ class FlatModel:
 
 @dataclass
 class DeviceData:
-    """Training samples of all devices, stored device after device, plus the test set."""
+    """Training samples of all devices at positions device after device, plus the test set.
 
-    x: torch.Tensor  # [n_total, *input_shape]
-    y: torch.Tensor  # [n_total]
-    offsets: torch.Tensor  # [N] first sample of each device (CPU, int64)
+    Position p of device i (``offsets[i] <= p < offsets[i] + sizes[i]``) holds row p of ``x``
+    and ``y``, or, when the population outgrows the dataset (``index`` set), row ``index[p]``
+    of the shared dataset: a million devices hold int64 indices, not copies of their samples.
+    Read positions through ``inputs`` / ``labels``."""
+
+    x: torch.Tensor  # [rows, *input_shape]
+    y: torch.Tensor  # [rows]
+    offsets: torch.Tensor  # [N] first position of each device (CPU, int64)
     sizes: torch.Tensor  # [N] samples per device (CPU, int64)
     x_test: torch.Tensor
     y_test: torch.Tensor
     x_server: torch.Tensor | None = None  # the base station's own samples (seed 000)
     y_server: torch.Tensor | None = None
+    index: torch.Tensor | None = None  # [positions] row of x of each position; None: row p
+
+    @property
+    def num_samples(self) -> int:
+        """Positions: the devices' samples counted with repeats."""
+        return len(self.y) if self.index is None else len(self.index)
+
+    def rows(self, positions) -> torch.Tensor | slice:
+        """The rows of ``x`` / ``y`` holding ``positions`` (a tensor of positions or a slice)."""
+        return positions if self.index is None else self.index[positions]
+
+    def inputs(self, positions) -> torch.Tensor:
+        return self.x[self.rows(positions)]
+
+    def labels(self, positions) -> torch.Tensor:
+        return self.y[self.rows(positions)]
+
+    def row_weights(self, position_weights: torch.Tensor) -> tuple[torch.Tensor | None,
+                                                                     torch.Tensor]:
+        """(rows, weights): a sum over positions of w_p g(row of p) as a sum over distinct
+        rows of W_r g(r), W_r the total weight of the positions holding row r; rows None: the
+        positions themselves (no index: the same sum, term for term). With an index a training
+        pass then costs the dataset's rows, not the population's positions."""
+        if self.index is None:
+            return None, position_weights
+        index = self.index.to(position_weights.device)
+        total = torch.zeros(len(self.y), dtype=position_weights.dtype,
+                            device=position_weights.device)
+        total.index_add_(0, index, position_weights)
+        rows = torch.unique(index)
+        return rows, total[rows]
 
     @classmethod
     def from_shards(cls, x_train, y_train, shards, x_test, y_test, device,
@@ -161,8 +197,14 @@ class DeviceData:
         def put(a, dtype):
             return torch.as_tensor(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
 
-        data = cls(put(x_train[order], torch.float32), put(y_train[order], torch.int64),
-                   offsets, sizes, put(x_test, torch.float32), put(y_test, torch.int64))
+        order = np.asarray(order, dtype=np.int64)
+        test = put(x_test, torch.float32), put(y_test, torch.int64)
+        if len(order) > len(x_train):  # positions outnumber the rows: keep indices [D]
+            data = cls(put(x_train, torch.float32), put(y_train, torch.int64), offsets, sizes,
+                       *test, index=put(order, torch.int64))
+        else:  # each sample at most about once: the devices' copy, read without an index
+            data = cls(put(x_train[order], torch.float32), put(y_train[order], torch.int64),
+                       offsets, sizes, *test)
         if server is not None and len(server):
             data.x_server = put(x_train[server], torch.float32)
             data.y_server = put(y_train[server], torch.int64)
@@ -273,8 +315,8 @@ class BatchedEvaluator(Problem):
 
         def piece(rows: slice) -> torch.Tensor:
             flat_idx = idx[rows].reshape(-1)
-            logits = self.flat.predict(theta, self.data.x[flat_idx])
-            losses = F.cross_entropy(logits, self.data.y[flat_idx], reduction="none")
+            logits = self.flat.predict(theta, self.data.inputs(flat_idx))
+            losses = F.cross_entropy(logits, self.data.labels(flat_idx), reduction="none")
             return minibatch_mean(losses.view(-1, b), counts_of(counts, rows))
 
         if self.threaded:  # about PIECE_SAMPLES samples a piece, at least MIN_PIECES pieces
@@ -293,8 +335,8 @@ class BatchedEvaluator(Problem):
     def stacked_losses(self, models: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """Each device's minibatch loss at its own model: models [n, d], idx [n, b] -> [n]."""
         start = time.perf_counter()
-        y = self.data.y[idx]
-        logits = self.stacked(models, self.data.x[idx])
+        y = self.data.labels(idx)
+        logits = self.stacked(models, self.data.inputs(idx))
         losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
         out = minibatch_mean(losses.view(y.shape),
                              batch_counts(idx, self._owner_sizes, self._smallest))
@@ -321,7 +363,7 @@ class BatchedEvaluator(Problem):
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """(minibatch loss [n], its gradient [n, d]) of each device at its own model, without
         the l2 term."""
-        y = self.data.y[idx]
+        y = self.data.labels(idx)
         counts = batch_counts(idx, self._owner_sizes, self._smallest)
 
         def device_losses(logits: torch.Tensor, rows: slice) -> torch.Tensor:
@@ -329,7 +371,7 @@ class BatchedEvaluator(Problem):
             losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
             return minibatch_mean(losses.view(target.shape), counts_of(counts, rows))
 
-        return self.stacked.losses_and_gradients(models, self.data.x[idx], device_losses)
+        return self.stacked.losses_and_gradients(models, self.data.inputs(idx), device_losses)
 
     # ---- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
@@ -393,7 +435,7 @@ class BatchedEvaluator(Problem):
     @cached_property
     def label_mix(self) -> np.ndarray:
         """[N, C] float64: each device's training label distribution (rows sum to 1)."""
-        y = self.data.y.cpu().numpy()
+        y = self.data.labels(slice(None)).cpu().numpy()
         classes = int(max(y.max(initial=0), self.data.y_test.max().item() if
                           len(self.data.y_test) else 0)) + 1
         owner = np.repeat(np.arange(self.num_devices), self.data.sizes.numpy())
@@ -413,15 +455,18 @@ class BatchedEvaluator(Problem):
                     ) -> tuple[float, torch.Tensor | None]:
         """(sum_s w_s loss_s, its gradient or None) over the training set, chunked by samples
         (a threaded model: each chunk in blocks of ``SAMPLE_BLOCK`` samples spread over the
-        thread pool), the blocks' sums added in sample order."""
+        thread pool), the blocks' sums added in sample order. Devices holding indices into a
+        shared dataset: each distinct sample once, weighted by all its positions
+        (``DeviceData.row_weights``)."""
         start = time.perf_counter()
         total, grad = 0.0, torch.zeros_like(theta) if with_gradient else None
-        size, count = self._samples_per_chunk(), len(self.data.y)
+        rows, weights = self.data.row_weights(self._weights.to(self.device))
+        size, count = self._samples_per_chunk(), len(weights)
         block = min(size, SAMPLE_BLOCK) if self.threaded else size
-        weights = self._weights.to(self.device)
 
         def one(lo: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-            x, y = self.data.x[lo:lo + block], self.data.y[lo:lo + block]
+            where = slice(lo, lo + block) if rows is None else rows[lo:lo + block]
+            x, y = self.data.x[where], self.data.y[where]
             w = weights[lo:lo + block]
             if not with_gradient:
                 with torch.no_grad():
@@ -483,7 +528,7 @@ class BatchedEvaluator(Problem):
                 idx = (offsets[rows][:, None] + torch.minimum(cols[None, :], m[:, None] - 1))
                 idx = idx.to(self.device)
                 weight = (valid / m[:, None]).to(device=self.device, dtype=theta.dtype)
-                y = self.data.y[idx]
+                y = self.data.labels(idx)
 
                 def device_losses(logits, rows, y=y, weight=weight):
                     target = y[rows]
@@ -491,7 +536,7 @@ class BatchedEvaluator(Problem):
                                              reduction="none")
                     return (losses.view(target.shape) * weight[rows]).sum(1)
 
-                total += self.stacked.losses_and_gradients(models, self.data.x[idx],
+                total += self.stacked.losses_and_gradients(models, self.data.inputs(idx),
                                                            device_losses)[1]
             out[rows] = total
         if self.l2:
@@ -514,8 +559,9 @@ class BatchedEvaluator(Problem):
         with l2 > 0, where f is l2-strongly convex and x* unique."""
         from scipy.optimize import minimize
 
-        x, y = self.data.x, self.data.y
-        weights = self._weights.to(self.device)
+        rows, weights = self.data.row_weights(self._weights.to(self.device))
+        x, y = (self.data.x, self.data.y) if rows is None else (self.data.x[rows],
+                                                               self.data.y[rows])
         size = self._samples_per_chunk()
 
         def value_and_gradient(z: np.ndarray) -> tuple[float, np.ndarray]:
