@@ -215,7 +215,11 @@ class ConvChain:
                 h, extra = F.max_pool2d(h, layer.kernel_size, layer.stride, layer.padding,
                                         layer.dilation, ceil_mode=layer.ceil_mode,
                                         return_indices=True)
-                if k - 1 in self.after_pool:
+                if k - 1 in self.after_pool and k == len(self.head) - 1:
+                    # in the plain layout the flattening reads as a view (one pass, not two)
+                    h = torch.clamp_min(h, 0, out=torch.empty(h.shape, dtype=h.dtype,
+                                                              device=h.device))
+                elif k - 1 in self.after_pool:
                     h = torch.relu(h)
             if keep:
                 acts.append(h)
@@ -263,8 +267,10 @@ class ConvChain:
             elif isinstance(layer, nn.MaxPool2d):
                 if k - 1 in self.after_pool:
                     g = torch.ops.aten.threshold_backward(g, acts[k + 1], 0)
+                # torch picks the kernel by the gradient's layout: given a plain one, it copies
+                # the channels-last input gradient to the plain layout and back
                 g = torch.ops.aten.max_pool2d_with_indices_backward(
-                    g, acts[k], _pair(layer.kernel_size), _pair(layer.stride),
+                    to_channels_last(g) if strictly_channels_last(acts[k]) else g, acts[k], _pair(layer.kernel_size), _pair(layer.stride),
                     _pair(layer.padding), _pair(layer.dilation), layer.ceil_mode, extras[k])
             else:
                 g = self._conv_backward(layer, g, acts[k], extras[k], grad, k == self.first_conv)
