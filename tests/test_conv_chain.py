@@ -1,4 +1,4 @@
-"""The layer-by-layer pass of convolutional chains (learning/stacked.py, ``ConvChain``) against
+"""The layer-by-layer pass of convolutional chains (learning/conv_chain.py) against
 ordinary autograd through the torch module (``FlatModel.forward``: functional_call in
 channels-last layout, the per-device path the chain replaces): losses, gradients, local SGD,
 full-data gradients and shared-model predictions must be EXACTLY equal (shipped results depend on every bit), with short
@@ -14,10 +14,11 @@ import torch
 from torch import nn
 
 from wirelessfl.engine import threads
+from wirelessfl.learning.conv_chain import ConvChain
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.seeds import keyed_generator
-from wirelessfl.learning.stacked import ConvChain, StackedForward
+from wirelessfl.learning.stacked import StackedForward
 
 
 class Odd(nn.Module):

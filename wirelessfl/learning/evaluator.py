@@ -36,6 +36,7 @@ from torch.func import functional_call
 
 from wirelessfl.engine.threads import parallel_map
 from wirelessfl.errors import UserError
+from wirelessfl.learning.conv_chain import ConvChain
 from wirelessfl.learning.minibatch import (
     batch_counts,
     minibatch_mean,
@@ -43,12 +44,7 @@ from wirelessfl.learning.minibatch import (
     real_batch_sizes,
     sample_minibatches,
 )
-from wirelessfl.learning.stacked import (
-    ConvChain,
-    StackedForward,
-    to_channels_last,
-    uses_convolutions,
-)
+from wirelessfl.learning.stacked import StackedForward, to_channels_last, uses_convolutions
 from wirelessfl.problems.base import Problem
 
 BYTES_PER_FLOAT = 4
@@ -85,7 +81,7 @@ class FlatModel:
         # a private copy of the module: {thread id: copy}.
         self._owner = threading.get_ident()
         self._copies: dict[int, nn.Module] = {}
-        # Conv/ReLU/MaxPool chains run layer by layer (learning/stacked.py): same numbers.
+        # Conv/ReLU/MaxPool chains run layer by layer (learning/conv_chain.py): same numbers.
         self.chain = ConvChain.of(self)
 
     def module(self) -> nn.Module:
