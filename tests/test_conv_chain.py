@@ -23,14 +23,14 @@ from wirelessfl.learning.stacked import StackedForward
 
 class Odd(nn.Module):
     """A chain with every option the chain passes on: padding, stride, dilation, an overlapping
-    pool, a ReLU after the pool, a bias-free convolution and a two-layer tail."""
+    pool, a ReLU after the pool, a grouped bias-free convolution and a two-layer tail."""
 
     def __init__(self, shape, classes):
         super().__init__()
         self.c1 = nn.Conv2d(shape[0], 4, 3, padding=1, stride=2)
         self.r1 = nn.ReLU()
         self.p1 = nn.MaxPool2d(3, stride=1, padding=1)
-        self.c2 = nn.Conv2d(4, 6, 3, dilation=2, bias=False)
+        self.c2 = nn.Conv2d(4, 6, 3, dilation=2, bias=False, groups=2)
         self.r2 = nn.ReLU()
         self.flatten = nn.Flatten()
         side = (shape[1] + 1) // 2 - 4

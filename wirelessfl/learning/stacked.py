@@ -149,13 +149,16 @@ class StackedForward:
         devices' logits (each logit's gradient comes from its own row's loss, the kernels
         work row by row: the numbers of one call per device), each device's backward pass."""
         chain, n = self.chain, len(models)
-        runs = self._each_device(lambda i: chain.record(models[i], x[i]), n)
+        models = models.detach()
+        with torch.no_grad():  # the pool's tasks take the caller's grad mode
+            runs = self._each_device(lambda i: chain.record(models[i], x[i]), n)
         with torch.enable_grad():
             logits = torch.stack([outs[-1] for _, outs in runs]).requires_grad_(True)
             losses = device_losses(logits, slice(0, n))
             (g,) = torch.autograd.grad(losses.sum(), logits)
         grads = models.new_empty(models.shape)
-        self._each_device(lambda i: chain.backward(models[i], runs[i], g[i], grads[i]), n)
+        with torch.no_grad():
+            self._each_device(lambda i: chain.backward(models[i], runs[i], g[i], grads[i]), n)
         return losses.detach(), grads
 
     def _linear(self, models: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
