@@ -46,7 +46,7 @@ class Seed002CNN(nn.Module):
 
     def layers(self) -> list[nn.Module]:
         """The modules in the order forward() calls them (lets the evaluator run the devices'
-        passes layer by layer, learning/stacked.py)."""
+        passes layer by layer, learning/conv_chain.py)."""
         return [self.conv1, self.relu1, self.conv2, self.relu2, self.pool, self.flatten, self.fc]
 
 
