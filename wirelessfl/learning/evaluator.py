@@ -36,6 +36,7 @@ from torch.func import functional_call
 
 from wirelessfl.engine.threads import parallel_map
 from wirelessfl.errors import UserError
+from wirelessfl.learning.conv_chain import ConvChain
 from wirelessfl.learning.minibatch import (
     batch_counts,
     counts_of,
@@ -82,6 +83,8 @@ class FlatModel:
         # a private copy of the module: {thread id: copy}.
         self._owner = threading.get_ident()
         self._copies: dict[int, nn.Module] = {}
+        # Conv/ReLU/MaxPool chains run layer by layer (learning/conv_chain.py): same numbers.
+        self.chain = ConvChain.of(self)
 
     def module(self) -> nn.Module:
         """The module this thread may use: the model in the thread that built it, else this
@@ -118,6 +121,8 @@ class FlatModel:
     def predict(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Forward pass without gradients: the module's parameters are pointed at views of theta
         (no copy), which skips functional_call's per-call overhead on the hot no-grad path."""
+        if self.chain is not None:
+            return self.chain.forward(theta, x)
         module = self.module()
         for p, view in zip(module.parameters(), self.unflatten(theta).values()):
             p.data = to_channels_last(view) if self.channels_last else view

@@ -44,6 +44,11 @@ class Seed002CNN(nn.Module):
         x = self.relu2(self.conv2(x))
         return self.fc(self.flatten(self.pool(x)))
 
+    def layers(self) -> list[nn.Module]:
+        """The modules in the order forward() calls them (lets the evaluator run the devices'
+        passes layer by layer, learning/conv_chain.py)."""
+        return [self.conv1, self.relu1, self.conv2, self.relu2, self.pool, self.flatten, self.fc]
+
 
 class MLP(nn.Module):
     """A fully connected network with ReLU hidden layers (input flattened)."""

@@ -10,10 +10,15 @@ a scenario always takes the same arithmetic path (same seed, same numbers):
 * ``per-device``: models with 2-D convolutions run device by device in channels-last layout.
   Each device's pass is large (the seed-002 CNN: 10^7 MACs per sample), so the Python loop is
   negligible, and mkldnn's channels-last convolutions beat the grouped convolution that vmap
-  produces (measured in benchmarks/README.md, "per-device model strategies"). Each device's
-  forward (and backward) is one task of the run's thread pool (engine/threads.py) when the
-  model holds no buffers (its private copy per thread then computes exactly what the original
-  would); results are stacked in device order, so they never depend on the thread count;
+  produces (measured in benchmarks/README.md, "per-device model strategies"; a grouped
+  convolution over the devices' channel-stacked inputs gives the same bits but was ~15 % slower
+  on one thread). Each device's forward (and backward) is one task of the run's thread pool
+  (engine/threads.py) when the model holds no buffers (its private copy per thread then
+  computes exactly what the original would); results are written in device order, so they
+  never depend on the thread count. A model whose ``layers()`` are Conv2d / ReLU / MaxPool2d
+  steps followed by Flatten and a Linear / ReLU tail (the seed-002 CNN) takes its passes layer
+  by layer (learning/conv_chain.py): the kernels autograd would call, the same numbers, without
+  the work autograd and the layouts cost around them;
 * ``vmap``: any other model, torch.func.vmap of functional_call.
 """
 
@@ -89,6 +94,7 @@ class StackedForward:
             self.strategy = "vmap"
         # Per-device passes go to the thread pool (each on a private copy of the module).
         self.threaded = thread_safe_copies(flat.model)
+        self.chain = flat.chain if self.strategy == "per-device" else None
         self._vmapped = vmap(flat.functional)
 
     def _each_device(self, fn: Callable[[int], torch.Tensor | tuple], n: int) -> list:
@@ -98,7 +104,10 @@ class StackedForward:
         if self.strategy == "linear":
             return self._linear(models, x)
         if self.strategy == "per-device":
-            return torch.stack(self._each_device(lambda i: self.flat.forward(models[i], x[i]),
+            forward = self.flat.forward
+            if self.chain is not None and not (torch.is_grad_enabled() and models.requires_grad):
+                forward = self.chain.forward
+            return torch.stack(self._each_device(lambda i: forward(models[i], x[i]),
                                                  len(models)))
         return self._vmapped(models, x)
 
@@ -114,6 +123,8 @@ class StackedForward:
         (one leaf each: rows of a single [n, d] leaf would make autograd zero-fill and add an
         [n, d] buffer per device, n^2 d work), spread over the thread pool.
         """
+        if self.strategy == "per-device" and self.chain is not None:
+            return self._by_layer(models, x, device_losses)
         if self.strategy == "per-device":
             def one(i: int) -> tuple[torch.Tensor, torch.Tensor]:
                 with torch.enable_grad():
@@ -129,6 +140,26 @@ class StackedForward:
             losses = device_losses(self(leaf, x), slice(0, len(models)))
             (grad,) = torch.autograd.grad(losses.sum(), leaf)
         return losses.detach(), grad
+
+    def _by_layer(self, models: torch.Tensor, x: torch.Tensor,
+                  device_losses: Callable[[torch.Tensor, slice], torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``losses_and_gradients`` of a convolutional chain (learning/conv_chain.py): each
+        device's forward pass (a task of the pool), ONE autograd call for the losses of all the
+        devices' logits (each logit's gradient comes from its own row's loss, the kernels
+        work row by row: the numbers of one call per device), each device's backward pass."""
+        chain, n = self.chain, len(models)
+        models = models.detach()
+        with torch.no_grad():  # the pool's tasks take the caller's grad mode
+            runs = self._each_device(lambda i: chain.record(models[i], x[i]), n)
+        with torch.enable_grad():
+            logits = torch.stack([outs[-1] for _, outs in runs]).requires_grad_(True)
+            losses = device_losses(logits, slice(0, n))
+            (g,) = torch.autograd.grad(losses.sum(), logits)
+        grads = models.new_empty(models.shape)
+        with torch.no_grad():
+            self._each_device(lambda i: chain.backward(models[i], runs[i], g[i], grads[i]), n)
+        return losses.detach(), grads
 
     def _linear(self, models: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n, b = x.shape[:2]

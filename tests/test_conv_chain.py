@@ -1,0 +1,184 @@
+"""The layer-by-layer pass of convolutional chains (learning/conv_chain.py) against
+ordinary autograd through the torch module (``FlatModel.forward``: functional_call in
+channels-last layout, the per-device path the chain replaces): losses, gradients, local SGD,
+full-data gradients and shared-model predictions must be EXACTLY equal (shipped results depend on every bit), with short
+devices (padded minibatches), one and three input channels, padded, strided and dilated
+convolutions, overlapping pools and a two-layer tail, and whatever the thread pool's size."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+import torch
+from torch import nn
+
+from wirelessfl.engine import threads
+from wirelessfl.learning.conv_chain import ConvChain
+from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
+from wirelessfl.learning.models import build_model
+from wirelessfl.learning.seeds import keyed_generator
+from wirelessfl.learning.stacked import StackedForward
+
+
+class Odd(nn.Module):
+    """A chain with every option the chain passes on: padding, stride, dilation, an overlapping
+    pool, a ReLU after the pool, a grouped bias-free convolution and a two-layer tail."""
+
+    def __init__(self, shape, classes):
+        super().__init__()
+        self.c1 = nn.Conv2d(shape[0], 4, 3, padding=1, stride=2)
+        self.r1 = nn.ReLU()
+        self.p1 = nn.MaxPool2d(3, stride=1, padding=1)
+        self.c2 = nn.Conv2d(4, 6, 3, dilation=2, bias=False, groups=2)
+        self.r2 = nn.ReLU()
+        self.flatten = nn.Flatten()
+        side = (shape[1] + 1) // 2 - 4
+        self.fc1 = nn.Linear(6 * side * side, 5)
+        self.r3 = nn.ReLU()
+        self.fc2 = nn.Linear(5, classes)
+
+    def layers(self):
+        return [self.c1, self.r1, self.p1, self.c2, self.r2, self.flatten, self.fc1, self.r3,
+                self.fc2]
+
+    def forward(self, x):
+        h = self.layers()
+        for layer in h:
+            x = layer(x)
+        return x
+
+
+def evaluator(model, shape, sizes=(9, 4, 9, 7, 9), seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(sizes)
+    x = torch.rand((total, *shape), generator=gen)
+    x[x < 0.3] = 0.0  # image-like: exact zeros in the background
+    y = torch.randint(0, 3, (total,), generator=gen)
+    starts = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
+    shards = [torch.arange(a, b).numpy() for a, b in pairwise(starts)]
+    data = DeviceData.from_shards(x.numpy(), y.numpy(), shards, x[:4].numpy(), y[:4].numpy(),
+                                  "cpu")
+    return BatchedEvaluator(FlatModel(model), data, activations_per_sample=100,
+                            input_size=x[0].numel())
+
+
+def autograd_twin(ev):
+    """The same evaluator's stacking, but each device's pass through autograd (no chain)."""
+    twin = StackedForward(ev.flat)
+    twin.chain = None
+    return twin
+
+
+MODELS = {
+    "seed002-cnn, 1x28x28": lambda: (build_model("seed002-cnn", (1, 28, 28), 3, seed=2),
+                                     (1, 28, 28)),
+    "seed002-cnn, 3x16x16": lambda: (build_model("seed002-cnn", (3, 16, 16), 3, seed=2),
+                                     (3, 16, 16)),
+    "odd chain, 1x13x13": lambda: (Odd((1, 13, 13), 3), (1, 13, 13)),
+    "odd chain, 2x13x13": lambda: (Odd((2, 13, 13), 3), (2, 13, 13)),
+}
+
+
+def perturbed(ev, scale=0.05, count=5):
+    gen = torch.Generator().manual_seed(7)
+    return ev.flat.initial() + scale * torch.randn(count, ev.flat.d, generator=gen)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_chain_losses_and_gradients_equal_autograd_exactly(name):
+    torch.manual_seed(0)
+    ev = evaluator(*MODELS[name]())
+    assert ev.stacked.strategy == "per-device" and ev.stacked.chain is not None
+    models = perturbed(ev)
+    idx = ev.sample(keyed_generator(0, "chain", 0), 6)[0]  # device 1 is short: padded rows
+    losses, grads = ev.stacked_losses_and_gradients(models, idx)
+    ev.stacked = autograd_twin(ev)
+    ref_losses, ref_grads = ev.stacked_losses_and_gradients(models, idx)
+    assert torch.equal(losses, ref_losses)
+    assert torch.equal(grads, ref_grads)
+    assert grads.abs().sum(1).min() > 0  # every device's gradient is a real one
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_chain_forward_equals_the_module(name):
+    ev = evaluator(*MODELS[name]())
+    models = perturbed(ev)
+    idx = ev.sample(keyed_generator(0, "chain", 1), 6)[0]
+    chained = ev.stacked_losses(models, idx)
+    ev.stacked = autograd_twin(ev)
+    assert torch.equal(chained, ev.stacked_losses(models, idx))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_predict_equals_the_module(name):
+    """Shared-model passes (DZOFL's queries, the test set) against the module itself."""
+    ev = evaluator(*MODELS[name]())
+    assert ev.flat.chain is not None
+    theta = perturbed(ev)[0]
+    with torch.no_grad():
+        for rows in (slice(0, 7), slice(3, 4), slice(0, 38)):
+            assert torch.equal(ev.flat.predict(theta, ev.data.x[rows]),
+                               ev.flat.forward(theta, ev.data.x[rows]))
+
+
+def test_local_sgd_and_full_gradients_equal_autograd_exactly():
+    ev = evaluator(*MODELS["seed002-cnn, 1x28x28"]())
+    theta = ev.flat.initial()
+    idx = ev.sample(keyed_generator(0, "chain", 2), 6, steps=3)
+    steps = torch.tensor([3, 0, 1, 2, 3])
+    sgd = torch.cat([m for _, m in ev.local_sgd(theta, idx, 0.1, steps)])
+    full = ev.full_gradients(perturbed(ev))
+    ev.stacked = autograd_twin(ev)
+    assert torch.equal(sgd, torch.cat([m for _, m in ev.local_sgd(theta, idx, 0.1, steps)]))
+    assert torch.equal(full, ev.full_gradients(perturbed(ev)))
+
+
+def test_thread_pool_size_changes_nothing():
+    ev = evaluator(*MODELS["seed002-cnn, 1x28x28"]())
+    models = perturbed(ev)
+    idx = ev.sample(keyed_generator(0, "chain", 3), 6)[0]
+    results = []
+    try:
+        for used in (1, 2, 3):
+            threads.configure(used=used)
+            results.append(ev.stacked_losses_and_gradients(models, idx))
+    finally:
+        threads.configure(used=1)
+    for losses, grads in results[1:]:
+        assert torch.equal(losses, results[0][0]) and torch.equal(grads, results[0][1])
+
+
+class WithBuffer(Odd):
+    def __init__(self, shape, classes):
+        super().__init__(shape, classes)
+        self.register_buffer("seen", torch.zeros(1))
+
+
+class BatchNormed(Odd):
+    def layers(self):
+        return [self.c1, nn.BatchNorm2d(4), *super().layers()[1:]]
+
+
+class NoFlatten(Odd):
+    def layers(self):
+        return [self.c1, self.r1, self.fc2]
+
+
+class ConvInTail(Odd):
+    def layers(self):
+        return [self.c1, self.flatten, self.c2]
+
+
+class UnusedParameter(Odd):
+    def __init__(self, shape, classes):
+        super().__init__(shape, classes)
+        self.extra = nn.Linear(2, 2)
+
+
+@pytest.mark.parametrize("cls", [WithBuffer, BatchNormed, NoFlatten, ConvInTail,
+                                 UnusedParameter])
+def test_models_outside_the_chain_shape_keep_autograd(cls):
+    assert ConvChain.of(FlatModel(cls((1, 13, 13), 3))) is None
+    assert ConvChain.of(FlatModel(Odd((1, 13, 13), 3))) is not None
+    assert ConvChain.of(FlatModel(build_model("mlp", (12,), 3))) is None
