@@ -83,6 +83,22 @@ def test_classifier_estimate_by_hand(n):
         assert (est.parts["compute"], est.parts["state"], est.worst) == (vectors, 0, "fedavg")
 
 
+def test_fgdro_kl_warm_start_pass_is_counted():
+    """FGDRO-KL's warm start runs one forward minibatch of every device before round 0 (the
+    rounds then compute the 1 % asked): on 20,000 devices of the small problem the compute
+    part is that pass, one chunk of all N under the default 1 GiB bound (inputs and
+    activations, 10 samples a device: 4 x 10 x (64 + 74) B) plus each device's minibatch
+    indices and uniforms (16 B a sample); the cold start's is the round's alone."""
+    n = 20_000
+    base = {"name": "fgdro-kl", "rounds": 2, "eval_every": 1, "participation": 0.01,
+            "batch_size": 10}
+    warm = estimate_memory(algorithm_scenario(base, [f"population.num_devices={n}"]))
+    cold = estimate_memory(algorithm_scenario({**base, "start": "cold"},
+                                              [f"population.num_devices={n}"]))
+    assert warm.parts["compute"] == n * 4 * 10 * (64 + 74) + n * 10 * 16
+    assert cold.parts["compute"] < warm.parts["compute"] / 8  # 200 devices a round
+
+
 def test_dataset_sizes_come_from_headers_without_loading(tmp_path):
     """IDX: the 16-byte header of a gzip file (its body is not there at all); LIBSVM: lines and
     the largest feature index of one streaming pass (plain and .bz2)."""

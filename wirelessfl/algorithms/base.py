@@ -134,6 +134,12 @@ class Algorithm:
         check: N each (dense per-device arrays) unless a subclass holds fewer."""
         return cls.peak_device_arrays * num_devices
 
+    @classmethod
+    def one_off_forward_devices(cls, num_devices: int, params: AlgorithmParams) -> int:
+        """Devices a one-off exchange before round 0 runs a forward minibatch pass for (FGDRO
+        KL's warm start: every holder of w_0), for the memory check; none by default."""
+        return 0
+
     # Upload phases of a round in which every packet arrives (two for methods that exchange a
     # gradient and then a model); the conformance suite reads it with ``declared_payloads``.
     uploads_per_round: ClassVar[int] = 1

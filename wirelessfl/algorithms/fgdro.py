@@ -307,6 +307,10 @@ class FGDROKL(_FGDRO):
         return (Payload.scalar(SCALAR_BITS, label=f"{cls.name} warm-start exp(u/lam)"),
                 Payload.scalar(SCALAR_BITS, label=f"{cls.name} warm-start v"))
 
+    @classmethod
+    def one_off_forward_devices(cls, num_devices: int, params: FGDROKLParams) -> int:
+        return num_devices if params.start == "warm" else 0  # warm_start asks every holder
+
     def setup(self) -> None:
         super().setup()
         self.warm_pending = self.params.start == "warm"

@@ -401,6 +401,23 @@ def on_heap(nbytes: float, block_bytes: int) -> int:
     return int(nbytes if block_bytes >= MMAP_THRESHOLD_BYTES else nbytes * HEAP_FACTOR)
 
 
+def forward_bytes(facts: ProblemFacts, chunk: int, batch: int) -> int:
+    """A forward minibatch pass of ``chunk`` devices at a shared model: inputs and activations,
+    no autograd copies."""
+    return chunk * BYTES_PER_FLOAT * batch * (facts.input_size + facts.activations_per_sample)
+
+
+def one_off_compute(cls, params, facts: ProblemFacts, n: int, max_chunk_mb: float) -> int:
+    """Bytes of a one-off forward pass before round 0 (``one_off_forward_devices``): the
+    chunk's pass, plus each asked device's minibatch indices and the uniforms they are drawn
+    from (int64 and float64 a sample)."""
+    devices = cls.one_off_forward_devices(n, params)
+    if not devices or not facts.train_samples:
+        return 0
+    chunk = chunk_devices(facts, devices, params.batch_size, max_chunk_mb)
+    return forward_bytes(facts, chunk, params.batch_size) + devices * params.batch_size * 16
+
+
 def round_compute(cls, params, facts: ProblemFacts, n: int, chunk: int, bits: int
                   ) -> tuple[int, bool]:
     """(bytes, chunked) of one algorithm's largest round temporaries beyond its state: what the
@@ -409,10 +426,8 @@ def round_compute(cls, params, facts: ProblemFacts, n: int, chunk: int, bits: in
     d, size, module = facts.d, facts.itemsize, cls.__module__
     samples = BYTES_PER_FLOAT * params.batch_size * (
         facts.input_size + ACTIVATION_COPIES * facts.activations_per_sample)
-    if module == "wirelessfl.algorithms.dzofl":  # forward passes (inputs and activations, no
-        # autograd copies), one scalar a device
-        return chunk * BYTES_PER_FLOAT * params.batch_size * (
-            facts.input_size + facts.activations_per_sample), True
+    if module == "wirelessfl.algorithms.dzofl":  # forward passes, one scalar a device
+        return forward_bytes(facts, chunk, params.batch_size), True
     if module == "wirelessfl.algorithms.fgdro":  # quantised in runs of consecutive devices
         return chunk * samples + on_heap(FGDRO_ROW_COPIES * chunk * d * size, chunk * d * size), \
             True
@@ -445,6 +460,8 @@ def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstima
         chunk = chunk_devices(facts, workers, params.batch_size, scenario.engine.max_chunk_mb)
         bits = params.bits if params.bits is not None else scenario.quantization_bits
         compute, chunked = round_compute(cls, params, facts, workers, chunk, bits)
+        compute = max(compute, one_off_compute(cls, params, facts, n,
+                                               scenario.engine.max_chunk_mb))
         state = cls.state_rows(n, params) * d * size
         during = (n * DEVICE_RUN_BYTES + state + compute + records
                   + rows * (accuracy + ROUND_ROW_BYTES))
