@@ -15,15 +15,23 @@ It prints per-round milliseconds (median over rounds after a warm-up run in the 
 first round, 90th percentile), the traced memory the engine holds after building and the peak
 traced while the rounds run (tracemalloc; the process's own maxrss is printed too).
 
-    python benchmarks/bench_engine.py --devices 10000 100000 1000000 --count 100 --ask index
+    python benchmarks/bench_engine.py --out benchmarks/bench_engine.json
+    python benchmarks/bench_engine.py --devices 1000000 --counts 100 --ask index   # one case
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import resource
+import sys
 import time
 import tracemalloc
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
 
 import numpy as np
 import simpy
@@ -125,18 +133,37 @@ def measure(n: int, count: int, total: int, ask: str, channel: str, energy: str)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    parser.add_argument("--count", type=int, default=100, help="participants per round")
+    parser.add_argument("--counts", type=int, nargs="+", default=[100, 1_000],
+                        help="participants per round")
     parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--ask", choices=["shared", "mask", "index"], default="index")
+    parser.add_argument("--ask", nargs="+", choices=["shared", "mask", "index"],
+                        default=["shared", "mask", "index"])
     parser.add_argument("--channel", default="seed002-cell")
     parser.add_argument("--energy", default="seed002-accelerator")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the results as JSON (benchmarks/bench_engine.json)")
     args = parser.parse_args()
-    for n in args.devices:
-        r = measure(n, args.count, args.rounds, args.ask, args.channel, args.energy)
-        print(f"N={r['devices']:>9,} asked={r['count']} ({r['ask']}): median "
-              f"{r['median_ms']:.2f} ms/round (first {r['first_ms']:.1f}, p90 "
-              f"{r['p90_ms']:.2f}); engine holds {r['engine_mib']:.0f} MiB, a round's peak "
-              f"{r['round_peak_mib']:.2f} MiB; maxrss {r['maxrss_mib']:.0f} MiB", flush=True)
+    cases = []
+    for count in args.counts:
+        for n in args.devices:
+            for ask in args.ask:
+                r = measure(n, count, args.rounds, ask, args.channel, args.energy)
+                cases.append(r)
+                print(f"N={r['devices']:>9,} asked={r['count']} ({r['ask']}): median "
+                      f"{r['median_ms']:.2f} ms/round (first {r['first_ms']:.1f}, p90 "
+                      f"{r['p90_ms']:.2f}); engine holds {r['engine_mib']:.0f} MiB, a round's "
+                      f"peak {r['round_peak_mib']:.2f} MiB; maxrss {r['maxrss_mib']:.0f} MiB",
+                      flush=True)
+    if args.out:
+        result = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
+                  "command": "python benchmarks/bench_engine.py " + " ".join(sys.argv[1:]),
+                  "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                              "load_average": list(os.getloadavg()),
+                              "python": platform.python_version(),
+                              "numpy": version("numpy")},
+                  "channel": args.channel, "energy": args.energy, "cases": cases}
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -496,6 +497,8 @@ def summary(results: list[dict], equivalence: dict | None, peak: float, args) ->
         rates = row["achieved_gflops"]
         row["peak_fraction"] = {k: (v / peak if v else None) for k, v in rates.items()}
     return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": "benchmarks/bench_peers.py " + " ".join(sys.argv[1:]),
         "machine": machine_facts({"wirelessfl": args.threads, "pfl": args.pfl_threads}),
         "settings": {"local_steps": LOCAL_STEPS, "batch_size": BATCH_SIZE,
                      "quantization_bits": FULL_PRECISION_BITS, "channel": PERFECT_CHANNEL,

@@ -1359,6 +1359,85 @@ def sweep_speedup_contended() -> str:
             "than with one.")
 
 
+ASK_LABELS = {"shared": "shared streams, [N] masks (every recorded run)",
+              "mask": "per-device streams, [N] masks", "index": "per-device streams, by index"}
+
+
+@block("bench-engine", "benchmarks/bench_engine.json")
+def bench_engine() -> str:
+    """The engine's ms per cross-device round by population, participants and way of asking
+    (benchmarks/README.md)."""
+    b = _json("benchmarks/bench_engine.json")
+    asks = list(dict.fromkeys(c["ask"] for c in b["cases"]))
+    keys = list(dict.fromkeys((c["count"], c["devices"]) for c in b["cases"]))
+    by = {(c["count"], c["devices"], c["ask"]): c for c in b["cases"]}
+    rows = [[i0(count), i0(n)] + [f"{by[(count, n, a)]['median_ms']:.3g}"
+                                  if (count, n, a) in by else "-" for a in asks]
+            for count, n in keys]
+    big = max(c["devices"] for c in b["cases"])
+    held = max(c["engine_mib"] for c in b["cases"] if c["devices"] == big)
+    peaks = {a: max(c["round_peak_mib"] for c in b["cases"] if c["devices"] == big
+                    and c["ask"] == a) for a in asks}
+    m = b["machine"]
+    return (table(["asked a round", "N"] + [f"{ASK_LABELS[a]} [ms]" for a in asks], rows)
+            + f"\n\nMedian host ms per round over {b['cases'][0]['rounds']} rounds after a "
+            f"warm-up. At N = {big:,} the engine holds {held:.0f} MiB (tracemalloc) and a round's "
+            "peak allocation is " + ", ".join(f"{peaks[a]:.2f} MiB ({a})" for a in asks)
+            + f". Recorded {b['date'][:10]} on `{m['platform']}` ({m['cpus']} CPUs, load "
+            f"average {m['load_average'][0]:.1f} at the end), `{b['command'].strip()}`.")
+
+
+PEER_COLUMNS = ["case", "wirelessfl ms/round", "pfl ms/round", "pfl / wirelessfl",
+                "wirelessfl peak RSS [MB]", "pfl peak RSS [MB]"]
+
+
+def _ms(side: dict) -> str:
+    """A simulator's ms per round, or why there is none (not run, failed, timed out)."""
+    value = _num(side["ms_per_round"])
+    if value is None:
+        return "not run" if str(side.get("error", "")).startswith("not run") else "failed"
+    return f"{value:,.3g}" if value < 100 else f"{value:,.0f}"
+
+
+@block("bench-peers", "benchmarks/bench_peers.json")
+def bench_peers() -> str:
+    """FedAvg rounds of wirelessfl and pfl-research on the same cases (benchmarks/README.md)."""
+    b = _json("benchmarks/bench_peers.json")
+    rows = []
+    for c in b["cases"]:
+        w, p = c["wirelessfl"], c["pfl"]
+        speed = c["pfl_over_wirelessfl"]
+        rows.append([c["title"], _ms(w), _ms(p),
+                     "-" if speed is None else f"{speed:.3g}x", i0(w["peak_rss_mb"]),
+                     i0(p["peak_rss_mb"])])
+    cases = {c["case"]: c for c in b["cases"]}
+    lines = [table(PEER_COLUMNS, rows), ""]
+    small = cases.get("mlp_synthetic_n100_k100")
+    for big in ("mlp_synthetic_n1000000_k100", "mlp_synthetic_n1000000_k1000"):
+        if small and big in cases and cases[big]["wirelessfl"]["ms_per_round"]:
+            ratio_ = cases[big]["wirelessfl"]["ms_per_round"] / small["wirelessfl"]["ms_per_round"]
+            lines.append(f"* {cases[big]['title']}: {ratio_:.2f}x the host time of a round of "
+                         f"100 registered devices all taking part, "
+                         f"{cases[big]['wirelessfl']['peak_rss_mb']:,.0f} MB peak RSS.")
+    speeds = [c["pfl_over_wirelessfl"] for c in b["cases"] if c["pfl_over_wirelessfl"]]
+    if speeds:
+        lines.append(f"* wirelessfl / pfl speed: {min(speeds):.3g}x to {max(speeds):.3g}x "
+                     f"faster over the {len(speeds)} cases both ran.")
+    for key in ("cnn_digits28_n10",):
+        if key in cases and cases[key]["peak_fraction"]["wirelessfl"] is not None:
+            f = cases[key]["peak_fraction"]
+            lines.append(f"* {cases[key]['title']}: wirelessfl at {pct(f['wirelessfl'])} of the "
+                         f"float32 matmul peak ({b['matmul_peak_gflops']:.0f} GFLOP/s measured "
+                         "in the same process), pfl at "
+                         + ("-" if f["pfl"] is None else pct(f["pfl"])) + ".")
+    m, st = b["machine"], b["settings"]
+    lines.append(f"\nRecorded {b['date'][:10]} on `{m['platform']}` ({m['cpu_count']} CPUs), "
+                 f"pfl {m['pfl']}, torch {m['torch']}; {st['repeats']} interleaved repeats a case "
+                 f"(medians), threads: wirelessfl {m['threads']['wirelessfl']}, pfl "
+                 f"{m['threads']['pfl']}; `{b['command'].strip()}`.")
+    return "\n".join(lines)
+
+
 @block("memory-estimate", "benchmarks/memory_estimate.json")
 def memory_estimate() -> str:
     """The pre-run memory estimate against each family's measured peak (docs/reliability.md)."""
