@@ -45,7 +45,7 @@ def test_bilevel_estimate_by_hand():
     assert est.parts["population"] == n * 450  # no labels: no counts
     state = 7 * n * d * 8  # DriftCorrected's seven [N, d] float64 arrays
     # all N uploads through the quantiser: float64 work from the heap (4.4 kB < 32 MiB)
-    compute = n * d * 104
+    compute = n * d * 78
     rows = 1 + 3  # round 0 and each of the 3 rounds
     assert (est.parts["state"], est.parts["compute"]) == (state, compute)
     assert est.parts["records"] == n * 512 + rows * 4096
@@ -71,7 +71,7 @@ def test_classifier_estimate_by_hand(n):
     d = 650
     population = n * 450 + n * (64 + 8 * 10 + 16 * 10)
     row = n * 40 + 4096  # a rounds row: its dict and one float per device
-    vectors = n * 4 * 10 * (64 + 3 * 74) + n * 3 * d * 4 + n * d * 104  # chunk + quantiser
+    vectors = n * 4 * 10 * (64 + 3 * 74) + n * 3 * d * 4 + n * d * 78  # chunk + quantiser
     # each earlier algorithm's devices.parquet rows: a table, 22 values of 8 B a device
     fedsgd = n * 512 + vectors + (4 * row + n * 176) + 4 * row  # after DZOFL's records
     fedavg = n * 512 + vectors + (8 * row + 2 * n * 176) + 3 * row

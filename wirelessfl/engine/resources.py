@@ -100,11 +100,13 @@ DEVICE_RUN_BYTES = 512
 # and DeviceData's index), the minibatch owner sizes and the objective's sample weights, the
 # shard indices (int64 / float64 each).
 SAMPLE_BYTES = 40
-# Per value of a [rows, d] block quantised at fewer than 32 bits (quantize_rows): the float32
-# input and output and the float64 work copies (clipped, position, floor, uniforms, result).
-# Blocks below glibc's mmap threshold (32 MiB as engine/allocator.py sets it) come from the heap,
-# where freed space is reused less tightly: HEAP_FACTOR times as much (104 B a quantised value).
-QUANTIZE_VALUE_BYTES = 64
+# Per value of a [rows, d] block quantised at fewer than 32 bits (quantize_rows' lean path,
+# rows inside their own scales): the float32 input and output and five float64 work arrays at
+# its peak (the input's float64 copy, position, floor, uniforms, result; measured with
+# benchmarks/memory_estimate.py). Blocks below glibc's mmap threshold (32 MiB as
+# engine/allocator.py sets it) come from the heap, where freed space is reused less tightly:
+# HEAP_FACTOR times as much (78 B a quantised value).
+QUANTIZE_VALUE_BYTES = 48
 HEAP_FACTOR = 104 / 64
 MMAP_THRESHOLD_BYTES = 32 * MIB
 # Per value of a [rows, d] block of per-device models, gradients or updates in a round
@@ -112,7 +114,7 @@ MMAP_THRESHOLD_BYTES = 32 * MIB
 ROW_VALUE_COPIES = 3
 # FGDRO's chunk: w, m and q of the chunk's devices, their gradients, updates and uploads (it
 # quantises runs of consecutive devices, each small).
-FGDRO_ROW_COPIES = 13
+FGDRO_ROW_COPIES = 11
 # Autograd copies of each activation (the evaluator's own chunk rule, learning/evaluator.py).
 ACTIVATION_COPIES = 3
 BYTES_PER_FLOAT = 4
