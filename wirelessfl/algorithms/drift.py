@@ -139,26 +139,33 @@ class DriftCorrected(Algorithm):
         by ``params``: what ``setup`` will read from the problem (``theory_value``), so that a
         scenario can be checked before anything is built (scenario/checks.py)."""
         return []
-    # Peak [n, d] arrays of a round's participants: gradients at the anchor, h_i, local
-    # iterates, the local gradient and the step's temporaries.
+    # Peak [n, d] arrays of a round's n participants: gradients at the anchor, h_i, local
+    # iterates, the local gradient and the step's temporaries; ``held_arrays`` of them are
+    # per-device state kept between rounds in DeviceRows (FedRed: x_i; Scaffnew: x_i, h_i),
+    # held for every device that ever took part.
     peak_device_arrays = 7
-    # Per-device vectors kept between rounds in DeviceRows (FedRed: x_i; Scaffnew: x_i, h_i).
     held_arrays: ClassVar[int] = 0
+    # The exact local gradients come from Problem.full_gradients (``exact_gradients``), which
+    # evaluates all N devices (FedMSA and FedNest use the bilevel problem's own oracles).
+    full_gradients_of_all: ClassVar[bool] = True
 
     @classmethod
     def state_rows(cls, num_devices: int, params: AlgorithmParams) -> float:
         """Rows [d] held at the peak: the round's work arrays for its round(beta N)
-        participants, the rows of the devices that ever took part for ``held_arrays`` (expected
-        after all rounds, plus the last storage block's slack), and with exact gradients
-        (``full_batch``) the [N, d] result of ``Problem.full_gradients`` and its input, which
-        evaluate every registered device (``exact_gradients``)."""
+        participants, the ``held_arrays`` rows of every device that ever took part (expected
+        after all rounds, plus the last storage block's slack), and, with exact gradients
+        (``full_batch``) for fewer than N devices, the [N, d] input and result of
+        ``Problem.full_gradients``, which evaluates every registered device. At full
+        participation: ``peak_device_arrays`` x N, as before rounds computed participants
+        only."""
         workers = max(1, round(params.participation * num_devices))
         held = 0.0
         if cls.held_arrays:
             ever = expected_rows(num_devices, params.participation, params.rounds)
             held = cls.held_arrays * min(float(num_devices), ever + BLOCK_ROWS)
-        dense = 2 * num_devices if getattr(params, "full_batch", False) else 0
-        return cls.peak_device_arrays * workers + held + dense
+        dense = (2 * num_devices if cls.full_gradients_of_all and params.full_batch
+                 and workers < num_devices else 0)
+        return (cls.peak_device_arrays - cls.held_arrays) * workers + held + dense
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1

@@ -85,13 +85,12 @@ class ZOHFL(Algorithm):
 
     @classmethod
     def state_rows(cls, num_devices: int, params: ZOHFLParams) -> float:
-        """No per-device state between rounds: the round's directions and solves for its
-        round(beta N) participants, and with shared random streams (the default up to
-        SHARED_STREAMS_MAX_DEVICES devices) the directions of all N, one draw whose rows the
-        participants take."""
+        """No per-device state between rounds: the two proximal solves y+- of the round's
+        round(beta N) participants and their directions v_i, which with shared random streams
+        (the default up to SHARED_STREAMS_MAX_DEVICES devices) are rows of one draw for all N."""
         workers = max(1, round(params.participation * num_devices))
-        shared = num_devices if num_devices <= SHARED_STREAMS_MAX_DEVICES else 0
-        return cls.peak_device_arrays * workers + shared
+        directions = num_devices if num_devices <= SHARED_STREAMS_MAX_DEVICES else workers
+        return (cls.peak_device_arrays - 1) * workers + directions
     summary = ("seed 000: server gradient on its own data + two-point ZO probes of the clients' "
                "proximal solves; y+- (or one scalar) up")
 
