@@ -52,9 +52,10 @@ import torch
 from pydantic import Field, model_validator
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
+from wirelessfl.algorithms.device_state import BLOCK_ROWS, DeviceRows, expected_rows
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.errors import UserError
-from wirelessfl.learning.seeds import keyed_generator, keyed_rng
+from wirelessfl.learning.seeds import keyed_rng
 
 # Safety cap of the DANE+ local solver (fedred.md Sec. 2.2 [D]: K_max = 5000 evaluations).
 DEFAULT_MAX_LOCAL_STEPS = 5000
@@ -114,9 +115,21 @@ def coin_steps(seed: int, p: float, k: int) -> int:
 
 
 class DriftCorrected(Algorithm):
-    """Shared mechanics: exact local gradients, the gradient all-reduce, the model average."""
+    """Shared mechanics: exact local gradients, the gradient all-reduce, the model average.
+
+    A round computes only for the devices whose work can matter (``computes_participants_only``):
+    the asked devices that hold the current state run the local solves, and a gradient that is
+    only averaged is computed only for the devices whose upload arrived (whether a packet
+    arrives is known before anyone computes). Per-device state kept between rounds (FedRed's and
+    Scaffnew's local iterates, Scaffnew's h_i) is held in ``DeviceRows``, rows only for the
+    devices that ever took part; FedRed's h_i is recomputed for the devices that need it from
+    the last all-reduce's anchor and mean, which is what every h_i equals. Results are read by
+    device index (``reads_device_indices``), so with per-device random streams the network is
+    asked by index too."""
 
     Params = DriftParams
+    computes_participants_only = True
+    reads_device_indices = True
     # Upload phases of a round in which packets arrive (the conformance suite reads it).
     uploads_per_round = 2
 
@@ -126,9 +139,33 @@ class DriftCorrected(Algorithm):
         by ``params``: what ``setup`` will read from the problem (``theory_value``), so that a
         scenario can be checked before anything is built (scenario/checks.py)."""
         return []
-    # Peak [N, d] arrays: gradients at the anchor, h_i, local iterates, the local gradient and
-    # the step's temporaries (FedRed and Scaffnew also keep x_i and h_i between rounds).
+    # Peak [n, d] arrays of a round's n participants: gradients at the anchor, h_i, local
+    # iterates, the local gradient and the step's temporaries; ``held_arrays`` of them are
+    # per-device state kept between rounds in DeviceRows (FedRed: x_i; Scaffnew: x_i, h_i),
+    # held for every device that ever took part.
     peak_device_arrays = 7
+    held_arrays: ClassVar[int] = 0
+    # The exact local gradients come from Problem.full_gradients (``exact_gradients``), which
+    # evaluates all N devices (FedMSA and FedNest use the bilevel problem's own oracles).
+    full_gradients_of_all: ClassVar[bool] = True
+
+    @classmethod
+    def state_rows(cls, num_devices: int, params: AlgorithmParams) -> float:
+        """Rows [d] held at the peak: the round's work arrays for its round(beta N)
+        participants, the ``held_arrays`` rows of every device that ever took part (expected
+        after all rounds, plus the last storage block's slack), and, with exact gradients
+        (``full_batch``) for fewer than N devices, the [N, d] input and result of
+        ``Problem.full_gradients``, which evaluates every registered device. At full
+        participation: ``peak_device_arrays`` x N, as before rounds computed participants
+        only."""
+        workers = max(1, round(params.participation * num_devices))
+        held = 0.0
+        if cls.held_arrays:
+            ever = expected_rows(num_devices, params.participation, params.rounds)
+            held = cls.held_arrays * min(float(num_devices), ever + BLOCK_ROWS)
+        dense = (2 * num_devices if cls.full_gradients_of_all and params.full_batch
+                 and workers < num_devices else 0)
+        return (cls.peak_device_arrays - cls.held_arrays) * workers + held + dense
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1
@@ -145,16 +182,41 @@ class DriftCorrected(Algorithm):
     def dtype(self) -> torch.dtype:
         return getattr(self.ctx.evaluator, "compute_dtype", torch.float32)
 
-    def local_gradients(self, models: torch.Tensor, k: int, step: int) -> torch.Tensor:
-        """grad f_i at each device's own model [N, d]: exact, or a minibatch of batch_size
-        drawn from (seed, "batch", round, step)."""
+    def exact_gradients(self, point: torch.Tensor, devices: np.ndarray) -> torch.Tensor:
+        """grad f_i over all of each device's data for ``devices`` (increasing indices), at a
+        shared point [d] or at their own models [n, d]: -> [n, d]. ``Problem.full_gradients``
+        takes no subset of devices, so it evaluates every registered device (the others at a
+        zero model) and the devices' rows are taken: a device's gradient depends on its own row
+        only, so the rows are those the whole population's evaluation gives."""
+        ev, n = self.ctx.evaluator, self.ctx.num_devices
+        if len(devices) == n:
+            return ev.full_gradients(point)
+        rows = torch.as_tensor(devices, device=point.device)
+        if point.dim() == 2:
+            models = point.new_zeros((n, point.shape[1]))
+            models[rows] = point
+            point = models
+        return ev.full_gradients(point)[rows]
+
+    def local_gradients(self, models: torch.Tensor, devices: np.ndarray, k: int, step: int
+                        ) -> torch.Tensor:
+        """grad f_i of ``devices`` at their own models [n, d]: exact, or a minibatch of
+        batch_size from (seed, "batch", round, step) (``minibatches``: the rows of the
+        population's draw, or each device's own with per-device random streams)."""
         ev = self.ctx.evaluator
+        if not len(devices):
+            return models.new_zeros((0, models.shape[1]))
         if self.params.full_batch:
-            return ev.full_gradients(models)
-        idx = ev.sample(keyed_generator(self.ctx.seed, "batch", k, step),
-                        self.params.batch_size)[0]
-        return torch.cat([ev.stacked_gradients(models[rows], idx[rows])
-                          for rows in ev.chunks(self.params.batch_size, own_model=True)])
+            return self.exact_gradients(models, devices)
+        idx = self.minibatches(k, devices, 1, "batch", step)[0]
+        return torch.cat([ev.stacked_gradients(models[rows], idx[rows]) for rows in
+                          ev.row_chunks(len(devices), self.params.batch_size, own_model=True)])
+
+    def per_device(self, devices: np.ndarray, values) -> np.ndarray:
+        """[N] with ``values`` at ``devices`` and 0 elsewhere (a Cost's per-device passes)."""
+        out = np.zeros(self.ctx.num_devices, dtype=np.asarray(values).dtype)
+        out[devices] = values
+        return out
 
     def gradient_cost(self, passes) -> Cost:
         """``passes`` gradient evaluations (scalar or [N]) over the local gradient's batch."""
@@ -168,69 +230,96 @@ class DriftCorrected(Algorithm):
         return Cost(1, 1, self.ctx.evaluator.full_batch_sizes())
 
     # ---- communication ---------------------------------------------------------------------------
-    def average(self, vectors: torch.Tensor, delivered: np.ndarray, stream: str, k: int,
-                combine=None) -> torch.Tensor | None:
-        """Mean [d] of the delivered rows of ``vectors`` [N, d] as the base station receives them
-        (quantised up, float32), quantised for the broadcast; None when nothing arrived.
-        ``combine``: what the base station makes of the received rows [c, d] instead of their
-        mean (a [d] vector; FedNest's running mean over several phases)."""
-        mask = torch.as_tensor(delivered, device=vectors.device)
-        if not bool(mask.any()):
+    def average(self, vectors: torch.Tensor, devices: np.ndarray, delivered: np.ndarray,
+                stream: str, k: int, combine=None) -> torch.Tensor | None:
+        """Mean [d] of the delivered rows of ``vectors`` [n, d] (the rows of ``devices``;
+        ``delivered`` the increasing indices of those whose upload arrived) as the base station
+        receives them (quantised up, float32), quantised for the broadcast; None when nothing
+        arrived. ``combine``: what the base station makes of the received rows [c, d] instead
+        of their mean (a [d] vector; FedNest's running mean over several phases)."""
+        if not len(delivered):
             return None
-        sent = self.quantize(vectors.float(), f"{self.name}-{stream}-up", k,
-                             slice(0, vectors.shape[0]), mask)
-        mean = sent[mask].mean(0) if combine is None else combine(sent[mask])
+        rows = torch.as_tensor(np.searchsorted(devices, delivered), device=vectors.device)
+        sent = self.quantize(vectors[rows].float(), f"{self.name}-{stream}-up", k, delivered)
+        mean = sent.mean(0) if combine is None else combine(sent)
         return self.quantize(mean[None], f"{self.name}-{stream}-down", k, slice(0, 1),
                              direction="down")[0]
 
     def upload(self, cost: Cost, payload: Payload, active: np.ndarray | None = None):
-        """``collect``, then (``on_loss: wait``) retransmission phases for the lost uploads;
-        returns the [N] bool mask of uploads that arrived."""
-        result = yield from self.collect(cost, payload, active)
-        delivered = np.array(result.delivered, dtype=bool)
-        missing = np.asarray(result.active, dtype=bool) & ~delivered
+        """``collect`` from the asked devices holding the state (and in ``active``, increasing
+        device indices), then (``on_loss: wait``) retransmission phases for the lost uploads,
+        asked by index; returns the increasing indices of the devices whose upload arrived."""
+        mask = None
+        if active is not None:
+            mask = np.zeros(self.ctx.num_devices, dtype=bool)
+            mask[active] = True
+        result = yield from self.collect(cost, payload, mask)
+        arrived = [result.delivered_devices]
+        missing = result.device_indices(np.asarray(result.active, dtype=bool)
+                                        & ~np.asarray(result.delivered, dtype=bool))
         tries = 0
-        while self.params.on_loss == "wait" and missing.any() and tries < self.params.max_retries:
+        while self.params.on_loss == "wait" and len(missing) and tries < self.params.max_retries:
             again = yield from self.ctx.net.collect(Cost(), payload, missing)
-            arrived = np.asarray(again.delivered, dtype=bool)
-            self.ctx.health.collected(again.active, arrived)
-            delivered |= arrived
-            missing &= ~arrived & self.ctx.net.alive
+            got = np.asarray(again.delivered, dtype=bool)  # aligned with ``missing``
+            self.ctx.health.collected(again.active, got)
+            arrived.append(missing[got])
+            missing = missing[~got & self.ctx.net.alive[missing]]
             tries += 1
-        return delivered
+        return np.sort(np.concatenate(arrived))
 
     def all_reduce(self, anchor: torch.Tensor, k: int, stream: str = "grad"):
         """Phase pair: devices upload grad f_i(anchor), the base station broadcasts the mean.
-        Returns (local gradients [N, d] in compute dtype, broadcast mean [d] or None, [N] bool
-        devices whose gradient is in the mean)."""
-        d = anchor.numel()
-        grads = self.ctx.evaluator.full_gradients(anchor.to(self.dtype))
-        delivered = yield from self.upload(self.exact_cost(), Payload.vectors(d, self.bits))
-        mean = self.average(grads, delivered, stream, k)
-        if mean is None:
-            yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
-        else:
-            yield from self.broadcast(Payload.vectors(d, self.bits))
-        return grads, mean, delivered
+        Returns (the local gradients [c, d] in compute dtype of the devices whose gradient is
+        in the mean, the broadcast mean [d] or None, those devices' increasing indices): only
+        they are computed for, as only their gradient is read."""
+        grads = []
 
-    def exchange_models(self, models: torch.Tensor, cost: Cost, k: int, active: np.ndarray,
-                        stream: str = "model", combine=None):
-        """Devices in ``active`` pay ``cost`` and upload their row of ``models`` (a model, or
-        any d-vector: ``stream`` names it); the base station broadcasts the average of what
-        arrived (or what ``combine`` makes of it: ``average``). Returns that [d] (float32) or
-        None."""
-        d = models.shape[1]
+        def gradients(devices: np.ndarray) -> torch.Tensor:
+            grads.append(self.exact_gradients(anchor.to(self.dtype), devices))
+            return grads[0]
+
+        mean, delivered = yield from self.exchange_delivered(gradients, anchor.numel(),
+                                                             self.exact_cost(), k, None, stream)
+        return (grads[0] if grads else None), mean, delivered
+
+    def exchange_delivered(self, compute, d: int, cost: Cost, k: int,
+                           active: np.ndarray | None = None, stream: str = "model"):
+        """An exchange of a d-vector that the base station only averages: the devices in
+        ``active`` (default: every holder asked) pay ``cost`` and upload, and ``compute``
+        (increasing device indices -> their vectors [c, d]) is called for the devices whose
+        upload arrived alone (whether it arrives is known before anyone computes). Returns
+        (the broadcast mean [d] or None, those devices' indices)."""
         delivered = yield from self.upload(cost, Payload.vectors(d, self.bits), active)
-        mean = self.average(models, delivered, stream, k, combine)
+        vectors = compute(delivered) if len(delivered) else None
+        mean = self.average(vectors, delivered, delivered, stream, k)
+        yield from self.broadcast_mean(mean, d)
+        return mean, delivered
+
+    def broadcast_mean(self, mean: torch.Tensor | None, d: int):
+        """The broadcast of a phase's mean: d values, or the one-value "no update" flag."""
         if mean is None:
             yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
         else:
             yield from self.broadcast(Payload.vectors(d, self.bits))
+
+    def exchange_models(self, models: torch.Tensor, devices: np.ndarray, cost: Cost, k: int,
+                        active: np.ndarray | None = None, stream: str = "model", combine=None):
+        """Devices in ``active`` (default ``devices``) pay ``cost`` and upload their row of
+        ``models`` [n, d] (the rows of ``devices``, which hold ``active``: a model, or any
+        d-vector: ``stream`` names it); the base station broadcasts the average of what arrived
+        (or what ``combine`` makes of it: ``average``). Returns that [d] (float32) or None."""
+        d = models.shape[1]
+        active = devices if active is None else active
+        delivered = yield from self.upload(cost, Payload.vectors(d, self.bits), active)
+        mean = self.average(models, devices, delivered, stream, k, combine)
+        yield from self.broadcast_mean(mean, d)
         return mean
 
-    def holders(self) -> np.ndarray:
-        """[N] bool: devices asked this round that hold the current global state."""
-        return self.participants(self.round_index) & (self.missed == 0) & self.ctx.net.alive
+    def holder_devices(self) -> np.ndarray:
+        """Increasing indices of the devices asked this round that hold the current global
+        state and have energy left."""
+        asked = self.participant_devices(self.round_index)
+        return asked[(self.missed[asked] == 0) & self.ctx.net.alive[asked]]
 
 
 class SingleExchange(DriftCorrected):
@@ -278,18 +367,12 @@ class GD(SingleExchange):
         self.lr = self.inverse_l_step()
 
     def round(self, k: int):
-        d = self.theta.numel()
-        active = self.holders()
-        grads = self.local_gradients(self.theta.to(self.dtype).expand(self.ctx.num_devices, -1),
-                                     k, 0)
-        delivered = yield from self.upload(self.gradient_cost(1), Payload.vectors(d, self.bits),
-                                           active)
-        mean = self.average(grads, delivered, "grad", k)
-        if mean is None:
-            yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
-            return
-        yield from self.broadcast(Payload.vectors(d, self.bits))
-        self.theta = self.theta - self.lr * mean
+        x = self.theta.to(self.dtype)
+        mean, _ = yield from self.exchange_delivered(
+            lambda devices: self.local_gradients(x.expand(len(devices), -1), devices, k, 0),
+            x.numel(), self.gradient_cost(1), k, self.holder_devices(), "grad")
+        if mean is not None:
+            self.theta = self.theta - self.lr * mean
 
 
 # ---- DANE, DANE+, Scaffold-cv ---------------------------------------------------------------------
@@ -352,17 +435,18 @@ class DanePlus(DriftCorrected):
         return grad_sq <= e_sq * step_sq
 
     def local_solve(self, x: torch.Tensor, h: torch.Tensor, mean_grad: torch.Tensor,
-                    active: np.ndarray, r: int) -> tuple[torch.Tensor, np.ndarray]:
-        """y_i ~ argmin F_{i,r}(y) = f_i(y) - <h_i, y> + lambda/2 ||y - x^r||^2 for the active
-        devices, by (S)GD with step ``lr`` from x^r; returns (y [N, d], gradient evaluations per
-        device [N]). Fixed K steps, or (adaptive) steps until ``stop`` holds at the new point, the
-        cap, or the numerical floor; K_r counts every evaluation, the final check included."""
-        p, n = self.params, self.ctx.num_devices
+                    devices: np.ndarray, r: int) -> tuple[torch.Tensor, np.ndarray]:
+        """y_i ~ argmin F_{i,r}(y) = f_i(y) - <h_i, y> + lambda/2 ||y - x^r||^2 for ``devices``
+        (h [n, d] their control variates), by (S)GD with step ``lr`` from x^r; returns (y [n, d],
+        gradient evaluations per device [n]). Fixed K steps, or (adaptive) steps until ``stop``
+        holds at the new point, the cap, or the numerical floor; K_r counts every evaluation,
+        the final check included."""
+        p, n = self.params, len(devices)
         adaptive = p.local_steps is None
         limit = p.max_local_steps if adaptive else p.local_steps
         reuse = p.full_batch  # grad F_{i,r}(x^r) = grad f(x^r), known from the all-reduce
         y = x.expand(n, -1).clone()
-        running = torch.as_tensor(active, device=x.device).clone()
+        running = torch.ones(n, dtype=torch.bool, device=x.device)
         evaluations = torch.zeros(n, dtype=torch.int64)
         grad = mean_grad.expand(n, -1)
         floor = GRADIENT_FLOOR[self.dtype] * max(1.0, float(mean_grad.norm()))
@@ -370,7 +454,7 @@ class DanePlus(DriftCorrected):
             if t > 0 or not reuse:
                 if t == limit and not adaptive:
                     break  # fixed K: no gradient at the returned point
-                grad = self.local_gradients(y, r, t) - h + self.lam * (y - x)
+                grad = self.local_gradients(y, devices, r, t) - h + self.lam * (y - x)
                 evaluations += running.cpu()
                 if adaptive and t > 0:
                     grad_sq = grad.square().sum(1)
@@ -390,11 +474,13 @@ class DanePlus(DriftCorrected):
         if mean is None:
             return
         mean = mean.to(self.dtype)
-        h = grads - mean
-        active = self.holders() & in_mean
+        # the devices whose gradient is in the mean and that still hold the state solve
+        active = np.intersect1d(self.holder_devices(), in_mean)
+        h = grads[torch.as_tensor(np.searchsorted(in_mean, active), device=grads.device)] - mean
         y, evaluations = self.local_solve(x, h, mean, active, r)
-        self.round_local_steps = float(evaluations[active].mean()) if active.any() else 0.0
-        new = yield from self.exchange_models(y, self.gradient_cost(evaluations), r, active)
+        self.round_local_steps = float(evaluations.mean()) if len(active) else 0.0
+        new = yield from self.exchange_models(
+            y, active, self.gradient_cost(self.per_device(active, evaluations)), r)
         if new is not None:
             self.theta = self.theta + p.server_lr * (new - self.theta)
 
@@ -422,9 +508,9 @@ class Dane(DanePlus):
     def stop(self, grad_sq, step_sq, r):
         return grad_sq <= (self.params.tolerance ** 2) * self._start_sq
 
-    def local_solve(self, x, h, mean_grad, active, r):
+    def local_solve(self, x, h, mean_grad, devices, r):
         self._start_sq = float(mean_grad.square().sum())
-        return super().local_solve(x, h, mean_grad, active, r)
+        return super().local_solve(x, h, mean_grad, devices, r)
 
 
 class ScaffoldCvParams(DriftParams):
@@ -502,6 +588,7 @@ class FedRed(DriftCorrected):
     summary = ("local steps on f_i - <h_i, x> + eta/2 ||x - x_i||^2 + lambda/2 ||x - x~||^2, "
                "communicating after Geom(p) steps; two d-vectors up and two down")
     resolved_attributes = ("p", "eta", "lam", "lr", "inner_lr")
+    held_arrays = 1  # x_i
 
     @classmethod
     def initial_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
@@ -547,8 +634,14 @@ class FedRed(DriftCorrected):
         if p.solver == "exact":  # Alg. 2's inner GD on F_{i,k} (A21)
             self.inner_lr = 1.0 / (theory_value(self, "solver: exact", "1/(L + eta + lambda)",
                                                 "L")["L"] + self.eta + self.lam)
-        self.models = None  # x_{i,k} [N, d], set by the first round's all-reduce
-        self.h = None
+        # x_{i,k}: x^0 until device i first steps (rows only for the devices that took part)
+        self.models = DeviceRows(self.ctx.num_devices, self.theta.to(self.dtype))
+        self.started = False  # the all-reduce at x^0 (A19) has run
+        # h_i = grad f_i(x~) - grad f(x~) at the anchor x~ of the last all-reduce whose mean
+        # arrived (None: no mean yet, h_i = 0); every h_i follows from the two, so h_i is
+        # computed for the devices that step, when they step.
+        self.anchor = None
+        self.anchor_mean = None
 
     def theory_p(self) -> float:
         """p of the convex theory for the resolved eta and lambda: (lambda + mu/2) / (eta - mu/2)
@@ -563,54 +656,67 @@ class FedRed(DriftCorrected):
                             "eta or set p")
         return min(1.0, (self.lam + mu / 2) / below)
 
-    def local_steps(self, x_ref: torch.Tensor, steps: int, active: np.ndarray, k: int
-                    ) -> np.ndarray:
-        """``steps`` iterations on the active devices' own iterates; returns gradient
-        evaluations per device [N]."""
-        p, n = self.params, self.ctx.num_devices
-        on = torch.as_tensor(active, device=self.models.device)[:, None]
-        evaluations = np.zeros(n, dtype=np.int64)
+    def control_variates(self, devices: np.ndarray) -> torch.Tensor:
+        """h_i [n, d] of ``devices``: grad f_i(x~) - grad f(x~) at the last all-reduce's
+        anchor (the values it computed, at the same point), 0 before any mean arrived."""
+        x = self.models.default
+        if self.anchor is None:  # nothing arrived yet: no correction
+            return x.new_zeros((len(devices), x.numel()))
+        return self.exact_gradients(self.anchor, devices) - self.anchor_mean
+
+    def remember_anchor(self, anchor: torch.Tensor, mean: torch.Tensor | None) -> None:
+        """A mean arrived: the control variates are now those at ``anchor``."""
+        if mean is not None:
+            self.anchor, self.anchor_mean = anchor.to(self.dtype), mean.to(self.dtype)
+
+    def local_steps(self, x_ref: torch.Tensor, steps: int, devices: np.ndarray, k: int
+                    ) -> tuple[torch.Tensor, np.ndarray]:
+        """``steps`` iterations on the own iterates of ``devices``; returns (their new
+        iterates [n, d], gradient evaluations per device [n])."""
+        p = self.params
+        models = self.models.get(devices)
+        h = self.control_variates(devices)
+        evaluations = np.zeros(len(devices), dtype=np.int64)
         for t in range(steps):
             if p.solver == "gd":  # Alg. 3's closed-form step
-                g = self.local_gradients(self.models, k, t)
-                step = g - self.h + self.lam * (self.models - x_ref)
-                self.models = torch.where(on, self.models - self.lr * step, self.models)
-                evaluations += active
+                g = self.local_gradients(models, devices, k, t)
+                step = g - h + self.lam * (models - x_ref)
+                models = models - self.lr * step
+                evaluations += 1
                 continue
             # Alg. 2: GD on F_{i,k} from x_{i,k} with step 1/(L + eta + lambda) (A21)
-            anchor = self.models
+            anchor = models
             y = anchor.clone()
-            running = on[:, 0].clone()
+            running = torch.ones(len(devices), dtype=torch.bool, device=y.device)
             for _ in range(p.exact_steps):
-                g = self.local_gradients(y, k, t) - self.h + self.eta * (y - anchor) \
+                g = self.local_gradients(y, devices, k, t) - h + self.eta * (y - anchor) \
                     + self.lam * (y - x_ref)
                 evaluations += running.cpu().numpy()
                 running &= g.norm(dim=1) > p.exact_tolerance
                 if not bool(running.any()):
                     break
                 y = torch.where(running[:, None], y - self.inner_lr * g, y)
-            self.models = torch.where(on, y, self.models)
-        return evaluations
+            models = y
+        return models, evaluations
 
     def round(self, k: int):
-        if self.models is None:  # h_{i,0} from an all-reduce at x^0 (A19)
-            grads, mean, _ = yield from self.all_reduce(self.theta, k, "grad-init")
-            self.models = self.theta.to(self.dtype).expand(self.ctx.num_devices, -1).clone()
-            self.h = (grads - mean.to(self.dtype) if mean is not None
-                      else torch.zeros_like(grads))  # nothing arrived: no correction yet
+        if not self.started:  # h_{i,0} from an all-reduce at x^0 (A19)
+            _, mean, _ = yield from self.all_reduce(self.theta, k, "grad-init")
+            self.remember_anchor(self.theta, mean)
+            self.started = True
         steps = coin_steps(self.ctx.seed, self.p, k)
         self.round_local_steps = steps
-        active = self.holders()
+        active = self.holder_devices()
         x_ref = self.theta.to(self.dtype)
-        evaluations = self.local_steps(x_ref, steps, active, k)
-        new = yield from self.exchange_models(self.models, self.gradient_cost(evaluations), k,
-                                              active)
+        models, evaluations = self.local_steps(x_ref, steps, active, k)
+        self.models.set(active, models)
+        new = yield from self.exchange_models(
+            models, active, self.gradient_cost(self.per_device(active, evaluations)), k)
         if new is None:
             return
         self.theta = new
-        grads, mean, _ = yield from self.all_reduce(self.theta, k)
-        if mean is not None:
-            self.h = grads - mean.to(self.dtype)
+        _, mean, _ = yield from self.all_reduce(self.theta, k)
+        self.remember_anchor(self.theta, mean)
 
 
 # ---- Scaffnew / ProxSkip --------------------------------------------------------------------------
@@ -630,6 +736,7 @@ class Scaffnew(SingleExchange):
     Params = ScaffnewParams
     summary = "local steps with control variates, communication with probability p; one d-vector each way"
     resolved_attributes = ("lr", "p")
+    held_arrays = 2  # x_i and h_i
 
     @classmethod
     def theory_needs(cls, params) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -643,34 +750,32 @@ class Scaffnew(SingleExchange):
         if self.p is None:
             c = theory_value(self, "p", "sqrt(mu / L)", "L", "mu")
             self.p = min(1.0, math.sqrt(max(c["mu"], 0.0) / c["L"])) or 1.0
-        n = self.ctx.num_devices
-        self.models = self.theta.to(self.dtype).expand(n, -1).clone()
-        self.h = torch.zeros_like(self.models)
+        # x_i (x^0 until device i first steps) and h_i (0 until its first delivered upload):
+        # rows only for the devices that took part
+        x0 = self.theta.to(self.dtype)
+        self.models = DeviceRows(self.ctx.num_devices, x0)
+        self.h = DeviceRows(self.ctx.num_devices, torch.zeros_like(x0))
 
     def round(self, k: int):
         steps = coin_steps(self.ctx.seed, self.p, k)
         self.round_local_steps = steps
-        active = self.holders()
-        on = torch.as_tensor(active, device=self.models.device)[:, None]
-        hat = self.models
+        active = self.holder_devices()
+        models, h = self.models.get(active), self.h.get(active)
+        hat = models
         for t in range(steps):
-            if t > 0:
-                self.models = torch.where(on, hat, self.models)
-            g = self.local_gradients(self.models, k, t)
-            hat = torch.where(on, self.models - self.lr * (g - self.h), self.models)
-        evaluations = active.astype(np.int64) * steps
+            models = hat
+            hat = models - self.lr * (self.local_gradients(models, active, k, t) - h)
         d = self.theta.numel()
-        sent = hat - (self.lr / self.p) * self.h
-        delivered = yield from self.upload(self.gradient_cost(evaluations),
+        sent = hat - (self.lr / self.p) * h
+        delivered = yield from self.upload(self.gradient_cost(self.per_device(active, steps)),
                                            Payload.vectors(d, self.bits), active)
-        mean = self.average(sent, delivered, "model", k)
+        mean = self.average(sent, active, delivered, "model", k)
+        yield from self.broadcast_mean(mean, d)
         if mean is None:
-            yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
-            self.models = torch.where(on, hat, self.models)
+            self.models.set(active, hat)
             return
-        yield from self.broadcast(Payload.vectors(d, self.bits))
         self.theta = mean
         x_bar = mean.to(self.dtype)
-        arrived = torch.as_tensor(delivered, device=self.models.device)[:, None]
-        self.h = torch.where(arrived, self.h + (self.p / self.lr) * (x_bar - hat), self.h)
-        self.models = torch.where(on, x_bar.expand_as(self.models), self.models)
+        rows = torch.as_tensor(np.searchsorted(active, delivered), device=hat.device)
+        self.h.set(delivered, h[rows] + (self.p / self.lr) * (x_bar - hat[rows]))
+        self.models.set(active, x_bar.expand_as(hat))

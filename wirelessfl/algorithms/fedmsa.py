@@ -71,6 +71,7 @@ class FedMSA(DriftCorrected):
     summary = ("momentum map average at all clients, then K variance-reduced local steps on "
                "S sampled clients; P = d_x + 2 d_w values per packet, two exchanges per round")
     uploads_per_round = 2
+    full_gradients_of_all = False  # the bilevel oracles evaluate the rows they are given
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1
@@ -108,27 +109,32 @@ class FedMSA(DriftCorrected):
                                                               r, k))
 
     def round(self, r: int):
-        p, ev, n = self.params, self.ctx.evaluator, self.ctx.num_devices
+        p, ev = self.params, self.ctx.evaluator
         rho = 1.0 if r == 0 or self.direction is None else p.rho
         steps = 1 if r == 0 else p.local_steps
         self.round_local_steps = steps
         state = self.theta.to(torch.float64)
-        everyone = torch.arange(n, device=state.device)
         # ---- Phase A: momentum map average at all clients (eq. 5) ----------------------------
         keys = self.keys(r, 0)
-        local = ev.maps(state.expand(n, -1), everyone, keys)
-        evaluations = 1
-        if rho < 1:
-            before = ev.maps(self.previous.expand(n, -1), everyone, keys)
-            local = local + (1 - rho) * (self.direction - before)
-            evaluations = 2
-        cost = ev.evaluation_cost(evaluations, p.full_batch, p.batch_size)
-        mean = yield from self.exchange_models(local, cost, r, self.holders(), "direction")
+
+        def directions(devices: np.ndarray) -> torch.Tensor:
+            """d_r^m of the clients whose upload arrives (only their direction is read)."""
+            rows = torch.as_tensor(devices, device=state.device)
+            own = None if keys is None else keys[devices]
+            local = ev.maps(state.expand(len(devices), -1), rows, own)
+            if rho < 1:
+                before = ev.maps(self.previous.expand(len(devices), -1), rows, own)
+                local = local + (1 - rho) * (self.direction - before)
+            return local
+
+        cost = ev.evaluation_cost(2 if rho < 1 else 1, p.full_batch, p.batch_size)
+        mean, _ = yield from self.exchange_delivered(directions, state.numel(), cost, r,
+                                                     self.holder_devices(), "direction")
         if mean is None:
             return
         self.previous, self.direction = state, mean.to(torch.float64)
         # ---- Phase B: K variance-reduced local steps on S sampled clients (eq. 6) ------------
-        eligible = np.flatnonzero(self.holders())
+        eligible = self.holder_devices()
         if not len(eligible):
             return
         count = min(p.local_clients, len(eligible))
@@ -145,12 +151,8 @@ class FedMSA(DriftCorrected):
                 direction = (ev.maps(current, rows, step_keys) + direction
                              - ev.maps(last, rows, step_keys))
             last, current = current, current - self.steps * direction
-        selected = np.zeros(n, dtype=bool)
-        selected[chosen] = True
-        per_device = np.where(selected, 2 * (steps - 1) if p.refresh else 0, 0)
-        models = state.expand(n, -1).clone()
-        models[rows] = current
+        per_device = self.per_device(chosen, 2 * (steps - 1) if p.refresh else 0)
         new = yield from self.exchange_models(
-            models, ev.evaluation_cost(per_device, p.full_batch, p.batch_size), r, selected)
+            current, chosen, ev.evaluation_cost(per_device, p.full_batch, p.batch_size), r)
         if new is not None:
             self.theta = new

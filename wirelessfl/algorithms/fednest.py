@@ -127,6 +127,7 @@ class FedNest(DriftCorrected):
     name = "fednest"
     Params = FedNestParams
     stage = 0  # the stage of the outer iteration whose clients take part (participants)
+    full_gradients_of_all = False  # the bilevel oracles evaluate the rows they are given
     summary = ("federated minibatch SVRG on w, a Neumann-series inverse-Hessian product, then "
                "local outer steps with the indirect hypergradient frozen; 2T + N + 3 exchanges "
                "per round, clients drawn anew for each inner round and the outer stage")
@@ -170,11 +171,11 @@ class FedNest(DriftCorrected):
                             "(problem.name: bilevel-quadratic or loss-tuning); this scenario's "
                             f"problem is '{ev.describe().get('name', type(ev).__name__)}'")
 
-    def participants(self, k: int, *stage: int) -> np.ndarray:
+    def participant_devices(self, k: int, *stage: int) -> np.ndarray:
         """Drawn anew for each stage of the outer iteration: stage t < T is inner round t, stage
         T the outer stage (the code draws ``frac`` of the clients for each ``fed_in`` and for
-        ``fed_out``)."""
-        return super().participants(k, *(stage or (self.stage,)))
+        ``fed_out``); ``participants``' mask and ``collect`` read it."""
+        return super().participant_devices(k, *(stage or (self.stage,)))
 
     # ---- what the clients compute ------------------------------------------------------------
     def _cost(self, forward_backward, hvp=0, batch=None) -> Cost:
@@ -182,18 +183,12 @@ class FedNest(DriftCorrected):
         return Cost(forward_passes=forward_backward, backward_passes=forward_backward,
                     hvp_passes=hvp, batch_size=batch)
 
-    def _spread(self, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """[N, d] with the rows of the clients that computed ``values`` [n, d] (what the others
-        would upload is never read: they are not asked)."""
-        out = values.new_zeros((self.ctx.num_devices, values.shape[1]))
-        out[rows] = values
-        return out
-
     def _stage_rows(self, stage: int) -> tuple[np.ndarray, torch.Tensor]:
-        """Enter ``stage``: (the [N] bool clients asked that hold the state, their indices)."""
+        """Enter ``stage``: the increasing indices of the clients asked that hold the state, as
+        an array and as a tensor (the problem's ``rows``); only they compute in the stage."""
         self.stage = stage
-        active = self.holders()
-        return active, torch.as_tensor(np.flatnonzero(active), device=self.theta.device)
+        active = self.holder_devices()
+        return active, torch.as_tensor(active, device=self.theta.device)
 
     def local_epochs(self, r: int, t: int, x, w, q, rows, snapshot
                      ) -> tuple[torch.Tensor, np.ndarray]:
@@ -227,9 +222,10 @@ class FedNest(DriftCorrected):
         passes[rows.cpu().numpy()] = 2 * steps
         return self._cost(passes, batch=np.minimum(sizes, self.params.batch_size))
 
-    def inverse_hessian_product(self, r: int, xs, ws, rows, u0: torch.Tensor):
-        """FedIHGP: N exchanges of Hessian-vector products from u_0 = mean grad_w f; returns v
-        [d_w] (``neumann_form``, module docstring) or None when an exchange brought nothing."""
+    def inverse_hessian_product(self, r: int, xs, ws, devices, rows, u0: torch.Tensor):
+        """FedIHGP: N exchanges of Hessian-vector products from u_0 = mean grad_w f, computed by
+        the outer stage's clients ``devices`` (``rows`` as a tensor); returns v [d_w]
+        (``neumann_form``, module docstring) or None when an exchange brought nothing."""
         p, ev = self.params, self.ctx.evaluator
         if p.neumann_form == "authors-code":
             counters = u0.expand(len(rows), -1).clone()  # c_m^0 = u_0, one per client
@@ -245,7 +241,7 @@ class FedNest(DriftCorrected):
                 counters = counters - p.eta * ev.second_order(xs, ws, counters, rows)[0]
 
                 mean = yield from self.exchange_models(
-                    self._spread(rows, current + counters), self._cost(1, 1), r, self.holders(),
+                    current + counters, devices, self._cost(1, 1), r, self.holder_devices(),
                     f"neumann-{k}", combine=running_mean)
                 if mean is None:
                     return None
@@ -254,8 +250,8 @@ class FedNest(DriftCorrected):
         term, v = u0, u0.clone()
         for k in range(p.neumann_terms):
             hvp = ev.second_order(xs, ws, term.expand(len(rows), -1), rows)[0]
-            mean = yield from self.exchange_models(self._spread(rows, hvp), self._cost(1, 1), r,
-                                                   self.holders(), f"neumann-{k}")
+            mean = yield from self.exchange_models(hvp, devices, self._cost(1, 1), r,
+                                                   self.holder_devices(), f"neumann-{k}")
             if mean is None:
                 return None
             term = term - p.eta * mean.to(torch.float64)
@@ -273,15 +269,14 @@ class FedNest(DriftCorrected):
             active, rows = self._stage_rows(t)
             xs = x.expand(len(rows), -1)
             snapshot = ev.inner_gradients(xs, w.expand(len(rows), -1), rows)
-            q = yield from self.exchange_models(self._spread(rows, snapshot), self._cost(1), r,
-                                                active, f"inner-gradient-{t}")
+            q = yield from self.exchange_models(snapshot, active, self._cost(1), r,
+                                                stream=f"inner-gradient-{t}")
             if q is None:
                 return
             local, steps = self.local_epochs(r, t, x, w, q.to(torch.float64), rows, snapshot)
             inner_steps.append(float(steps.mean()) if len(steps) else 0.0)
-            new_w = yield from self.exchange_models(self._spread(rows, local),
-                                                    self._epoch_cost(rows, steps), r,
-                                                    self.holders(), f"inner-model-{t}")
+            new_w = yield from self.exchange_models(local, active, self._epoch_cost(rows, steps),
+                                                    r, self.holder_devices(), f"inner-model-{t}")
             if new_w is None:
                 return
             w = new_w.to(torch.float64)
@@ -290,17 +285,18 @@ class FedNest(DriftCorrected):
         active, rows = self._stage_rows(p.inner_rounds)
         xs, ws = x.expand(len(rows), -1), w.expand(len(rows), -1)
         f_x, f_w = ev.outer_gradients(xs, ws, rows)
-        u0 = yield from self.exchange_models(self._spread(rows, f_w), self._cost(1), r, active,
-                                             "outer-gradient")
+        u0 = yield from self.exchange_models(f_w, active, self._cost(1), r,
+                                             stream="outer-gradient")
         if u0 is None:
             return
-        v = yield from self.inverse_hessian_product(r, xs, ws, rows, u0.to(torch.float64))
+        v = yield from self.inverse_hessian_product(r, xs, ws, active, rows,
+                                                    u0.to(torch.float64))
         if v is None:
             return
         # 3. the hypergradient with the indirect term at v
         jvp = ev.second_order(xs, ws, v.expand(len(rows), -1), rows)[1]
-        h = yield from self.exchange_models(self._spread(rows, f_x - jvp), self._cost(1, 1), r,
-                                            self.holders(), "hypergradient")
+        h = yield from self.exchange_models(f_x - jvp, active, self._cost(1, 1), r,
+                                            self.holder_devices(), "hypergradient")
         if h is None:
             return
         h = h.to(torch.float64)
@@ -308,9 +304,8 @@ class FedNest(DriftCorrected):
         local = xs.clone()
         for _ in range(p.outer_steps):
             local = local - p.alpha * (ev.outer_gradients(local, ws, rows)[0] - f_x + h)
-        new_x = yield from self.exchange_models(self._spread(rows, local),
-                                                self._cost(p.outer_steps), r, self.holders(),
-                                                "outer-model")
+        new_x = yield from self.exchange_models(local, active, self._cost(p.outer_steps), r,
+                                                self.holder_devices(), "outer-model")
         if new_x is None:
             return
         self.theta = torch.cat([new_x.to(torch.float64), w, v]).to(self.theta.dtype)

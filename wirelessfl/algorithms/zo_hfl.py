@@ -36,7 +36,8 @@ from pydantic import Field
 
 from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams
 from wirelessfl.algorithms.types import Cost, Payload
-from wirelessfl.learning.seeds import keyed_generator
+from wirelessfl.learning.seeds import counter_uniform, keyed_generator
+from wirelessfl.scenario.schema import SHARED_STREAMS_MAX_DEVICES
 
 SEED_BITS = 32  # a direction travels as the seed of its generator in mode "seed" [D]
 
@@ -76,6 +77,20 @@ class ZOHFL(Algorithm):
     Params = ZOHFLParams
     server_learns = True
     peak_device_arrays = 3  # the directions v_i and the two proximal solves y+-
+    # Only the devices whose upload arrives are computed for (their directions, minibatches
+    # and quantisation noise are theirs whichever devices are computed together), and the
+    # round reads its collect by device index.
+    computes_participants_only = True
+    reads_device_indices = True
+
+    @classmethod
+    def state_rows(cls, num_devices: int, params: ZOHFLParams) -> float:
+        """No per-device state between rounds: the two proximal solves y+- of the round's
+        round(beta N) participants and their directions v_i, which with shared random streams
+        (the default up to SHARED_STREAMS_MAX_DEVICES devices) are rows of one draw for all N."""
+        workers = max(1, round(params.participation * num_devices))
+        directions = num_devices if num_devices <= SHARED_STREAMS_MAX_DEVICES else workers
+        return (cls.peak_device_arrays - 1) * workers + directions
     summary = ("seed 000: server gradient on its own data + two-point ZO probes of the clients' "
                "proximal solves; y+- (or one scalar) up")
 
@@ -116,18 +131,32 @@ class ZOHFL(Algorithm):
         p = self.params
         return min(p.max_local_steps, math.ceil(p.tau * math.sqrt(r + 1)))
 
-    def directions(self, r: int) -> torch.Tensor:
-        """v_i [N, d], uniform on the unit sphere, regenerated from (seed, round)."""
+    def directions(self, r: int, devices: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """v_i uniform on the unit sphere for ``devices`` (increasing indices), regenerated
+        from (seed, round): (a draw [m, d] holding their rows, their rows in it). Shared
+        random streams: the population's draw [N, d] (rows: the devices); per-device streams:
+        each device's own Gaussian vector (Box-Muller over its counter uniforms,
+        ``counter_uniform``), normalised, for these devices alone (m = n)."""
         n, d = self.ctx.num_devices, self.theta.numel()
-        z = torch.randn((n, d), generator=keyed_generator(self.ctx.seed, "zo-hfl-v", r))
-        return (z / z.norm(dim=1, keepdim=True)).to(self.theta.device)
+        if not self.ctx.per_device_streams:
+            z = torch.randn((n, d), generator=keyed_generator(self.ctx.seed, "zo-hfl-v", r))
+            return (z / z.norm(dim=1, keepdim=True)).to(self.theta.device), devices
+        half = (d + 1) // 2
+        u = counter_uniform(self.ctx.seed, "zo-hfl-v", (r,), devices, 2 * half)
+        radius = np.sqrt(-2.0 * np.log1p(-u[:, :half]))  # 1 - u in (0, 1]: finite
+        angle = 2.0 * math.pi * u[:, half:]
+        z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)], axis=1)[:, :d]
+        z /= np.linalg.norm(z, axis=1, keepdims=True)
+        v = torch.from_numpy(z).to(device=self.theta.device, dtype=self.theta.dtype)
+        return v, np.arange(len(devices))
 
     def setup(self) -> None:
         sizes = self.ctx.evaluator.sample_weights()  # N_i (equal without samples)
         self.weights = sizes / sizes.sum()  # w_i = N_i / N_clients (A5)
 
     def _solve(self, x: torch.Tensor, idx: torch.Tensor, rows: slice) -> torch.Tensor:
-        """Alg. 2 for devices ``rows`` from their points x [n, d] on minibatches idx [H, N, b]."""
+        """Alg. 2 for the rows ``rows`` of idx from their points x [n, d] on minibatches
+        idx [H, c, b]."""
         p, ev = self.params, self.ctx.evaluator
         y = x.clone()
         for t in range(idx.shape[0]):
@@ -141,7 +170,7 @@ class ZOHFL(Algorithm):
 
     def round(self, r: int):
         p, ev, ctx = self.params, self.ctx.evaluator, self.ctx
-        d, n = self.theta.numel(), ctx.num_devices
+        d = self.theta.numel()
         steps = self.local_steps(r)
         self.round_local_steps = 2 * steps  # the + and the - solve
         chosen = self.participants(r) & (self.missed == 0)
@@ -156,35 +185,45 @@ class ZOHFL(Algorithm):
         cost = Cost(forward_passes=2 * steps, backward_passes=2 * steps,
                     batch_size=ev.minibatch_sizes(p.batch_size))
         result = yield from self.collect(cost, up, chosen)
-        delivered = np.asarray(result.delivered, dtype=bool)
         g = ev.server_gradient(self.theta, keyed_generator(ctx.seed, "zo-hfl-server", r),
                                p.server_batch_size)
-        if delivered.any():
-            v = self.directions(r)
-            plus = ev.sample(keyed_generator(ctx.seed, "batch", r), p.batch_size, steps)
-            minus = plus if p.common_batches else ev.sample(
-                keyed_generator(ctx.seed, "batch-minus", r), p.batch_size, steps)
-            diff = torch.zeros(n, device=self.theta.device, dtype=torch.float64)
-            for rows in ev.chunks(p.batch_size, own_model=True):
-                if not delivered[rows].any():
-                    continue
-                x_plus = self.theta + p.eta * v[rows]
-                x_minus = self.theta - p.eta * v[rows]
-                y_plus = self._solve(x_plus, plus, rows)
-                y_minus = self._solve(x_minus, minus, rows)
-                if p.payload == "models":  # the server sees quantised y+-
-                    sent = delivered[rows]
-                    y_plus = self.quantize(y_plus, "zo-hfl-up-plus", r, rows, sent)
-                    y_minus = self.quantize(y_minus, "zo-hfl-up-minus", r, rows, sent)
-                f_plus = 0.5 * p.lam * (x_plus - y_plus).double().square().sum(1)
-                f_minus = 0.5 * p.lam * (x_minus - y_minus).double().square().sum(1)
-                diff[rows] = f_plus - f_minus
-            if p.payload == "seed":
-                diff = self.quantize_scalars(diff, p.fixed_range(),
-                                             keyed_generator(ctx.seed, "zo-hfl-up", r), delivered)
-            mask = torch.as_tensor(delivered, device=self.theta.device)
-            w = torch.as_tensor(self.weights, device=self.theta.device) * mask
-            a = (w if p.weights == "paper" else w / w.sum()).to(torch.float64)
-            coeff = (a * diff * (d / (2 * p.eta))).to(self.theta.dtype)
-            g = g + (coeff[:, None] * v).sum(0)
+        # Only delivered uploads enter g: solve and quantise for those devices alone.
+        devices = result.delivered_devices
+        if len(devices):
+            g = g + self.probe_sum(r, devices, steps)
         self.theta = self.theta - p.gamma0 / math.sqrt(r + 1) * g
+
+    def probe_sum(self, r: int, devices: np.ndarray, steps: int) -> torch.Tensor:
+        """sum_i a_i g_i [d] over the devices whose upload arrived (``devices``): their
+        proximal solves from x_r +- eta v_i, F+ - F- as the server receives it, and the
+        weights a_i. The sum runs over the rows of the directions' draw (the others weigh 0),
+        so it is the one a round computing every device forms."""
+        p, ev, device = self.params, self.ctx.evaluator, self.theta.device
+        d = self.theta.numel()
+        v, at = self.directions(r, devices)
+        plus = self.minibatches(r, devices, steps, "batch")
+        minus = plus if p.common_batches else self.minibatches(r, devices, steps, "batch-minus")
+        diff = torch.zeros(len(devices), device=device, dtype=torch.float64)
+        for rows in ev.row_chunks(len(devices), p.batch_size, own_model=True):
+            mine = v[torch.as_tensor(at[rows], device=device)]
+            x_plus = self.theta + p.eta * mine
+            x_minus = self.theta - p.eta * mine
+            y_plus = self._solve(x_plus, plus, rows)
+            y_minus = self._solve(x_minus, minus, rows)
+            if p.payload == "models":  # the server sees quantised y+-
+                y_plus = self.quantize(y_plus, "zo-hfl-up-plus", r, devices[rows])
+                y_minus = self.quantize(y_minus, "zo-hfl-up-minus", r, devices[rows])
+            f_plus = 0.5 * p.lam * (x_plus - y_plus).double().square().sum(1)
+            f_minus = 0.5 * p.lam * (x_minus - y_minus).double().square().sum(1)
+            diff[rows] = f_plus - f_minus
+        if p.payload == "seed":
+            diff = self.quantize_scalars(diff, p.fixed_range(),
+                                         self.scalar_noise("zo-hfl-up", r, devices))
+        rows = torch.as_tensor(at, device=device)
+        w = torch.zeros(v.shape[0], device=device, dtype=torch.float64)
+        w[rows] = torch.as_tensor(self.weights[devices], device=device)
+        spread = torch.zeros_like(w)
+        spread[rows] = diff.to(torch.float64)
+        a = w if p.weights == "paper" else w / w.sum()
+        coeff = (a * spread * (d / (2 * p.eta))).to(self.theta.dtype)
+        return (coeff[:, None] * v).sum(0)
