@@ -150,7 +150,8 @@ def test_the_result_file_has_medians_ratio_rates_checks_and_nulls_for_failures()
 
     out = peers.summary([ok, failed], None, peak=100.0, args=Args)
     json.dumps(out)  # serialisable
-    assert set(out) == {"machine", "settings", "matmul_peak_gflops", "equivalence", "cases"}
+    assert set(out) == {"date", "command", "machine", "settings", "matmul_peak_gflops",
+                        "equivalence", "cases"}
     assert {"platform", "torch", "pfl", "cpu_count", "threads"} <= set(out["machine"])
     assert out["settings"]["quantization_bits"] == 32 and out["settings"]["local_steps"] == 5
     assert out["cases"][0]["peak_fraction"]["wirelessfl"] == pytest.approx(0.5 / 0.003 / 100)

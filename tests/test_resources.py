@@ -147,7 +147,7 @@ def test_many_devices_of_a_stateful_method_name_the_state_and_suggest_fewer_devi
                              "data.name=synthetic", "data.synthetic.num_samples=1000000",
                              "model.name=mlp", "model.hidden=[256]"])
     d = 20 * 256 + 256 + 256 * 2 + 2
-    with pytest.raises(UserError, match=rf"fedred: 7 per-device vectors x 100,000 devices x "
+    with pytest.raises(UserError, match=rf"fedred: 700,000 per-device vectors \(100,000 devices\) x "
                                         rf"{d:,} parameters x 4 B = "
                                         rf"{7 * 100_000 * d * 4 / 2**30:.2f} GiB.*use fewer "
                                         r"devices \(population\.num_devices\), a smaller model"):

@@ -530,8 +530,11 @@ def check_memory_from_scenario(scenario) -> MemoryEstimate:
                 f"'{est.worst}' on a larger machine")
     else:  # per-device arrays and records
         hint = "fewer devices (population.num_devices) or a larger machine"
-    detail = (f"{est.worst}: {est.state_arrays} per-device vectors x {est.num_devices:,} devices "
-              f"x {est.d:,} parameters x {est.itemsize} B = {state / gib:.2f} GiB; "
+    # the vectors the state holds (state_rows: N per array for dense state, fewer for state
+    # held only for the devices that have some)
+    vectors = round(state / (est.d * est.itemsize)) if state else 0
+    detail = (f"{est.worst}: {vectors:,} per-device vectors ({est.num_devices:,} devices) x "
+              f"{est.d:,} parameters x {est.itemsize} B = {state / gib:.2f} GiB; "
               if state else "")
     raise UserError(
         f"{scenario.name}: this run needs about {est.total / gib:.2f} GiB ({detail}by part, GiB: "
