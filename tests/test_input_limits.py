@@ -211,7 +211,6 @@ SMALL_N = 8  # population of the small scenario (tests/conftest.py)
     ({"model": {"name": "seed002-cnn"}}, "model 'seed002-cnn' needs image inputs"),
     ({"data": {"name": "mnist", "root": "/nonexistent-folder"}}, "does not exist"),
     ({"data": {"name": "digits", "classes": [3, 12]}}, "label(s) [12]"),
-    ({"population": {"num_devices": 2000}}, "exceeds the 1347 training samples"),
     ({"partition": {"scheme": "label-skew", "classes_per_device": 11}}, "exceeds the 10 classes"),
 ])
 def test_check_runnable_refuses_what_the_run_would_meet_later(changes, fragment):
@@ -219,6 +218,13 @@ def test_check_runnable_refuses_what_the_run_would_meet_later(changes, fragment)
     with pytest.raises(UserError) as err:
         checks.check_runnable(scenario)
     assert fragment in str(err.value)
+
+
+def test_a_population_larger_than_the_data_is_runnable():
+    """2,000 devices on the 1,347 training samples are no longer refused: each device draws its
+    samples with replacement (learning/partition.py, docs/scenarios.md "Large populations")."""
+    scenario = scenario_from_document(small_doc(population={"num_devices": 2000}), "s.yaml")
+    checks.check_runnable(scenario)
 
 
 def test_fedred_lr_needs_lam_when_the_scenario_is_read():

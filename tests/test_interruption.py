@@ -107,13 +107,21 @@ def _assert_identical(out: Path, ref: Path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_stops_cleanly_keeps_the_rounds_and_resume_finishes(tmp_path, reference, sig):
+    import shutil
+
     scenario, ref = reference
     out = tmp_path / "run"
-    proc = _start([str(scenario), "--out", str(out)], tmp_path)
-    _wait_for_first_algorithm(out, proc)
-    time.sleep(0.3)  # into B's rounds
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
+    for _ in range(3):
+        proc = _start([str(scenario), "--out", str(out)], tmp_path)
+        _wait_for_first_algorithm(out, proc)
+        time.sleep(0.3)  # into B's rounds
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        if not (proc.returncode == 0 and _recorded(out) == ["A", "B"]):
+            break
+        # B finished before the signal (a starved test process on a loaded machine): that
+        # attempt tells nothing; start again in a fresh folder, as _kill_while_b_runs does
+        shutil.rmtree(out)
     assert proc.returncode == 130, err
     assert f"wirelessfl run --resume {out}" in err and "Traceback" not in err
     manifest = json.loads((out / "manifest.json").read_text())
