@@ -27,9 +27,16 @@ ALGORITHMS = [{"name": "fedavg", "rounds": 4, "eval_every": 2, "local_steps": 2,
 
 def _start(args, cwd):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "wirelessfl", "run", *args, "--quiet",
-                             "--no-report"], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal gives it: a test suite started in the background (``cmd &``)
+    # inherits SIGINT ignored, which the child would keep (an ignored signal stays ignored
+    # across exec; a handler resets to the default), and the signal test would test nothing
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "wirelessfl", "run", *args, "--quiet",
+                                 "--no-report"], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _recorded(out: Path) -> list[str]:
