@@ -95,15 +95,34 @@ def run_recording_thetas(monkeypatch, scenario):
     from wirelessfl.engine.simulation import run_algorithm
 
     seen = []
-    original = RunContext.end_round
+    # the unpatched method, so a second call in the same test records into its own list only
+    original = getattr(RunContext.end_round, "__wrapped__", RunContext.end_round)
 
     def record(self, completed, theta):
         seen.append(theta.clone())
         return original(self, completed, theta)
 
+    record.__wrapped__ = original
     monkeypatch.setattr(RunContext, "end_round", record)
     world = build_world(scenario)
     return world, seen, run_algorithm(world, scenario.algorithms[0])
+
+
+def record_collects(monkeypatch, extract) -> list:
+    """Patch ``Algorithm.collect`` to append ``extract(algorithm, result)`` of each collect to
+    the returned list."""
+    from wirelessfl.algorithms.base import Algorithm
+
+    seen = []
+    original = Algorithm.collect
+
+    def recording(self, cost, payload, active=None):
+        result = yield from original(self, cost, payload, active)
+        seen.append(extract(self, result))
+        return result
+
+    monkeypatch.setattr(Algorithm, "collect", recording)
+    return seen
 
 
 def record_delivered(monkeypatch) -> list:
@@ -111,17 +130,9 @@ def record_delivered(monkeypatch) -> list:
     returned list."""
     import numpy as np
 
-    from wirelessfl.algorithms.base import Algorithm
+    def mask(algorithm, result):  # results asked by index too
+        delivered = np.zeros(algorithm.ctx.num_devices, dtype=bool)
+        delivered[result.delivered_devices] = True
+        return delivered
 
-    delivered = []
-    original = Algorithm.collect
-
-    def recording(self, cost, payload, active=None):
-        result = yield from original(self, cost, payload, active)
-        mask = np.zeros(self.ctx.num_devices, dtype=bool)  # results asked by index too
-        mask[result.delivered_devices] = True
-        delivered.append(mask)
-        return result
-
-    monkeypatch.setattr(Algorithm, "collect", recording)
-    return delivered
+    return record_collects(monkeypatch, mask)

@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import record_delivered, run_recording_thetas, small_scenario
+from tests.conftest import (
+    record_collects,
+    record_delivered,
+    run_recording_thetas,
+    small_scenario,
+)
 from tests.test_heterogeneity_baselines import EXACT, scaffold_reference_round
 from wirelessfl.algorithms.device_state import BLOCK_ROWS, DeviceRows, expected_rows
 from wirelessfl.learning.minibatch import sample_device_minibatches
@@ -185,7 +190,6 @@ def test_asking_by_index_equals_asking_by_mask(monkeypatch, name, setting):
     (the engine's cost follows the participants); asking the same devices by [N] mask must give
     the same models, the same ledger and the same rows (fading, lost uploads, downlink loss,
     batteries running out)."""
-    from wirelessfl.algorithms.base import Algorithm
     from wirelessfl.plugins import ALGORITHMS
 
     sc = small_scenario(["population.random_streams=per-device", *setting],
@@ -194,17 +198,8 @@ def test_asking_by_index_equals_asking_by_mask(monkeypatch, name, setting):
                                                               {"local_steps": 2, "lr": 0.1})}])
     cls = ALGORITHMS.get(name)
     assert cls.reads_device_indices
-    asked = []
-    original = Algorithm.collect
-
-    def recording(self, cost, payload, active=None):
-        result = yield from original(self, cost, payload, active)
-        asked.append(result.devices is not None)
-        return result
-
-    monkeypatch.setattr(Algorithm, "collect", recording)
+    asked = record_collects(monkeypatch, lambda _, result: result.devices is not None)
     _, by_index, run_i = run_recording_thetas(monkeypatch, sc)
-    by_index = list(by_index)  # the second run's recorder also feeds the first list
     assert asked and all(asked)
     monkeypatch.setattr(cls, "reads_device_indices", False)
     asked.clear()

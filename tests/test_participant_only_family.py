@@ -15,7 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import algorithm_scenario, record_delivered, run_recording_thetas
+from tests.conftest import (
+    algorithm_scenario,
+    record_collects,
+    record_delivered,
+    run_recording_thetas,
+)
 from wirelessfl.algorithms import drift, fedmsa, fednest, zo_hfl
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator, keyed_rng
@@ -445,20 +450,10 @@ def test_participant_only_rounds_equal_the_dense_rounds(monkeypatch, algorithm, 
 def test_per_device_runs_are_reproducible_and_finite(monkeypatch, algorithm, overrides):
     """Per-device random streams: the network asked by index, two runs give the same models,
     finite, and the model moves."""
-    from wirelessfl.algorithms.base import Algorithm
 
     sc = _scenario(algorithm, overrides, ["population.random_streams=per-device"])
-    by_index = []
-    original = Algorithm.collect
-
-    def recording(self, cost, payload, active=None):
-        result = yield from original(self, cost, payload, active)
-        by_index.append(result.devices is not None)
-        return result
-
-    monkeypatch.setattr(Algorithm, "collect", recording)
+    by_index = record_collects(monkeypatch, lambda _, result: result.devices is not None)
     _, first, _ = run_recording_thetas(monkeypatch, sc)
-    first = list(first)
     _, again, _ = run_recording_thetas(monkeypatch, sc)
     assert by_index and all(by_index)
     for a, b in zip(first, again):

@@ -207,13 +207,12 @@ class Algorithm:
             keep = self.missed[asked] == 0
             if active is not None:
                 keep &= np.asarray(active, dtype=bool)[asked]
-            result = yield from self.ctx.net.collect(cost, payload, asked[keep])
-            self.ctx.health.collected(result.active, result.delivered)
-            return result
-        mask = (self.missed == 0) & self.participants(self.round_index)
-        if active is not None:
-            mask &= np.asarray(active, dtype=bool)
-        result = yield from self.ctx.net.collect(cost, payload, mask)
+            devices = asked[keep]
+        else:
+            devices = (self.missed == 0) & self.participants(self.round_index)
+            if active is not None:
+                devices &= np.asarray(active, dtype=bool)
+        result = yield from self.ctx.net.collect(cost, payload, devices)
         self.ctx.health.collected(result.active, result.delivered)
         return result
 

@@ -465,7 +465,7 @@ class BatchedEvaluator(Problem):
         (``DeviceData.row_weights``)."""
         start = time.perf_counter()
         total, grad = 0.0, torch.zeros_like(theta) if with_gradient else None
-        rows, weights = self.data.row_weights(self._weights.to(self.device))
+        rows, weights = self._row_weights
         size, count = self._samples_per_chunk(), len(weights)
         block = min(size, SAMPLE_BLOCK) if self.threaded else size
 
@@ -492,6 +492,12 @@ class BatchedEvaluator(Problem):
                     grad += g
         self.compute_s += time.perf_counter() - start
         return total, grad
+
+    @cached_property
+    def _row_weights(self) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The training objective's (rows, weights) (``DeviceData.row_weights``): fixed for the
+        run, so an index's distinct rows are found once, not at every evaluation."""
+        return self.data.row_weights(self._weights.to(self.device))
 
     def objective(self, theta: torch.Tensor) -> float:
         value, _ = self._train_pass(theta, with_gradient=False)
@@ -564,7 +570,7 @@ class BatchedEvaluator(Problem):
         with l2 > 0, where f is l2-strongly convex and x* unique."""
         from scipy.optimize import minimize
 
-        rows, weights = self.data.row_weights(self._weights.to(self.device))
+        rows, weights = self._row_weights
         x, y = (self.data.x, self.data.y) if rows is None else (self.data.x[rows],
                                                                self.data.y[rows])
         size = self._samples_per_chunk()
