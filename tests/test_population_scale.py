@@ -241,3 +241,42 @@ def test_index_sets_read_the_samples_a_copy_would_hold():
     torch.testing.assert_close(ev.objective_gradient(theta), ref.objective_gradient(theta),
                                rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(ev.label_mix, ref.label_mix)
+
+
+@pytest.mark.parametrize("problem", [
+    {"name": "quadratic", "dimension": 6},
+    {"name": "logistic", "l2": 0.01},
+    None,  # the classifier (an MLP on index sets into the shared data)
+], ids=["quadratic", "logistic", "classifier"])
+def test_exact_gradients_of_a_subset_are_the_rows_of_the_whole_population(problem):
+    """Problem.full_gradients(theta, devices) passes over the devices' own data only (drift
+    methods' exact gradients at partial participation); its rows are the whole population's rows,
+    at a shared point and at the devices' own models. The quadratic and the logistic problem give
+    them bit for bit; the classifier stacks a subset's devices in different chunks (a matmul's
+    summation order), so to float32 rounding."""
+    import torch
+
+    if problem is None:
+        doc = _wide_doc(300)
+    else:
+        doc = small_doc(data={"name": "breast_cancer"}, problem=problem,
+                        population={"num_devices": 12},
+                        partition={"scheme": "quantity-skew", "beta": 0.5})
+        doc.pop("model")
+        if problem["name"] == "quadratic":
+            doc.pop("data"), doc.pop("partition")
+    ev = build_world(wirelessfl.load_scenario(doc)).evaluator
+    gen = torch.Generator().manual_seed(0)
+    theta = ev.initial()
+    theta = theta + 0.1 * torch.randn(theta.shape, generator=gen, dtype=theta.dtype)
+    n = ev.num_devices
+    models = theta + 0.1 * torch.randn((n, theta.numel()), generator=gen, dtype=theta.dtype)
+    devices = np.sort(np.random.default_rng(1).choice(n, n // 3, replace=False))
+    for point, own in ((theta, theta), (models, models[torch.as_tensor(devices)])):
+        whole = ev.full_gradients(point)[torch.as_tensor(devices)]
+        subset = ev.full_gradients(own, devices)
+        assert subset.shape == whole.shape and subset.dtype == whole.dtype
+        if problem is None:
+            torch.testing.assert_close(subset, whole, rtol=1e-5, atol=1e-7)
+        else:
+            assert torch.equal(subset, whole)

@@ -145,27 +145,20 @@ class DriftCorrected(Algorithm):
     # held for every device that ever took part.
     peak_device_arrays = 7
     held_arrays: ClassVar[int] = 0
-    # The exact local gradients come from Problem.full_gradients (``exact_gradients``), which
-    # evaluates all N devices (FedMSA and FedNest use the bilevel problem's own oracles).
-    full_gradients_of_all: ClassVar[bool] = True
-
     @classmethod
     def state_rows(cls, num_devices: int, params: AlgorithmParams) -> float:
         """Rows [d] held at the peak: the round's work arrays for its round(beta N)
-        participants, the ``held_arrays`` rows of every device that ever took part (expected
-        after all rounds, plus the last storage block's slack), and, with exact gradients
-        (``full_batch``) for fewer than N devices, the [N, d] input and result of
-        ``Problem.full_gradients``, which evaluates every registered device. At full
-        participation: ``peak_device_arrays`` x N, as before rounds computed participants
-        only."""
+        participants and the ``held_arrays`` rows of every device that ever took part
+        (expected after all rounds, plus the last storage block's slack); exact gradients
+        (``full_batch``) evaluate the participants' rows only (``Problem.full_gradients`` with
+        a subset). At full participation: ``peak_device_arrays`` x N, as before rounds
+        computed participants only."""
         workers = max(1, round(params.participation * num_devices))
         held = 0.0
         if cls.held_arrays:
             ever = expected_rows(num_devices, params.participation, params.rounds)
             held = cls.held_arrays * min(float(num_devices), ever + BLOCK_ROWS)
-        dense = (2 * num_devices if cls.full_gradients_of_all and params.full_batch
-                 and workers < num_devices else 0)
-        return (cls.peak_device_arrays - cls.held_arrays) * workers + held + dense
+        return (cls.peak_device_arrays - cls.held_arrays) * workers + held
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1
@@ -184,19 +177,13 @@ class DriftCorrected(Algorithm):
 
     def exact_gradients(self, point: torch.Tensor, devices: np.ndarray) -> torch.Tensor:
         """grad f_i over all of each device's data for ``devices`` (increasing indices), at a
-        shared point [d] or at their own models [n, d]: -> [n, d]. ``Problem.full_gradients``
-        takes no subset of devices, so it evaluates every registered device (the others at a
-        zero model) and the devices' rows are taken: a device's gradient depends on its own row
-        only, so the rows are those the whole population's evaluation gives."""
-        ev, n = self.ctx.evaluator, self.ctx.num_devices
-        if len(devices) == n:
+        shared point [d] or at their own models [n, d]: -> [n, d]. Every device asked: the
+        whole population's pass; fewer: ``Problem.full_gradients`` over those devices' data
+        alone (a device's gradient reads its own samples only)."""
+        ev = self.ctx.evaluator
+        if len(devices) == self.ctx.num_devices:
             return ev.full_gradients(point)
-        rows = torch.as_tensor(devices, device=point.device)
-        if point.dim() == 2:
-            models = point.new_zeros((n, point.shape[1]))
-            models[rows] = point
-            point = models
-        return ev.full_gradients(point)[rows]
+        return ev.full_gradients(point, devices)
 
     def local_gradients(self, models: torch.Tensor, devices: np.ndarray, k: int, step: int
                         ) -> torch.Tensor:

@@ -71,7 +71,6 @@ class FedMSA(DriftCorrected):
     summary = ("momentum map average at all clients, then K variance-reduced local steps on "
                "S sampled clients; P = d_x + 2 d_w values per packet, two exchanges per round")
     uploads_per_round = 2
-    full_gradients_of_all = False  # the bilevel oracles evaluate the rows they are given
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1

@@ -127,7 +127,6 @@ class FedNest(DriftCorrected):
     name = "fednest"
     Params = FedNestParams
     stage = 0  # the stage of the outer iteration whose clients take part (participants)
-    full_gradients_of_all = False  # the bilevel oracles evaluate the rows they are given
     summary = ("federated minibatch SVRG on w, a Neumann-series inverse-Hessian product, then "
                "local outer steps with the indirect hypergradient frozen; 2T + N + 3 exchanges "
                "per round, clients drawn anew for each inner round and the outer stage")

@@ -519,17 +519,24 @@ class BatchedEvaluator(Problem):
         gradient then refuses)."""
         return 0.0 if self.data.y_server is None else float(len(self.data.y_server))
 
-    def full_gradients(self, theta: torch.Tensor) -> torch.Tensor:
-        """grad f_i over all of device i's samples, every device, at theta [d] or at the devices'
-        own models [N, d]: -> [N, d].
+    def full_gradients(self, theta: torch.Tensor, devices: np.ndarray | None = None
+                       ) -> torch.Tensor:
+        """grad f_i over all of device i's samples, at theta [d] or at the devices' own models
+        [n, d]: -> [n, d], for ``devices`` (increasing indices; None: every device).
 
-        Devices are stacked as in ``stacked_gradients``; a device's samples are taken in column
-        blocks that fit the memory bound (shorter devices pad with weight 0)."""
+        Devices are stacked as in ``stacked_gradients``, in chunks of the memory bound
+        (``row_chunks``: a subset costs its own devices' samples); a device's samples are taken
+        in column blocks that fit the bound (shorter devices pad with weight 0)."""
         start = time.perf_counter()
+        every = devices is None
+        count = self.num_devices if every else len(devices)
         sizes, offsets = self.data.sizes, self.data.offsets
-        block = min(int(sizes.max()), self._samples_per_chunk())
-        out = torch.empty(self.num_devices, self.flat.d, device=self.device)
-        for rows in self.chunks(block, own_model=True):
+        if not every:
+            picked = torch.as_tensor(devices, dtype=torch.int64)
+            sizes, offsets = sizes[picked], offsets[picked]
+        block = min(int(self.data.sizes.max()), self._samples_per_chunk())
+        out = torch.empty(count, self.flat.d, device=self.device)
+        for rows in self.row_chunks(count, block, own_model=True):
             m = sizes[rows]
             models = theta.expand(len(m), -1) if theta.dim() == 1 else theta[rows]
             total = torch.zeros(len(m), self.flat.d, device=self.device)

@@ -110,9 +110,12 @@ class Problem(ABC):
         """grad f_i(models_i; idx_i), each device at its own model: [n, d], [n, b] -> [n, d]."""
 
     @abstractmethod
-    def full_gradients(self, theta: torch.Tensor) -> torch.Tensor:
+    def full_gradients(self, theta: torch.Tensor, devices: np.ndarray | None = None
+                       ) -> torch.Tensor:
         """Exact local gradients grad f_i over all of each device's data, at a shared point
-        theta [d] or at each device's own model theta [N, d]: -> [N, d]."""
+        theta [d] or at each device's own model theta [n, d]: -> [n, d], for the devices
+        ``devices`` (increasing indices; None: all N). A device's gradient reads its own data
+        only, so a subset costs its own samples, not the population's (cross-device rounds)."""
 
     @abstractmethod
     def objective(self, theta: torch.Tensor) -> float:

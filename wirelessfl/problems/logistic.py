@@ -389,25 +389,42 @@ class LogisticProblem(Problem):
         for lo in range(0, self.M, size):
             yield slice(lo, min(lo + size, self.M))
 
-    def full_gradients(self, theta: torch.Tensor) -> torch.Tensor:
+    def full_gradients(self, theta: torch.Tensor, devices: np.ndarray | None = None
+                       ) -> torch.Tensor:
         """grad f_i over all of device i's samples, at a shared theta [d] or at each device's own
-        model theta [N, d]: -> [N, d]. Samples are taken in blocks under the memory bound and
-        summed into their device's row (index_add in sample order)."""
+        model theta [n, d]: -> [n, d], for ``devices`` (None: all N). Samples are taken in
+        blocks under the memory bound and summed into their device's row (index_add in sample
+        order, so a subset's rows equal the whole population's bit for bit)."""
         start = time.perf_counter()
         x = theta.to(torch.float64)
-        g = self._sample_sums(x) * (self.num_devices / self.M) + self.l2 * x
+        g = self._sample_sums(x, devices) * (self.num_devices / self.M) + self.l2 * x
         self.compute_s += time.perf_counter() - start
         return g.to(theta.dtype)
 
-    def _sample_sums(self, x: torch.Tensor) -> torch.Tensor:
-        """[N, d] float64: sum over device i's samples of grad log(1 + exp(-y a^T x_i)), x [d]
-        shared or [N, d] per device."""
-        total = torch.zeros(self.num_devices, self.d, dtype=torch.float64, device=self.device)
-        for block in self._blocks():
-            a, y, owner = self.a[block], self.y[block], self.owner[block]
-            point = x[owner] if x.dim() == 2 else x
+    def _sample_sums(self, x: torch.Tensor, devices: np.ndarray | None = None) -> torch.Tensor:
+        """[n, d] float64: sum over device i's samples of grad log(1 + exp(-y a^T x_i)), x [d]
+        shared or [n, d] per device, for ``devices`` (None: all N; a subset passes over its
+        own samples only)."""
+        if devices is None:
+            samples, owner, count = None, self.owner, self.num_devices
+        else:
+            rows = torch.as_tensor(devices, dtype=torch.int64)
+            sizes = self.sizes[rows]
+            count = len(rows)
+            local = torch.repeat_interleave(torch.arange(count), sizes)
+            first = torch.cumsum(sizes, 0) - sizes
+            samples = (self.offsets[rows][local] + torch.arange(int(sizes.sum())) - first[local]
+                       ).to(self.device)
+            owner = local.to(self.device)
+        total = torch.zeros(count, self.d, dtype=torch.float64, device=self.device)
+        size = self._rows_per_block()
+        for lo in range(0, len(owner), size):
+            block = slice(lo, min(lo + size, len(owner)))
+            at = block if samples is None else samples[block]
+            a, y, who = self.a[at], self.y[at], owner[block]
+            point = x[who] if x.dim() == 2 else x
             margins = y * (a * point).sum(1)
-            total.index_add_(0, owner, (-y * torch.sigmoid(-margins))[:, None] * a)
+            total.index_add_(0, who, (-y * torch.sigmoid(-margins))[:, None] * a)
         return total
 
     def objective(self, theta: torch.Tensor) -> float:

@@ -222,13 +222,18 @@ class QuadraticProblem(Problem):
             g += noise
         return g.to(models.dtype)
 
-    def full_gradients(self, theta: torch.Tensor) -> torch.Tensor:
+    def full_gradients(self, theta: torch.Tensor, devices: np.ndarray | None = None
+                       ) -> torch.Tensor:
         start = time.perf_counter()
         x = theta.to(torch.float64)
+        A, c = self.A, self.c
+        if devices is not None:
+            rows = torch.as_tensor(devices, dtype=torch.int64, device=A.device)
+            A, c = A[rows], c[rows]
         if x.dim() == 1:
-            g = torch.matmul(self.A, x) - self.c
+            g = torch.matmul(A, x) - c
         else:
-            g = torch.bmm(self.A, x.unsqueeze(2)).squeeze(2) - self.c
+            g = torch.bmm(A, x.unsqueeze(2)).squeeze(2) - c
         self.compute_s += time.perf_counter() - start
         return g.to(theta.dtype)
 
