@@ -527,3 +527,25 @@ def test_state_rows_follow_the_participants():
     assert rows("scaffnew", n, 0.01, full_batch=False) == pytest.approx(5 * 1000 + 2 * ever)
     assert rows("zo-hfl", n, 0.01) == 3 * 1000  # per-device streams: directions of 1,000
     assert rows("fednest", n, 0.01, full_batch=True) == 7 * 1000  # its own oracles
+
+
+def test_zo_hfl_memory_counts_the_shared_draw_of_every_direction():
+    """ZO-HFL's directions: with shared random streams one [N, d] draw of which the participants
+    take their rows; with per-device streams the participants' rows alone. The estimates of the
+    same scenario's round state differs by the non-participants' rows, (N - round(beta N)) d
+    values (5,000 devices: the round, not loading the data, is the peak)."""
+    from wirelessfl.engine.resources import estimate_memory, problem_facts
+
+    def estimate(streams):
+        sc = _scenario({"name": "zo-hfl", "tau": 2.0},
+                       ("data.server_fraction=0.3", "population.num_devices=5000"),
+                       [f"population.random_streams={streams}"])
+        return sc, estimate_memory(sc)
+
+    sc, shared = estimate("shared")
+    _, own = estimate("per-device")
+    n, facts = sc.population.num_devices, problem_facts(sc)
+    assert shared.worst == own.worst == "zo-hfl"
+    assert own.parts["state"] == 3 * round(0.5 * n) * facts.d * facts.itemsize
+    assert shared.parts["state"] - own.parts["state"] == (
+        (n - round(0.5 * n)) * facts.d * facts.itemsize)

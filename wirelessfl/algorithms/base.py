@@ -135,6 +135,14 @@ class Algorithm:
         return cls.peak_device_arrays * num_devices
 
     @classmethod
+    def shared_stream_rows(cls, num_devices: int, params: AlgorithmParams) -> float:
+        """Rows [d] held beyond ``state_rows`` when a round's random draws come from one stream
+        over all N (``population.random_streams: shared``): a draw of every device's row, of
+        which the participants take theirs. ``state_rows`` counts per-device streams; none
+        by default."""
+        return 0.0
+
+    @classmethod
     def one_off_forward_devices(cls, num_devices: int, params: AlgorithmParams) -> int:
         """Devices a one-off exchange before round 0 runs a forward minibatch pass for (FGDRO
         KL's warm start: every holder of w_0), for the memory check; none by default."""

@@ -37,7 +37,6 @@ from pydantic import Field
 from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams
 from wirelessfl.algorithms.types import Cost, Payload
 from wirelessfl.learning.seeds import counter_uniform, keyed_generator
-from wirelessfl.scenario.schema import SHARED_STREAMS_MAX_DEVICES
 
 SEED_BITS = 32  # a direction travels as the seed of its generator in mode "seed" [D]
 
@@ -86,11 +85,15 @@ class ZOHFL(Algorithm):
     @classmethod
     def state_rows(cls, num_devices: int, params: ZOHFLParams) -> float:
         """No per-device state between rounds: the two proximal solves y+- of the round's
-        round(beta N) participants and their directions v_i, which with shared random streams
-        (the default up to SHARED_STREAMS_MAX_DEVICES devices) are rows of one draw for all N."""
-        workers = max(1, round(params.participation * num_devices))
-        directions = num_devices if num_devices <= SHARED_STREAMS_MAX_DEVICES else workers
-        return (cls.peak_device_arrays - 1) * workers + directions
+        round(beta N) participants and their directions v_i."""
+        return cls.peak_device_arrays * max(1, round(params.participation * num_devices))
+
+    @classmethod
+    def shared_stream_rows(cls, num_devices: int, params: ZOHFLParams) -> float:
+        """With shared random streams the directions are rows of one [N, d] draw for all N:
+        the non-participants' rows on top of ``state_rows``."""
+        return num_devices - max(1, round(params.participation * num_devices))
+
     summary = ("seed 000: server gradient on its own data + two-point ZO probes of the clients' "
                "proximal solves; y+- (or one scalar) up")
 

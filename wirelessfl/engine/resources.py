@@ -464,7 +464,10 @@ def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstima
         compute, chunked = round_compute(cls, params, facts, workers, chunk, bits)
         compute = max(compute, one_off_compute(cls, params, facts, n,
                                                scenario.engine.max_chunk_mb))
-        state = cls.state_rows(n, params) * d * size
+        rows_held = cls.state_rows(n, params)
+        if not scenario.population.per_device_streams:
+            rows_held += cls.shared_stream_rows(n, params)
+        state = rows_held * d * size
         during = (n * DEVICE_RUN_BYTES + state + compute + records
                   + rows * (accuracy + ROUND_ROW_BYTES))
         if during > round_peak:
