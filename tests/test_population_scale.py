@@ -209,6 +209,35 @@ def test_a_run_above_the_limit_keeps_the_devices_that_took_part(monkeypatch):
     assert fig.axes[0].get_xticklabels()[0].get_text().endswith("(30 devices)")
 
 
+def test_rounds_rows_list_the_accuracies_of_a_sample_above_the_limit(monkeypatch):
+    """30 devices with the limit lowered to 20 and the sample to 7: each rounds row lists the
+    accuracies of the label-count sample's 7 devices (named in the manifest), equal to those
+    entries of the whole run's 30, while its mean, worst and worst-k stay the whole
+    population's; the figure says what it draws."""
+    doc = small_doc(population={"num_devices": 30},
+                    algorithms=[{"name": "fedavg", "rounds": 2, "eval_every": 1,
+                                 "local_steps": 1, "participation": 0.5}])
+    whole = wirelessfl.run(doc)
+    assert "device_accuracy_devices" not in whole.manifest["algorithms"]["fedavg"]
+    monkeypatch.setattr(records, "FULL_OUTPUT_DEVICES", 20)
+    monkeypatch.setattr(records, "LABEL_SAMPLE_DEVICES", 7)
+    monkeypatch.setattr(records, "ACCURACY_SAMPLE_DEVICES", 7)
+    sampled = wirelessfl.run(doc)
+    ids = sampled.manifest["algorithms"]["fedavg"]["device_accuracy_devices"]
+    assert ids == sampled.manifest["partition"]["label_counts_sample"]["devices"]
+    assert len(ids) == 7 and ids == sorted(ids)
+    assert len(whole.rounds) == len(sampled.rounds) == 3
+    for (_, full), (_, part) in zip(whole.rounds.iterrows(), sampled.rounds.iterrows()):
+        assert len(full.device_accuracy) == 30 and len(part.device_accuracy) == 7
+        np.testing.assert_array_equal(np.asarray(full.device_accuracy)[ids],
+                                      part.device_accuracy)
+        for column in ("mean_device_accuracy", "worst_device_accuracy",
+                       "worst_k_device_accuracy", "test_accuracy"):
+            assert part[column] == full[column]
+    title = plots.device_accuracy(sampled).axes[0].get_title()
+    assert "boxes and points: a random 7 of the 30 devices" in title
+
+
 def test_index_sets_read_the_samples_a_copy_would_hold():
     """3,000 devices on 1,500 training samples hold indices into them; an evaluator over the
     same positions copied out (what a smaller population holds) gives bit-equal minibatch

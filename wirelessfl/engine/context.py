@@ -113,10 +113,13 @@ def target_reached(row: dict, target: float | None, target_suboptimality: float 
             and (target_suboptimality is None or row["suboptimality"] <= target_suboptimality))
 
 
-def device_accuracy_columns(accuracy, worst_fraction: float) -> dict:
+def device_accuracy_columns(accuracy, worst_fraction: float,
+                            listed: np.ndarray | None = None) -> dict:
     """The per-device accuracy columns of a rounds row from [N] accuracies (None: a problem
     without accuracy): their mean, the worst, the mean of the k = max(1, ceil(worst_fraction
-    N)) worst, and the list itself. Devices whose accuracy is NaN are left out."""
+    N)) worst, over every device, and the list itself, of the devices ``listed`` (None: all;
+    a large population's sample, results/records.py ``accuracy_sample``). Devices whose
+    accuracy is NaN are left out."""
     if accuracy is None:
         return {"mean_device_accuracy": math.nan, "worst_device_accuracy": math.nan,
                 "worst_k_device_accuracy": math.nan, "device_accuracy": None}
@@ -126,7 +129,7 @@ def device_accuracy_columns(accuracy, worst_fraction: float) -> dict:
     return {"mean_device_accuracy": float(known.mean()) if len(known) else math.nan,
             "worst_device_accuracy": float(known[0]) if len(known) else math.nan,
             "worst_k_device_accuracy": float(known[:k].mean()) if len(known) else math.nan,
-            "device_accuracy": values.tolist()}
+            "device_accuracy": (values if listed is None else values[listed]).tolist()}
 
 
 @dataclass
@@ -160,6 +163,9 @@ class RunContext:
     # Random draws keyed per (round, device) (population.random_streams per-device): a round
     # draws only for the devices it asks; False: one stream per round over all devices.
     per_device_streams: bool = False
+    # Devices whose accuracies the rows' device_accuracy lists (a large population's sample,
+    # results/records.py ``accuracy_sample``); None: every device.
+    accuracy_devices: np.ndarray | None = None
 
     @property
     def num_devices(self) -> int:
@@ -258,7 +264,8 @@ class RunContext:
             "test_loss": float(metrics["test_loss"]),
             "suboptimality": float(metrics["suboptimality"]),
             "grad_norm_sq": float(metrics["grad_norm_sq"]),
-            **device_accuracy_columns(metrics.get("device_accuracy"), self.worst_fraction),
+            **device_accuracy_columns(metrics.get("device_accuracy"), self.worst_fraction,
+                                      self.accuracy_devices),
             "param_norm": float(theta.double().norm()) if theta is not None else math.nan,
             **self.health.columns(),
         }

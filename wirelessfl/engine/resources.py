@@ -58,6 +58,7 @@ from wirelessfl.errors import UserError
 from wirelessfl.learning.partition import fewest_samples
 from wirelessfl.plugins import algorithm_class
 from wirelessfl.results.records import (
+    ACCURACY_SAMPLE_DEVICES,
     DEVICE_ROWS_MAX,
     FULL_OUTPUT_DEVICES,
     LABEL_SAMPLE_DEVICES,
@@ -452,7 +453,8 @@ def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstima
     counts = (listed * (COUNT_LIST_BYTES + 8 * classes) + n * 2 * 8 * classes) if classes else 0
     population = n * DEVICE_STATIC_BYTES + counts
     rows_kept = kept_per_device(n, DEVICE_ROWS_MAX)  # devices.parquet rows of an algorithm
-    accuracy = n * ACCURACY_VALUE_BYTES if classes else 0
+    listed_accuracy = kept_per_device(n, ACCURACY_SAMPLE_DEVICES)  # a rounds row's list
+    accuracy = listed_accuracy * ACCURACY_VALUE_BYTES if classes else 0
     round_peak, worst, records = 0, None, 0
     for params in scenario.algorithms:
         cls = algorithm_class(params.name)
@@ -476,10 +478,11 @@ def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstima
         records += rows * (accuracy + ROUND_ROW_BYTES) + rows_kept * DEVICE_ROW_BYTES
     algorithms = len(scenario.algorithms)
     total_rows = sum(evaluations(p) for p in scenario.algorithms)
-    written = (records + algorithms * rows_kept * DEVICE_COLUMN_BYTES
-               + total_rows * n * 8 * bool(classes) + listed * classes * JSON_COUNT_BYTES)
-    read = (algorithms * rows_kept * DEVICE_READ_BYTES + total_rows * n * 8 * bool(classes)
-            + counts + total_rows * ROUND_ROW_BYTES)
+    accuracy_column = total_rows * listed_accuracy * 8 * bool(classes)  # rounds.parquet's lists
+    written = (records + algorithms * rows_kept * DEVICE_COLUMN_BYTES + accuracy_column
+               + listed * classes * JSON_COUNT_BYTES)
+    read = (algorithms * rows_kept * DEVICE_READ_BYTES + accuracy_column + counts
+            + total_rows * ROUND_ROW_BYTES)
     end = max(written, read)
     params, copies, state, compute, chunked = worst
     est = MemoryEstimate(worst=params.display_name, state_arrays=copies, num_devices=n, d=d,

@@ -554,6 +554,9 @@ def device_accuracy(record) -> Figure | None:
     names = []
     colours = run_colours(record)
     sampled = 0  # devices of the largest population whose points are a sample
+    infos = record.manifest.get("algorithms", {})
+    listed = {name: len(info["device_accuracy_devices"]) for name, info in infos.items()
+              if "device_accuracy_devices" in info}  # rows list a sample (records.py)
     for a, (algorithm, group) in enumerate(rounds.groupby("algorithm", sort=False)):
         colour = colours[algorithm]
         group = group[group.device_accuracy.notna()].sort_values("round")
@@ -581,16 +584,22 @@ def device_accuracy(record) -> Figure | None:
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([literal(name) for name in names], rotation=20, ha="right")
     ax.set_ylabel("accuracy on the device's own label mix")
-    ax.set_title("per-device accuracy at the last evaluation" + (
-        f"\n(boxes: all {sampled:,} devices; points: a random {POINT_DEVICES:,})"
-        if sampled else ""), fontsize="medium")
+    population = record.manifest.get("scenario", {}).get("population", {}).get("num_devices")
+    if listed:  # the rounds rows hold a sample's accuracies
+        note = (f"\n(boxes and points: a random {max(listed.values()):,} of the "
+                f"{population:,} devices)")
+    elif sampled:
+        note = f"\n(boxes: all {sampled:,} devices; points: a random {POINT_DEVICES:,})"
+    else:
+        note = ""
+    ax.set_title("per-device accuracy at the last evaluation" + note, fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
     energy_ax.set_xscale("log")
     energy_ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no crowded labels
     energy_ax.set_xlabel("cumulative energy, all devices [J]")
     energy_ax.set_ylabel("accuracy")
-    energy_ax.set_title(f"worst device, and mean of the worst k = ceil({fraction:g} N)",
-                        fontsize="medium")
+    energy_ax.set_title(f"worst device, and mean of the worst k = ceil({fraction:g} N)"
+                        + ("\n(over all devices)" if listed else ""), fontsize="medium")
     energy_ax.grid(True, which="both", alpha=0.3)
     energy_ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return finish(fig)

@@ -241,6 +241,11 @@ LABEL_SAMPLE_DEVICES = 2_000
 # ... and devices.parquet rows per algorithm: every device that took part (computed or sent in
 # some round), or a random sample of them when more did.
 DEVICE_ROWS_MAX = 10_000
+# Devices whose accuracies a rounds row's ``device_accuracy`` list holds: the label-count sample's
+# devices (each accuracy beside its device's label mix); the row's mean, worst and worst-k stay
+# over every device. A million floats per evaluation would be 8 MB of Parquet and 40 MB of
+# Python floats.
+ACCURACY_SAMPLE_DEVICES = LABEL_SAMPLE_DEVICES
 # Quantiles of every per-device column over all devices, in the manifest above the limit.
 DEVICE_QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
 # Columns summed per device class in that summary (where energy and time went, by class).
@@ -258,6 +263,15 @@ def sample_by_rank(ranks: np.ndarray, count: int, among: np.ndarray | None = Non
     if len(ids) > count:
         ids = np.sort(ids[np.argpartition(ranks[ids], count - 1)[:count]])
     return ids
+
+
+def accuracy_sample(ranks: np.ndarray) -> np.ndarray | None:
+    """Sorted ids of the devices whose accuracies the rounds rows list above
+    FULL_OUTPUT_DEVICES devices (those of lowest ``ranks``, the label-count sample's); None (every
+    device) up to it."""
+    if len(ranks) <= FULL_OUTPUT_DEVICES:
+        return None
+    return sample_by_rank(ranks, ACCURACY_SAMPLE_DEVICES)
 
 
 def partition_manifest(scheme: str, params: dict, counts, ranks: np.ndarray | None = None,
