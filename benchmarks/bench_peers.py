@@ -574,7 +574,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     bench_rounds = _bench_rounds()
-    peak = bench_rounds.matmul_peak_gflops()
+    peak = bench_rounds.matmul_peak_gflops(threads=args.threads)
     print(f"float32 matmul peak: {peak:.1f} GFLOP/s ({args.threads} threads); pfl "
           f"{pfl_version()}, torch {torch.__version__}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
@@ -588,7 +588,8 @@ def main() -> None:
         for spec in specs:
             row = run_spec(spec, args.repeats, args.case_timeout, threads, work)
             # Re-measured between cases: fractions against the best rate seen.
-            peak = max(peak, bench_rounds.matmul_peak_gflops(sizes=(1024,), repeats=5))
+            peak = max(peak, bench_rounds.matmul_peak_gflops(sizes=(1024,), repeats=5,
+                                                             threads=args.threads))
             results.append(row)
             print_row(row)
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
 import resource
 import statistics
@@ -57,19 +58,29 @@ def case_specs(quick: bool) -> list[dict]:
     return specs
 
 
-def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 20) -> float:
-    """Best float32 matmul rate over square sizes and repeats (a noisy neighbour only lowers it)."""
-    rates = []
-    for size in sizes:
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        for _ in range(3):
-            a @ b
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - start)
-        rates.append(2 * size**3 / best / 1e9)
+def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 20, threads: int | None = None
+                       ) -> float:
+    """Best float32 matmul rate over square sizes and repeats (a noisy neighbour only lowers
+    it), with ``threads`` intra-op threads (default: the CPUs this process may use, all a run's
+    pool of single-threaded workers can use together), whatever the caller's own setting
+    (restored after). The one peak of bench_rounds.py and bench_peers.py: a fraction measured
+    against a one-thread rate (a run's own setting, engine/threads.py) would be inflated."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
+    try:
+        rates = []
+        for size in sizes:
+            a, b = torch.randn(size, size), torch.randn(size, size)
+            for _ in range(3):
+                a @ b
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                a @ b
+                best = min(best, time.perf_counter() - start)
+            rates.append(2 * size**3 / best / 1e9)
+    finally:
+        torch.set_num_threads(before)
     return max(rates)
 
 
@@ -233,7 +244,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip the 10,000-device case")
     args = parser.parse_args()
     peak = matmul_peak_gflops()
-    print(f"float32 matmul peak: {peak:.1f} GFLOP/s ({torch.get_num_threads()} threads)")
+    print(f"float32 matmul peak: {peak:.1f} GFLOP/s ({len(os.sched_getaffinity(0))} threads)")
     results = []
     ctx = mp.get_context("spawn")
     for spec in case_specs(args.quick):

@@ -18,7 +18,7 @@ from wirelessfl.learning.conv_chain import ConvChain
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.seeds import keyed_generator
-from wirelessfl.learning.stacked import StackedForward
+from wirelessfl.learning.stacked import StackedForward, rowwise_update_exact
 
 
 class Odd(nn.Module):
@@ -147,6 +147,33 @@ def test_thread_pool_size_changes_nothing():
         threads.configure(used=1)
     for losses, grads in results[1:]:
         assert torch.equal(losses, results[0][0]) and torch.equal(grads, results[0][1])
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_each_device_taking_its_steps_in_one_task_equals_stepping_all_together(name):
+    """The chain's local SGD (each device's steps one task of the pool,
+    StackedForward.chain_local_sgd) against Problem.local_sgd's loop (every device's gradient,
+    then one [n, d] update, step by step), with an l2 term, short devices (padded minibatches),
+    devices stopping early (none, one or all steps) and pools of 1 and 3 threads: exactly
+    equal. The one-task path runs where a row's update gives the [n, d] update's bits
+    (``rowwise_update_exact``, true on the kernels of this machine's torch)."""
+    from wirelessfl.problems.base import Problem
+
+    ev = evaluator(*MODELS[name]())
+    ev.l2 = 0.01
+    theta = ev.flat.initial()
+    idx = ev.sample(keyed_generator(0, "chain", 4), 6, steps=3)
+    steps = torch.tensor([3, 0, 1, 2, 3])
+    assert rowwise_update_exact(ev.flat.d, theta.dtype, "cpu", 0.1, 0.01)
+    together = torch.cat([m for _, m in Problem.local_sgd(ev, theta, idx, 0.1, steps)])
+    try:
+        for used in (1, 3):
+            threads.configure(used=used)
+            own = torch.cat([m for _, m in ev.local_sgd(theta, idx, 0.1, steps)])
+            assert torch.equal(own, together)
+    finally:
+        threads.configure(used=1)
+    assert torch.equal(together[1], theta)  # no step taken
 
 
 class WithBuffer(Odd):

@@ -46,7 +46,12 @@ from wirelessfl.learning.minibatch import (
     sample_device_minibatches,
     sample_minibatches,
 )
-from wirelessfl.learning.stacked import StackedForward, to_channels_last, uses_convolutions
+from wirelessfl.learning.stacked import (
+    StackedForward,
+    rowwise_update_exact,
+    to_channels_last,
+    uses_convolutions,
+)
 from wirelessfl.problems.base import Problem
 
 BYTES_PER_FLOAT = 4
@@ -355,6 +360,42 @@ class BatchedEvaluator(Problem):
         (global sample indices) -> [n, d]. One autograd call for all n devices."""
         _, grads = self._minibatch_pass(models, idx)
         return grads + self.l2 * models if self.l2 else grads
+
+    def local_sgd(self, theta: torch.Tensor, idx: torch.Tensor, lr: float,
+                  steps: torch.Tensor | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
+        """``Problem.local_sgd``; a convolutional chain's devices each take all their steps in
+        one task of the pool (``StackedForward.chain_local_sgd``: the same numbers, the pool
+        waiting once instead of twice a step), a device stopped early (``steps``) computing no
+        more."""
+        chain = self.stacked.chain
+        if chain is None or not rowwise_update_exact(self.flat.d, theta.dtype, str(self.device),
+                                                     float(lr), self.l2):
+            yield from super().local_sgd(theta, idx, lr, steps)
+            return
+        num_steps, count, b = idx.shape
+        for rows in self.row_chunks(count, b, own_model=True):
+            start = time.perf_counter()
+            chunk = idx[:, rows]
+            n = chunk.shape[1]
+            taken = ([num_steps] * n if steps is None
+                     else torch.as_tensor(steps)[rows].clamp(max=num_steps).tolist())
+            counts = [batch_counts(chunk[e], self._owner_sizes, self._smallest)
+                      for e in range(num_steps)]
+
+            def loss(e: int, i: int, logits: torch.Tensor, chunk=chunk, counts=counts
+                     ) -> torch.Tensor:
+                target = self.data.labels(chunk[e, i:i + 1])
+                losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(),
+                                         reduction="none")
+                return minibatch_mean(losses.view(target.shape),
+                                      counts_of(counts[e], slice(i, i + 1)))
+
+            models = theta.expand(n, -1).clone()
+            self.stacked.chain_local_sgd(
+                models, taken, lambda e, i, chunk=chunk: self.data.inputs(chunk[e, i]), loss, lr,
+                self.l2)
+            self.compute_s += time.perf_counter() - start
+            yield rows, models
 
     def stacked_losses_and_gradients(self, models: torch.Tensor, idx: torch.Tensor
                                      ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,6 +24,7 @@ a scenario always takes the same arithmetic path (same seed, same numbers):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,27 @@ def thread_safe_copies(model: nn.Module) -> bool:
 def to_channels_last(t: torch.Tensor) -> torch.Tensor:
     """A 4-D tensor in channels-last layout (same values); other tensors unchanged."""
     return t.contiguous(memory_format=CHANNELS_LAST) if t.dim() == 4 else t
+
+
+@functools.lru_cache(maxsize=16)
+def rowwise_update_exact(d: int, dtype: torch.dtype, device: str, lr: float, l2: float) -> bool:
+    """True when an SGD update ``model -= lr (g + l2 model)`` of one row [d] gives the bits of
+    the same update of all rows [n, d] at once. Elementwise kernels take a vectorised loop and a
+    scalar one for the tail (a row's last d mod width values, the whole tensor's last few);
+    where the two round alike (fused multiply-adds in both) every value is the same. Checked
+    once on random data: the kernels' rounding does not depend on the values."""
+    gen = torch.Generator().manual_seed(0)
+    models = torch.randn(3, d, generator=gen).to(device=device, dtype=dtype)
+    grads = torch.randn(3, d, generator=gen).to(device=device, dtype=dtype)
+
+    def update(model: torch.Tensor, g: torch.Tensor) -> None:
+        model.sub_(g + l2 * model if l2 else g, alpha=lr)
+
+    whole, rows = models.clone(), models.clone()
+    update(whole, grads)
+    for i in range(len(rows)):
+        update(rows[i], grads[i])
+    return torch.equal(whole, rows)
 
 
 def linear_plan(flat: FlatModel) -> list[tuple] | None:
@@ -160,6 +182,36 @@ class StackedForward:
         with torch.no_grad():
             self._each_device(lambda i: chain.backward(models[i], runs[i], g[i], grads[i]), n)
         return losses.detach(), grads
+
+    def chain_local_sgd(self, models: torch.Tensor, steps: list[int],
+                        inputs: Callable[[int, int], torch.Tensor],
+                        loss: Callable[[int, int, torch.Tensor], torch.Tensor],
+                        lr: float, l2: float) -> None:
+        """SGD of a convolutional chain's devices, in place on ``models`` [n, d]: device i takes
+        ``steps[i]`` steps, step e on ``inputs(e, i)`` with the loss ``loss(e, i, logits
+        [1, b, C])`` -> [1] plus (l2 / 2)|model|^2. Each device's steps are one task of the
+        pool (forward, the autograd call for its logits' loss, backward, update, step after
+        step), so its model and activations stay in its core's cache and the pool waits once,
+        not twice a step (a few % of a seed-002 CNN round on a pool of two threads, nothing on
+        one: benchmarks/bench_rounds.py times the round). The numbers are those of stepping all
+        devices together (``losses_and_gradients`` then one [n, d] update, Problem.local_sgd):
+        every kernel works row by row, and the caller checks the update's
+        (``rowwise_update_exact``)."""
+        chain = self.chain
+
+        def device(i: int) -> None:
+            model, grad = models[i], torch.empty_like(models[i])
+            for e in range(steps[i]):
+                with torch.no_grad():
+                    run = chain.record(model, inputs(e, i))
+                with torch.enable_grad():
+                    logits = run[1][-1][None].requires_grad_(True)
+                    (g,) = torch.autograd.grad(loss(e, i, logits).sum(), logits)
+                with torch.no_grad():
+                    chain.backward(model, run, g[0], grad)
+                    model.sub_(grad + l2 * model if l2 else grad, alpha=lr)
+
+        self._each_device(device, len(models))
 
     def _linear(self, models: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n, b = x.shape[:2]
