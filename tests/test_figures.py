@@ -267,3 +267,30 @@ def test_pareto_front_joins_only_points_told_apart_from_the_rest_of_the_front():
 @pytest.mark.parametrize("ci", [None, np.zeros(7)])
 def test_pareto_joined_without_intervals_is_the_plain_front(ci):
     assert pareto_joined(ENERGY, ACCURACY, ci, ci) == pareto_indices(ENERGY, ACCURACY)
+
+
+def test_log_axes_without_positive_data_stay_linear_instead_of_raising():
+    """A damaged run folder (the fuzz suite found one: rounds.parquet's energy_j all NaN, and
+    f - f* at 0) gives figures with linear axes where nothing positive was drawn, instead of
+    matplotlib's "Data cannot be log-scaled" traceback; with data the axes are logarithmic."""
+    class Record:
+        def __init__(self, rounds):
+            self.rounds, self.devices = rounds, pd.DataFrame()
+            self.manifest = {"scenario": {"target_accuracy": 0.5}}
+
+    rounds = pd.DataFrame({
+        "algorithm": ["A"] * 3, "round": [0, 1, 2], "test_accuracy": [0.1, 0.4, 0.6],
+        "energy_j": [np.nan] * 3, "sim_time_s": [0.0, 1.0, 2.0],
+        "gradient_evaluations": [0, 10, 20], "suboptimality": [0.0, 0.0, 0.0],
+        "device_accuracy": [[0.1, 0.2]] * 3, "worst_device_accuracy": [0.1] * 3,
+        "worst_k_device_accuracy": [0.1] * 3})
+    fig = plots.accuracy_vs_energy(Record(rounds))
+    assert fig.axes[0].get_xscale() == "linear"
+    assert plots.device_accuracy(Record(rounds)).axes[1].get_xscale() == "linear"
+    assert all(ax.get_yscale() == "linear"
+               for ax in plots.optimization_progress(Record(rounds)).axes)
+    rounds["energy_j"] = [0.0, 2.0, 5.0]
+    rounds["suboptimality"] = [1.0, 0.5, 0.0]
+    assert plots.accuracy_vs_energy(Record(rounds)).axes[0].get_xscale() == "log"
+    assert plots.device_accuracy(Record(rounds)).axes[1].get_xscale() == "log"
+    assert all(ax.get_yscale() == "log" for ax in plots.optimization_progress(Record(rounds)).axes)

@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from wirelessfl.report.colours import algorithm_colours, scenario_labels
-from wirelessfl.report.plots import finish, new_figure, write_png
+from wirelessfl.report.plots import finish, log_scale, new_figure, write_png
 from wirelessfl.results.compare import Comparison, mean_ci
 from wirelessfl.results.records import output_folder
 
@@ -90,7 +90,7 @@ def accuracy_bands(comp: Comparison, column: str, xlabel: str) -> Figure:
                             linewidth=0)
         if len(target):
             ax.axhline(target.iloc[0], color="grey", linestyle="--", linewidth=1)
-        ax.set_xscale("log")
+        log_scale(ax, "x")
         ax.set_xlabel(xlabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.set_title(", ".join(f"{_short(k)} = {_value(v)}" for k, v in zip(keys, values))
@@ -154,7 +154,7 @@ def energy_to_target(comp: Comparison) -> Figure:
                 if r.reached < r.seeds and np.isfinite(yi):
                     ax.annotate(f"{r.reached}/{r.seeds}", (xi, yi), textcoords="offset points",
                                 xytext=(4, 4), fontsize="x-small")
-        ax.set_yscale("log")
+        log_scale(ax, "y")
         ax.set_xlabel(key or "configuration")
         ax.set_ylabel("energy to target accuracy [J] (all devices)")
         ax.grid(True, which="both", alpha=0.3)
@@ -202,7 +202,7 @@ def pareto_front(comp: Comparison) -> Figure:
     ax.text(1.02, 1.0, "Pareto front (no other configuration\nbeats it by more than the 95 %\n"
             "intervals; joined: told apart):\n\n" + "\n".join(lines), transform=ax.transAxes,
             va="top", fontsize="x-small", family="monospace")
-    ax.set_xscale("log")
+    log_scale(ax, "x")
     ax.set_xlabel("energy of the whole run, mean over seeds [J] (all devices)")
     ax.set_ylabel("final test accuracy, mean over seeds")
     ax.set_title("energy / accuracy across configurations (bars: 95 % CI)", fontsize="medium")

@@ -94,6 +94,31 @@ def finish(fig: Figure, rect=(0, 0, 1, 1)) -> Figure:
     return fig
 
 
+def log_scale(axes, which: str) -> None:
+    """A log scale on the ``which`` ("x" or "y") axis of ``axes`` (one or a row sharing it) when
+    a point drawn there in data coordinates (lines, scatter points) has finite coordinates and
+    a positive value on that axis; else the axis stays linear: matplotlib's log locator raises
+    on an axis with no positive data (a damaged run folder's NaN column, a run that spent no
+    energy). Lines in axes coordinates (a target's axhline) do not count."""
+    axes = axes if isinstance(axes, (list, tuple, np.ndarray)) else [axes]
+    k = 0 if which == "x" else 1
+
+    def points(ax):
+        for line in ax.get_lines():
+            if line.get_transform() is ax.transData:
+                yield np.column_stack([np.asarray(v, dtype=float) for v in line.get_data()])
+        for coll in ax.collections:
+            if coll.get_offset_transform() is ax.transData:
+                yield np.asarray(coll.get_offsets(), dtype=float).reshape(-1, 2)
+
+    for ax in axes:
+        for xy in points(ax):
+            if (np.isfinite(xy).all(axis=1) & (xy[:, k] > 0)).any():
+                for each in axes:
+                    (each.set_xscale if k == 0 else each.set_yscale)("log")
+                return
+
+
 def _titles(fig: Figure):
     """(title, the width in pixels it may take) of ``fig``: the figure's title the figure's
     width, an axes title its axes' width (wider, it would run into its neighbour's)."""
@@ -176,7 +201,7 @@ def _accuracy_against(record, column: str, xlabel: str) -> Figure | None:
     target = _target(record, "target_accuracy")
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
-    ax.set_xscale("log")
+    log_scale(ax, "x")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy")
     ax.grid(True, which="both", alpha=0.3)
@@ -223,8 +248,8 @@ def optimization_progress(record) -> Figure | None:
                                 label=algorithm if (i, j) == (0, 0) else None)
     for i, (_, ylabel) in enumerate(rows):
         axes[i, 0].set_ylabel(ylabel)
+        log_scale(list(axes[i]), "y")  # the row shares its y axis
         for j, (_, xlabel) in enumerate(axes_cols):
-            axes[i, j].set_yscale("log")
             axes[i, j].grid(True, which="both", alpha=0.3)
             axes[-1, j].set_xlabel(xlabel)
     target = _target(record, "target_suboptimality")
@@ -594,7 +619,7 @@ def device_accuracy(record) -> Figure | None:
         note = ""
     ax.set_title("per-device accuracy at the last evaluation" + note, fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
-    energy_ax.set_xscale("log")
+    log_scale(energy_ax, "x")
     energy_ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no crowded labels
     energy_ax.set_xlabel("cumulative energy, all devices [J]")
     energy_ax.set_ylabel("accuracy")
