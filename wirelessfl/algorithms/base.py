@@ -23,7 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from wirelessfl.algorithms.types import Payload
-from wirelessfl.engine.participation import participant_indices
+from wirelessfl.engine.participation import participant_count, participant_indices
 from wirelessfl.learning.quantize import FULL_PRECISION_BITS, quantize_rows, quantize_scalars
 from wirelessfl.learning.seeds import counter_uniform, device_uniform, keyed_generator
 
@@ -203,7 +203,7 @@ class Algorithm:
         n, beta = self.ctx.num_devices, self.params.participation
         if beta >= 1:
             return np.arange(n, dtype=np.int64)
-        return participant_indices(self.ctx.seed, n, max(1, round(beta * n)), k, *stage)
+        return participant_indices(self.ctx.seed, n, participant_count(beta, n), k, *stage)
 
     def collect(self, cost, payload: Payload, active: np.ndarray | None = None):
         """``net.collect`` over this round's participants that hold the current model (and

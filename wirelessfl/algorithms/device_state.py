@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from wirelessfl.engine.participation import participant_count
+
 # Rows per storage block [D]: large enough that gathers touch few blocks, small enough that the
 # last, partly used block wastes little (1,024 rows of a 9,000-parameter model: 37 MB).
 BLOCK_ROWS = 1024
@@ -26,7 +28,7 @@ BLOCK_ROWS = 1024
 def expected_rows(num_devices: int, participation: float, rounds: int) -> float:
     """Expected devices that took part at least once in ``rounds`` rounds when each round asks
     round(beta N) of N uniformly: N (1 - (1 - count/N)^rounds)."""
-    count = max(1, round(participation * num_devices))
+    count = participant_count(participation, num_devices)
     return num_devices * (1.0 - (1.0 - count / num_devices) ** rounds)
 
 

@@ -54,6 +54,7 @@ from pydantic import Field, model_validator
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.algorithms.device_state import BLOCK_ROWS, DeviceRows, expected_rows
 from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.engine.participation import participant_count
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
 
@@ -153,7 +154,7 @@ class DriftCorrected(Algorithm):
         (``full_batch``) evaluate the participants' rows only (``Problem.full_gradients`` with
         a subset). At full participation: ``peak_device_arrays`` x N, as before rounds
         computed participants only."""
-        workers = max(1, round(params.participation * num_devices))
+        workers = participant_count(params.participation, num_devices)
         held = 0.0
         if cls.held_arrays:
             ever = expected_rows(num_devices, params.participation, params.rounds)

@@ -54,6 +54,7 @@ from pydantic import Field
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.algorithms.types import VECTOR_SCALE_HEADER_BITS, Cost, Payload
+from wirelessfl.engine.participation import participant_count
 from wirelessfl.errors import UserError
 
 SCALAR_BITS = 64  # s and v travel as float64 (fgdro.md Sec. 3: "scalars float64 (8 B)")
@@ -88,7 +89,7 @@ class _FGDRO(Algorithm):
     @classmethod
     def state_rows(cls, num_devices, params):
         """The round's work is held for the asked devices only (u_i is one float64 each)."""
-        return cls.peak_device_arrays * max(1, round(params.participation * num_devices))
+        return cls.peak_device_arrays * participant_count(params.participation, num_devices)
 
     vectors: ClassVar[int]  # d-vectors each way: w (+ m, + q)
 

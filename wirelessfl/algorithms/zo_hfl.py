@@ -36,6 +36,7 @@ from pydantic import Field
 
 from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams
 from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.engine.participation import participant_count
 from wirelessfl.learning.seeds import counter_uniform, keyed_generator
 
 SEED_BITS = 32  # a direction travels as the seed of its generator in mode "seed" [D]
@@ -86,13 +87,13 @@ class ZOHFL(Algorithm):
     def state_rows(cls, num_devices: int, params: ZOHFLParams) -> float:
         """No per-device state between rounds: the two proximal solves y+- of the round's
         round(beta N) participants and their directions v_i."""
-        return cls.peak_device_arrays * max(1, round(params.participation * num_devices))
+        return cls.peak_device_arrays * participant_count(params.participation, num_devices)
 
     @classmethod
     def shared_stream_rows(cls, num_devices: int, params: ZOHFLParams) -> float:
         """With shared random streams the directions are rows of one [N, d] draw for all N:
         the non-participants' rows on top of ``state_rows``."""
-        return num_devices - max(1, round(params.participation * num_devices))
+        return num_devices - participant_count(params.participation, num_devices)
 
     summary = ("seed 000: server gradient on its own data + two-point ZO probes of the clients' "
                "proximal solves; y+- (or one scalar) up")

@@ -33,7 +33,7 @@ from wirelessfl.learning.partition import DeviceSamples, label_counts
 from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.plugins import problem_spec
 from wirelessfl.problems.base import Problem
-from wirelessfl.results.records import partition_manifest
+from wirelessfl.results.records import accuracy_sample, partition_manifest
 from wirelessfl.scenario.schema import Scenario
 
 
@@ -100,6 +100,13 @@ class World:
         devices the per-device outputs of a large population sample (results/records.py
         ``sample_by_rank``), the same for every algorithm of the run."""
         return keyed_rng(self.scenario.seed, "device-sample").permutation(self.num_devices)
+
+    @cached_property
+    def accuracy_devices(self) -> np.ndarray | None:
+        """Devices whose accuracies the rounds rows list (results/records.py
+        ``accuracy_sample``: a sample above FULL_OUTPUT_DEVICES, None for every device), the
+        same for every algorithm of the run and for the manifest that names them."""
+        return accuracy_sample(self.device_ranks)
 
     def device_power(self, uplink: Uplink | None = None) -> DevicePower:
         """Each device's transmit draw (its profile's PA and circuit with the channel's RF

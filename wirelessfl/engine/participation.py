@@ -19,6 +19,12 @@ from wirelessfl.learning.seeds import keyed_rng
 PARTICIPATION_STREAM = "participation"
 
 
+def participant_count(participation: float, num_devices: int) -> int:
+    """Devices asked a round: round(beta N), at least one (the draw below, and the memory
+    check's count of a round's work)."""
+    return max(1, round(participation * num_devices))
+
+
 def participant_indices(seed: int, num_devices: int, count: int, *keys: int) -> np.ndarray:
     """The ``count`` devices (sorted int64 indices, distinct) of ``num_devices`` asked for
     ``keys`` (the round, and any stage keys), drawn from (seed, "participation", keys)."""

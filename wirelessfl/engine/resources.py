@@ -54,6 +54,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wirelessfl.engine.participation import participant_count
 from wirelessfl.errors import UserError
 from wirelessfl.learning.partition import fewest_samples
 from wirelessfl.plugins import algorithm_class
@@ -460,7 +461,7 @@ def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstima
         cls = algorithm_class(params.name)
         rows = evaluations(params)
         # devices whose work a round holds: the asked ones for participant-only methods
-        workers = max(1, round(params.participation * n)) if cls.computes_participants_only else n
+        workers = participant_count(params.participation, n) if cls.computes_participants_only else n
         chunk = chunk_devices(facts, workers, params.batch_size, scenario.engine.max_chunk_mb)
         bits = params.bits if params.bits is not None else scenario.quantization_bits
         compute, chunked = round_compute(cls, params, facts, workers, chunk, bits)

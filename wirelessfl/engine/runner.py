@@ -22,13 +22,7 @@ from wirelessfl.engine.simulation import run_algorithm
 from wirelessfl.engine.threads import ensure as ensure_threads
 from wirelessfl.errors import UserError
 from wirelessfl.results.health import manifest_entry
-from wirelessfl.results.records import (
-    MemoryWriter,
-    RunRecord,
-    RunWriter,
-    accuracy_sample,
-    device_records,
-)
+from wirelessfl.results.records import MemoryWriter, RunRecord, RunWriter, device_records
 from wirelessfl.results.summary import summarize
 from wirelessfl.scenario.checks import check_runnable
 from wirelessfl.scenario.loader import resolved_document
@@ -138,7 +132,7 @@ def run_to_record(scenario: Scenario, out: Path | None, world: World | None = No
                                               world.device_ranks)
             if summary is not None:  # a large population: rows of a sample (records.py)
                 info["devices"] = summary
-            listed = accuracy_sample(world.device_ranks)
+            listed = world.accuracy_devices
             if listed is not None:  # whose accuracies the rounds rows' lists hold
                 info["device_accuracy_devices"] = listed.tolist()
             writer.add(run.label, run.rows, devices, info)

@@ -28,7 +28,7 @@ from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.plugins import algorithm_class
 from wirelessfl.results.health import step_size_name
-from wirelessfl.results.records import accuracy_sample, device_frame
+from wirelessfl.results.records import device_frame
 
 
 @dataclass
@@ -220,7 +220,7 @@ def _build(world: World, params: AlgorithmParams, env: simpy.Environment,
                      stop_loss_growth=(sc.health.max_loss_growth if sc.stop_when_unhealthy
                                        else None),
                      per_device_streams=sc.population.per_device_streams,
-                     accuracy_devices=accuracy_sample(world.device_ranks))
+                     accuracy_devices=world.accuracy_devices)
     algorithm = algorithm_class(params.name)(params, ctx)
     algorithm.setup()
     return algorithm
