@@ -5,7 +5,11 @@ For each case, in one process and interleaved (loop, wirelessfl, loop, wirelessf
 notebook would) and (b) the project's full simulated round (engine, channel, energy, ledger
 included). It reports per-round host time, achieved GFLOP/s against a measured float32 matmul peak,
 the ratio (a)/(b), the engine overhead (share of a round spent outside learning compute) and the
-process's peak memory. Each case runs in a fresh process, so peak memory is the case's own.
+process's peak memory. Each case runs in a fresh process, so peak memory is the case's own. For
+FedAvg on the seed-002 CNN it also times (c), interleaved, the round's convolution kernels alone (the same
+calls on the devices' own activations, on the same pool): the fraction of the peak the round
+could reach were nothing but those kernels to take time, and the share of that bound the round
+reaches.
 
     python benchmarks/bench_rounds.py [--out results.json] [--repeats 3] [--quick]
 """
@@ -34,7 +38,7 @@ def case_specs(quick: bool) -> list[dict]:
     specs = [
         {"case": "mlp_fedavg", "n": 50, "rounds": 20, **digits_mlp,
          "algorithm": {"name": "fedavg", "local_steps": 5, "batch_size": 10, "lr": 0.1}},
-        {"case": "cnn_fedavg", "n": 10, "rounds": 2, **digits_cnn,
+        {"case": "cnn_fedavg", "n": 10, "rounds": 5, **digits_cnn,
          "algorithm": {"name": "fedavg", "local_steps": 5, "batch_size": 10, "lr": 0.05}},
         {"case": "cnn_dzofl", "n": 50, "rounds": 3, **digits_cnn,
          "algorithm": {"name": "dzofl", "batch_size": 10}},
@@ -126,6 +130,56 @@ def _plain_loop(world, params, k: int) -> float:
     return time.perf_counter() - start
 
 
+def _kernel_round(world, params, k: int):
+    """(c), for FedAvg on a model run as a convolutional chain (learning/conv_chain.py; None
+    otherwise): a timer of the round's convolution kernels alone. The same calls the chain's
+    local SGD makes (its forward ``F.conv2d`` and its backward ``_conv_backward``, layouts
+    included, on one device's minibatch each), on the devices' own recorded activations, E
+    steps a device, a device a task of the run's pool. With nothing else in the round taking
+    time it would reach this rate: the bound the kernels set. (DZOFL's passes at the shared
+    model take several devices' samples a call, so a per-device replay would not be its
+    kernels.) Preparation (recording the activations) is outside the returned timer."""
+    from wirelessfl.engine.threads import parallel_map
+    from wirelessfl.learning.seeds import keyed_generator
+    from wirelessfl.learning.stacked import to_channels_last
+
+    ev, chain = world.evaluator, world.evaluator.stacked.chain
+    if chain is None or params.name != "fedavg":
+        return None
+    theta = world.flat.initial()
+    idx = ev.sample(keyed_generator(0, "batch", k), params.batch_size)[0]
+    convs = [(j, step) for j, step in enumerate(chain.head) if hasattr(step, "groups")]
+
+    def prepare(i: int) -> list:
+        with torch.no_grad():
+            saved = chain.record(theta, ev.data.inputs(idx[i]))[0]
+        work = []
+        for j, step in convs:
+            h, weight = saved[j]
+            bias = None if step.bias is None else theta[step.bias]
+            args = (step.stride, step.padding, step.dilation, step.groups)
+            out = F.conv2d(h, weight, bias, *args)
+            work.append((step, h, weight, bias, args, to_channels_last(torch.randn(out.shape))))
+        return work
+
+    devices = parallel_map(prepare, range(world.num_devices))
+
+    @torch.no_grad()
+    def device(work: list) -> None:
+        grad = torch.empty(world.flat.d)
+        for _ in range(params.local_steps):
+            for step, h, weight, bias, args, g in work:
+                F.conv2d(h, weight, bias, *args)
+                chain._conv_backward(step, g, h, weight, grad)
+
+    def timed() -> float:
+        start = time.perf_counter()
+        parallel_map(device, devices)
+        return time.perf_counter() - start
+
+    return timed
+
+
 def _project_rounds(world, params) -> tuple[float, float]:
     """(b): the full simulated rounds; returns (host s per round, learning-compute s per round)."""
     from wirelessfl.engine.simulation import run_algorithm
@@ -167,12 +221,17 @@ def run_case(spec: dict, repeats: int, peak: float) -> dict:
     params = scenario.algorithms[0]
     _loop_round(world, params, 0)  # warm-up of both paths
     _project_rounds(world, params.model_copy(update={"rounds": 1, "eval_every": 1}))
-    loop_times, project_times, compute_times = [], [], []
+    kernels = _kernel_round(world, params, 0)
+    if kernels is not None:
+        kernels()  # warm-up
+    loop_times, project_times, compute_times, kernel_times = [], [], [], []
     for r in range(repeats):
         loop_times.append(_loop_round(world, params, r))
         per_round, compute = _project_rounds(world, params)
         project_times.append(per_round)
         compute_times.append(compute)
+        if kernels is not None:
+            kernel_times.append(statistics.fmean(kernels() for _ in range(params.rounds)))
         # The peak is re-measured between repeats: the fraction is taken against the best rate
         # this process saw, so a slow start of the machine cannot inflate it.
         peak = max(peak, matmul_peak_gflops(sizes=(1024,), repeats=5))
@@ -182,6 +241,10 @@ def run_case(spec: dict, repeats: int, peak: float) -> dict:
     compute = statistics.median(compute_times)
     loop = statistics.median(loop_times)
     gflops = 2 * macs / project / 1e9
+    kernel = statistics.median(kernel_times) if kernel_times else None
+    bound = {} if kernel is None else {
+        "kernels_s_per_round": kernel, "kernel_bound_fraction": 2 * macs / kernel / 1e9 / peak,
+        "share_of_kernel_bound": kernel / project}
     return {
         "case": spec["case"], "devices": n, "d": world.flat.d, "rounds_timed": params.rounds,
         "per_device_strategy": world.evaluator.stacked.strategy,
@@ -190,7 +253,7 @@ def run_case(spec: dict, repeats: int, peak: float) -> dict:
         "gflop_per_round": 2 * macs / 1e9, "achieved_gflops": gflops,
         "peak_fraction": gflops / peak, "matmul_peak_gflops": peak,
         "engine_overhead_fraction": max(0.0, 1 - compute / project),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **bound,
     }
 
 
@@ -257,6 +320,10 @@ def main() -> None:
               f" ({100*res['peak_fraction']:4.1f}% of peak)"
               f"  overhead {100*res['engine_overhead_fraction']:5.1f}%"
               f"  peak RSS {res['peak_rss_mb']:7.0f} MB", flush=True)
+        if "kernel_bound_fraction" in res:
+            print(f"{'':<18} its convolution kernels alone: {res['kernels_s_per_round']*1e3:.1f}"
+                  f" ms ({100*res['kernel_bound_fraction']:4.1f}% of peak); the round runs at"
+                  f" {100*res['share_of_kernel_bound']:4.1f}% of that bound", flush=True)
     with ctx.Pool(1) as pool:
         strategies = pool.apply(strategy_comparison, (args.repeats, peak))
     for row in strategies:
@@ -271,6 +338,7 @@ def main() -> None:
         "mlp_fedavg_speedup_vs_loop": by_case["mlp_fedavg"]["speedup_vs_loop"],
         "cnn_fedavg_peak_fraction": by_case["cnn_fedavg"]["peak_fraction"],
         "cnn_dzofl_peak_fraction": by_case["cnn_dzofl"]["peak_fraction"],
+        "cnn_fedavg_kernel_bound_fraction": by_case["cnn_fedavg"]["kernel_bound_fraction"],
         "engine_overhead_fraction": max(r["engine_overhead_fraction"] for r in results),
         "cases": results,
         "per_device_model_strategies": strategies,

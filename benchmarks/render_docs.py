@@ -1269,6 +1269,10 @@ def bench_rounds_targets() -> str:
         f"{pct(c['cnn_fedavg']['engine_overhead_fraction'])} and "
         f"{pct(c['cnn_dzofl']['engine_overhead_fraction'])} (target "
         f"{pct(TARGETS['overhead'], 0)})."),
+        (f"* The bound FedAvg's convolution kernels set on the seed-002 CNN (the round's "
+        f"convolution calls alone, on the devices' own activations, same pool): they reach "
+        f"{pct(c['cnn_fedavg']['kernel_bound_fraction'])} of the peak and its round "
+        f"{pct(c['cnn_fedavg']['share_of_kernel_bound'])} of that."),
         (f"* DZOFL with the MLP from {n10['devices']:,} to {n10k['devices']:,} devices: "
         f"{1e3 * n10['wirelessfl_s_per_round']:.3g} -> {1e3 * n10k['wirelessfl_s_per_round']:.3g}"
         f" ms per round, {n10k['peak_rss_mb']:.0f} MB peak RSS at {n10k['devices']:,} devices "
