@@ -6,10 +6,10 @@ notebook would) and (b) the project's full simulated round (engine, channel, ene
 included). It reports per-round host time, achieved GFLOP/s against a measured float32 matmul peak,
 the ratio (a)/(b), the engine overhead (share of a round spent outside learning compute) and the
 process's peak memory. Each case runs in a fresh process, so peak memory is the case's own. For
-FedAvg on the seed-002 CNN it also times (c), interleaved, the round's convolution kernels alone (the same
-calls on the devices' own activations, on the same pool): the fraction of the peak the round
-could reach were nothing but those kernels to take time, and the share of that bound the round
-reaches.
+FedAvg on the seed-002 CNN it also times (c), interleaved, the round's convolution kernels alone
+(the same calls on the devices' own activations, on the same pool): the fraction of the peak the
+round could reach were nothing but those kernels to take time, and the share of that bound the
+round reaches.
 
     python benchmarks/bench_rounds.py [--out results.json] [--repeats 3] [--quick]
 """
@@ -140,6 +140,7 @@ def _kernel_round(world, params, k: int):
     model take several devices' samples a call, so a per-device replay would not be its
     kernels.) Preparation (recording the activations) is outside the returned timer."""
     from wirelessfl.engine.threads import parallel_map
+    from wirelessfl.learning.conv_chain import _Conv
     from wirelessfl.learning.seeds import keyed_generator
     from wirelessfl.learning.stacked import to_channels_last
 
@@ -148,7 +149,7 @@ def _kernel_round(world, params, k: int):
         return None
     theta = world.flat.initial()
     idx = ev.sample(keyed_generator(0, "batch", k), params.batch_size)[0]
-    convs = [(j, step) for j, step in enumerate(chain.head) if hasattr(step, "groups")]
+    convs = [(j, step) for j, step in enumerate(chain.head) if isinstance(step, _Conv)]
 
     def prepare(i: int) -> list:
         with torch.no_grad():
@@ -185,13 +186,13 @@ def _project_rounds(world, params) -> tuple[float, float]:
     from wirelessfl.engine.simulation import run_algorithm
 
     ev = world.evaluator
-    eval_start, eval_compute = time.perf_counter(), ev.compute_s
+    eval_start, compute_at_start = time.perf_counter(), ev.compute_s
     ev.metrics(world.flat.initial())
     # evaluated at round 0 and the last round: its host time and the compute it adds to the
     # evaluator's clock (the training loss's pass) are taken out of both figures
     evaluation = time.perf_counter() - eval_start
-    eval_compute = ev.compute_s - eval_compute
     compute_before = ev.compute_s
+    eval_compute = compute_before - compute_at_start
     start = time.perf_counter()
     run_algorithm(world, params)
     total = time.perf_counter() - start - 2 * evaluation
