@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from wirelessfl.engine import threads
-from wirelessfl.learning.conv_chain import ConvChain
+from wirelessfl.learning.conv_chain import VECTOR_FLOATS, ConvChain
 from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.seeds import keyed_generator
@@ -209,3 +209,35 @@ def test_models_outside_the_chain_shape_keep_autograd(cls):
     assert ConvChain.of(FlatModel(cls((1, 13, 13), 3))) is None
     assert ConvChain.of(FlatModel(Odd((1, 13, 13), 3))) is not None
     assert ConvChain.of(FlatModel(build_model("mlp", (12,), 3))) is None
+
+
+@pytest.mark.parametrize("faster", [True, False])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_padded_input_gradient_keeps_autograd_bits(name, faster, monkeypatch):
+    """A convolution whose input channels are not a multiple of the vector width may take its
+    input gradient from a zero-padded weight (ConvChain._padded_width): taken where the bits
+    are the plain call's and the timing says it is faster. Forced either way, every gradient
+    and every local SGD step stays exactly autograd's; the seed-002 CNN's 20-channel second
+    convolution is the case it exists for (the bits check passes there)."""
+    monkeypatch.setattr(ConvChain, "_faster", staticmethod(lambda candidate, incumbent: faster))
+    ev = evaluator(*MODELS[name]())
+    models = perturbed(ev)
+    idx = ev.sample(keyed_generator(0, "chain", 5), 6)[0]
+    steps_idx = ev.sample(keyed_generator(0, "chain", 6), 6, steps=2)
+    theta = ev.flat.initial()
+    losses, grads = ev.stacked_losses_and_gradients(models, idx)
+    sgd = torch.cat([m for _, m in ev.local_sgd(theta, idx=steps_idx, lr=0.1)])
+    chain = ev.stacked.chain
+    ev.stacked = autograd_twin(ev)
+    ref_losses, ref_grads = ev.stacked_losses_and_gradients(models, idx)
+    assert torch.equal(losses, ref_losses) and torch.equal(grads, ref_grads)
+    assert torch.equal(sgd, torch.cat([m for _, m in ev.local_sgd(theta, idx=steps_idx,
+                                                                   lr=0.1)]))
+    widths = set(chain._padded.values())
+    if name.startswith("seed002"):
+        if VECTOR_FLOATS == 8:  # AVX2: 20 channels padded to 3 x 8 floats
+            assert widths == ({24} if faster else {None})
+        else:  # another vector width: whatever the bits check says
+            assert len(widths) == 1
+    else:
+        assert widths <= {None}  # the odd chain's second convolution is grouped

@@ -40,6 +40,7 @@ from wirelessfl.learning.conv_chain import ConvChain
 from wirelessfl.learning.minibatch import (
     batch_counts,
     counts_of,
+    mean_cross_entropy_gradient,
     minibatch_mean,
     owner_sizes,
     real_batch_sizes,
@@ -382,18 +383,15 @@ class BatchedEvaluator(Problem):
             counts = [batch_counts(chunk[e], self._owner_sizes, self._smallest)
                       for e in range(num_steps)]
 
-            def loss(e: int, i: int, logits: torch.Tensor, chunk=chunk, counts=counts
-                     ) -> torch.Tensor:
-                target = self.data.labels(chunk[e, i:i + 1])
-                losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(),
-                                         reduction="none")
-                return minibatch_mean(losses.view(target.shape),
-                                      counts_of(counts[e], slice(i, i + 1)))
+            def logit_gradient(e: int, i: int, logits: torch.Tensor, chunk=chunk,
+                               counts=counts) -> torch.Tensor:
+                return mean_cross_entropy_gradient(logits, self.data.labels(chunk[e, i:i + 1]),
+                                                   counts_of(counts[e], slice(i, i + 1)))
 
             models = theta.expand(n, -1).clone()
             self.stacked.chain_local_sgd(
-                models, taken, lambda e, i, chunk=chunk: self.data.inputs(chunk[e, i]), loss, lr,
-                self.l2)
+                models, taken, lambda e, i, chunk=chunk: self.data.inputs(chunk[e, i]),
+                logit_gradient, lr, self.l2)
             self.compute_s += time.perf_counter() - start
             yield rows, models
 

@@ -185,15 +185,17 @@ class StackedForward:
 
     def chain_local_sgd(self, models: torch.Tensor, steps: list[int],
                         inputs: Callable[[int, int], torch.Tensor],
-                        loss: Callable[[int, int, torch.Tensor], torch.Tensor],
+                        logit_gradient: Callable[[int, int, torch.Tensor], torch.Tensor],
                         lr: float, l2: float) -> None:
         """SGD of a convolutional chain's devices, in place on ``models`` [n, d]: device i takes
-        ``steps[i]`` steps, step e on ``inputs(e, i)`` with the loss ``loss(e, i, logits
-        [1, b, C])`` -> [1] plus (l2 / 2)|model|^2. Each device's steps are one task of the
-        pool (forward, the autograd call for its logits' loss, backward, update, step after
-        step), so its model and activations stay in its core's cache and the pool waits once,
-        not twice a step (a few % of a seed-002 CNN round on a pool of two threads, nothing on
-        one: benchmarks/bench_rounds.py times the round). The numbers are those of stepping all
+        ``steps[i]`` steps, step e on ``inputs(e, i)``, descending the loss whose gradient at
+        the logits [1, b, C] is ``logit_gradient(e, i, logits)`` (the bits autograd gives for
+        that loss: the caller's promise, minibatch.mean_cross_entropy_gradient for the
+        evaluator's) plus (l2 / 2)|model|^2. Each device's steps are one task of the pool
+        (forward, the loss's gradient, backward, update, step after step), so its model and
+        activations stay in its core's cache and the pool waits once, not twice a step (a few
+        % of a seed-002 CNN round on a pool of two threads, nothing on one:
+        benchmarks/bench_rounds.py times the round). The numbers are those of stepping all
         devices together (``losses_and_gradients`` then one [n, d] update, Problem.local_sgd):
         every kernel works row by row, and the caller checks the update's
         (``rowwise_update_exact``)."""
@@ -202,16 +204,13 @@ class StackedForward:
         def device(i: int) -> None:
             model, grad = models[i], torch.empty_like(models[i])
             for e in range(steps[i]):
-                with torch.no_grad():
-                    run = chain.record(model, inputs(e, i))
-                with torch.enable_grad():
-                    logits = run[1][-1][None].requires_grad_(True)
-                    (g,) = torch.autograd.grad(loss(e, i, logits).sum(), logits)
-                with torch.no_grad():
-                    chain.backward(model, run, g[0], grad)
-                    model.sub_(grad + l2 * model if l2 else grad, alpha=lr)
+                run = chain.record(model, inputs(e, i))
+                g = logit_gradient(e, i, run[1][-1][None])
+                chain.backward(model, run, g[0], grad)
+                model.sub_(grad + l2 * model if l2 else grad, alpha=lr)
 
-        self._each_device(device, len(models))
+        with torch.no_grad():  # the pool's tasks take the caller's grad mode
+            self._each_device(device, len(models))
 
     def _linear(self, models: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n, b = x.shape[:2]
