@@ -336,10 +336,11 @@ class ConvChain:
 
         oneDNN's channels-last kernels vectorise that gradient over the input channels, so a
         count that is not a multiple of the vector width leaves lanes idle: the seed-002 CNN's
-        20 -> 40 convolution computes its input gradient ~15 % faster from a weight padded to
-        24 zero-filled channels [D] (a round ~3 % faster; benchmarks/bench_rounds.py). The
-        real channels' values are the same bits on that shape, but not on every shape faster:
-        on others the padded call was up to 1.5x slower. So, once per shape, both are run on
+        20 -> 40 convolution computed its input gradient 10-16 % faster from a weight padded
+        to 24 zero-filled channels [D] when this was written (timed interleaved on one thread,
+        AMD Zen 3). The real channels' values are the same bits on that shape, but padding is
+        not faster on every shape: on others the padded call took up to 1.5x as long (a
+        batch of 32, 36 or 60 channels, 3x3 kernels). So, once per shape, both are run on
         random data (the kernels' summation order does not depend on the values); the padded
         one is taken if, and only if, it gives exactly the plain call's bits and its best of
         four timings beats the plain call's best by 3 % [D]. Either way a result is the same

@@ -127,9 +127,10 @@ def mean_cross_entropy_gradient(logits: torch.Tensor, target: torch.Tensor,
     w), the mask's ``where(mask, grad, 0)``, ``nll_loss_backward`` and
     ``_log_softmax_backward_data``. A local SGD step of the convolutional chain
     (StackedForward.chain_local_sgd) takes it instead of building the loss's graph and calling
-    the engine: ~0.8 ms of a ~15 ms seed-002 CNN step on a pool of two threads, where every
-    step's Python holds the interpreter the other thread's step also needs
-    (tests/test_minibatch.py compares it with autograd exactly)."""
+    the engine, whose graph building and call were the largest cost of a seed-002 CNN step
+    outside its convolutions when this was written (on a pool of two threads every step's
+    Python holds the interpreter the other thread's step also needs). tests/test_minibatch.py
+    compares it with autograd exactly."""
     aten = torch.ops.aten
     flat, labels = logits.flatten(0, 1), target.flatten()
     width = target.shape[1]
