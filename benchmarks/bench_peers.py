@@ -215,6 +215,7 @@ def child_prepare(spec: dict, folder: Path) -> dict:
     """Build the case's wirelessfl world; save what pfl's process needs; return the facts."""
     import wirelessfl as wf
     from wirelessfl.engine.build import build_world
+    from wirelessfl.engine.participation import participant_count
 
     scenario = wf.load_scenario(scenario_doc(spec))
     world = build_world(scenario)
@@ -224,7 +225,7 @@ def child_prepare(spec: dict, folder: Path) -> dict:
                  y_test=ds.y_test, order=np.concatenate(world.shards).astype(np.int64),
                  sizes=sizes, theta0=world.initial().cpu().numpy())
     params = scenario.algorithms[0]
-    participants = max(1, round(params.participation * world.num_devices))  # Algorithm's rule
+    participants = participant_count(params.participation, world.num_devices)
     macs = _bench_rounds().round_macs(world.model_profile, params, participants)
     return {"d": int(world.flat.d), "input_shape": list(ds.input_shape),
             "num_classes": int(ds.num_classes), "participants": participants,
