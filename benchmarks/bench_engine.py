@@ -1,7 +1,7 @@
 """Host cost of the simulation engine alone in a cross-device round, as the population grows.
 
 FedAvg's network calls of one round (resync of stale devices, ``count`` participants drawn by
-``engine/participation.py``, their collect, the model broadcast to every device) are run on the
+``algorithms/participation.py``, their collect, the model broadcast to every device) are run on the
 engine built from a scenario (cell, device power, compute prices, ledger, network), with no
 learning problem, so the time is the engine's: channel draws, airtimes, ledger charges, idle
 charging. Three ways of asking (``--ask``):
@@ -37,14 +37,14 @@ import numpy as np
 import simpy
 
 import wirelessfl as wf
-from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.channel import Cell, Downlink, Uplink
 from wirelessfl.energy import ComputeModel, DevicePower
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.engine.build import draw_population
+from wirelessfl.pipeline.build import draw_population
 from wirelessfl.engine.ledger import Ledger
 from wirelessfl.engine.network import VectorNetwork
-from wirelessfl.engine.participation import participant_indices
+from wirelessfl.algorithms.participation import participant_indices
 from wirelessfl.learning.seeds import keyed_rng
 
 # The logistic model of 20 features and 2 classes (d = 42): the priced passes are the engine's

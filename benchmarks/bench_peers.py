@@ -30,7 +30,7 @@ take part, so every user trains once a round; 'random' otherwise, uniform draws 
 user twice in a round, where wirelessfl draws its participants without replacement: the same
 work per round), ``send_metrics_to_platform`` off (no metrics printed per round), torch's
 intra-op threads = ``--pfl-threads`` (default ``--threads``); wirelessfl runs one intra-op thread
-and a pool of ``--threads`` (its design, engine/threads.py). pfl's ``local_num_steps`` stops at
+and a pool of ``--threads`` (its design, host/threads.py). pfl's ``local_num_steps`` stops at
 the end of a user's data (one pass), so a user holding fewer than E x b = 50 samples gets its
 samples repeated cyclically up to 50: five full minibatches of 10 distinct samples, as
 wirelessfl's E = 5 minibatches of b = 10 drawn without replacement.
@@ -214,8 +214,8 @@ def _load(folder: Path, name: str) -> np.ndarray:
 def child_prepare(spec: dict, folder: Path) -> dict:
     """Build the case's wirelessfl world; save what pfl's process needs; return the facts."""
     import wirelessfl as wf
-    from wirelessfl.engine.build import build_world
-    from wirelessfl.engine.participation import participant_count
+    from wirelessfl.pipeline.build import build_world
+    from wirelessfl.algorithms.participation import participant_count
 
     scenario = wf.load_scenario(scenario_doc(spec))
     world = build_world(scenario)
@@ -237,7 +237,7 @@ def child_prepare(spec: dict, folder: Path) -> dict:
 def child_wirelessfl(spec: dict, threads: int) -> dict:
     """Run the case's scenario in wirelessfl (the Python API's runner, in memory) and time it."""
     import wirelessfl as wf
-    from wirelessfl.engine.runner import run_to_record
+    from wirelessfl.pipeline.runner import run_to_record
 
     scenario = wf.load_scenario(scenario_doc(spec))
     stamps: list[float] = []

@@ -70,8 +70,8 @@ def fill_ledger(ledger, n: int) -> None:
 
 
 def write_outputs(world, ledger, folder: Path) -> tuple[object, dict]:
-    """The run writer's path for one algorithm (as engine/runner.py takes it), either version."""
-    from wirelessfl.engine import simulation
+    """The run writer's path for one algorithm (as pipeline/runner.py takes it), either version."""
+    from wirelessfl.pipeline import simulation
     from wirelessfl.results import records
 
     params = world.scenario.algorithms[0]
@@ -102,9 +102,9 @@ def measure(n: int, samples: int, per_device: int | None, queue) -> None:
     try:
         start = time.perf_counter()
         import wirelessfl
-        from wirelessfl.engine.build import build_world
+        from wirelessfl.pipeline.build import build_world
         from wirelessfl.engine.ledger import Ledger
-        from wirelessfl.engine.resources import estimate_memory
+        from wirelessfl.pipeline.memory import estimate_memory
         from wirelessfl.report.plots import device_energy, label_histogram
 
         result["import_s"] = time.perf_counter() - start

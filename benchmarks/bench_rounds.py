@@ -68,7 +68,7 @@ def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 20, threads: int | Non
     it), with ``threads`` intra-op threads (default: the CPUs this process may use, all a run's
     pool of single-threaded workers can use together), whatever the caller's own setting
     (restored after). The one peak of bench_rounds.py and bench_peers.py: a fraction measured
-    against a one-thread rate (a run's own setting, engine/threads.py) would be inflated."""
+    against a one-thread rate (a run's own setting, host/threads.py) would be inflated."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
     try:
@@ -91,7 +91,7 @@ def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 20, threads: int | Non
 def _loop_round(world, params, k: int) -> float:
     """(a): the same learning work as one round, device by device, with ordinary autograd and
     torch's own intra-op threads on every core (as a notebook runs it)."""
-    from wirelessfl.engine.threads import cpu_count
+    from wirelessfl.host.threads import cpu_count
 
     torch.set_num_threads(cpu_count())
     try:
@@ -139,7 +139,7 @@ def _kernel_round(world, params, k: int):
     time it would reach this rate: the bound the kernels set. (DZOFL's passes at the shared
     model take several devices' samples a call, so a per-device replay would not be its
     kernels.) Preparation (recording the activations) is outside the returned timer."""
-    from wirelessfl.engine.threads import parallel_map
+    from wirelessfl.host.threads import parallel_map
     from wirelessfl.learning.conv_chain import _Conv
     from wirelessfl.learning.seeds import keyed_generator
     from wirelessfl.learning.stacked import to_channels_last
@@ -183,7 +183,7 @@ def _kernel_round(world, params, k: int):
 
 def _project_rounds(world, params) -> tuple[float, float]:
     """(b): the full simulated rounds; returns (host s per round, learning-compute s per round)."""
-    from wirelessfl.engine.simulation import run_algorithm
+    from wirelessfl.pipeline.simulation import run_algorithm
 
     ev = world.evaluator
     eval_start, compute_at_start = time.perf_counter(), ev.compute_s
@@ -212,8 +212,8 @@ def round_macs(profile, params, devices: int) -> int:
 
 
 def run_case(spec: dict, repeats: int, peak: float) -> dict:
-    from wirelessfl.engine import threads
-    from wirelessfl.engine.build import build_world
+    from wirelessfl.host import threads
+    from wirelessfl.pipeline.build import build_world
     from wirelessfl.scenario.loader import scenario_from_document
 
     algo = {**spec["algorithm"], "rounds": spec["rounds"], "eval_every": spec["rounds"]}
@@ -265,8 +265,8 @@ def run_case(spec: dict, repeats: int, peak: float) -> dict:
 def strategy_comparison(repeats: int, peak: float) -> list[dict]:
     """Per-device model strategies (wirelessfl/learning/stacked.py) on one local step of each
     zoo model: the structural choice against torch.func.vmap, interleaved, medians."""
-    from wirelessfl.engine import threads
-    from wirelessfl.engine.build import build_world
+    from wirelessfl.host import threads
+    from wirelessfl.pipeline.build import build_world
     from wirelessfl.learning.seeds import keyed_generator
     from wirelessfl.scenario.loader import scenario_from_document
 

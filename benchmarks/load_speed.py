@@ -3,7 +3,7 @@
 Each repeat times `wirelessfl run SCENARIO` (a fresh process, as a user runs it) twice,
 interleaved: once with the machine as it is, once while ``--hogs`` Python busy-loop processes
 (started here, always stopped here) keep cores busy. Before each run it records the CPUs of this
-process's affinity mask and how many of them other processes kept busy (engine/threads.py), and
+process's affinity mask and how many of them other processes kept busy (host/threads.py), and
 after it the threads the run chose (its manifest). Target: loaded within 2x of idle (torch's
 spinning OpenMP threads made a loaded run 8-20x slower before every numeric kernel ran on one
 intra-op thread). Run it on an otherwise quiet machine:
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from wirelessfl.engine.threads import busy_cpus, cpu_count
+from wirelessfl.host.threads import busy_cpus, cpu_count
 
 BUSY_LOOP = "while True:\n    pass\n"
 TARGET_RATIO = 2.0

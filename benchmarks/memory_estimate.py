@@ -1,4 +1,4 @@
-"""The pre-run memory estimate (engine/resources.py) against the measured peak of whole runs.
+"""The pre-run memory estimate (pipeline/memory.py) against the measured peak of whole runs.
 
 For each algorithm family at two population sizes, a scenario runs as a user runs it
 (``wirelessfl run SCENARIO --out DIR --quiet``, report figures included) in a fresh process; its
@@ -40,7 +40,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from wirelessfl.engine.resources import check_memory_from_scenario, estimate_memory
+from wirelessfl.pipeline.memory import check_memory_from_scenario, estimate_memory
 from wirelessfl.errors import UserError
 from wirelessfl.scenario.loader import scenario_from_document
 
@@ -90,7 +90,7 @@ for name in open(sys.argv[1]).read().split():
         importlib.import_module(name)
     except Exception:
         pass
-import wirelessfl.cli, wirelessfl.engine.runner, wirelessfl.report.plots
+import wirelessfl.cli, wirelessfl.pipeline.runner, wirelessfl.report.plots
 """
 
 
@@ -226,7 +226,7 @@ def main() -> None:
         "definition": "measured = peak RSS (ru_maxrss) of `wirelessfl run SCENARIO --out DIR "
                       "--quiet` (report figures included) minus the peak RSS of a fresh "
                       "interpreter importing every top-level module that run had loaded; "
-                      "estimate = wirelessfl.engine.resources.estimate_memory(scenario), made "
+                      "estimate = wirelessfl.pipeline.memory.estimate_memory(scenario), made "
                       "from the scenario alone; ratio = estimate / measured",
         "target": [LOW, HIGH],
         "min_ratio": min(ratios), "max_ratio": max(ratios),

@@ -20,8 +20,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.results.summary import summarize
 from wirelessfl.scenario.loader import load_scenario
 

@@ -16,8 +16,8 @@ import argparse
 import json
 import statistics
 
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.scenario.loader import load_scenario
 
 SETTINGS = [(1000.0, 0.9), (1.0, 0.5), (0.1, 0.1)]  # seed 000 Sec. IV, Table I

@@ -28,8 +28,8 @@ import time
 import numpy as np
 import pandas as pd
 
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.scenario.loader import load_scenario
 
 SCENARIO = "seed001-quadratic"

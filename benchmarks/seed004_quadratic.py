@@ -21,8 +21,8 @@ import json
 import statistics
 import time
 
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.scenario.loader import load_scenario
 
 SCENARIO = "seed004-quadratic"

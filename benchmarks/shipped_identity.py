@@ -220,7 +220,7 @@ def digest_run(folder: Path) -> dict:
 
 def run_in_process(path: Path, overrides: list[str], out: Path, threads: int) -> None:
     """``load_scenario`` + ``run_scenario`` (both exist since before issue 21)."""
-    from wirelessfl.engine.runner import run_scenario
+    from wirelessfl.pipeline.runner import run_scenario
     from wirelessfl.scenario.loader import load_scenario
 
     run_scenario(load_scenario(str(path), list(overrides)), out, threads=threads,

@@ -90,9 +90,9 @@ def cli(capsys, *argv) -> tuple[int, str, str]:
 
 def run_recording_thetas(monkeypatch, scenario):
     """Run the scenario's first algorithm; return (world, theta after every round, the run)."""
-    from wirelessfl.engine.build import build_world
+    from wirelessfl.pipeline.build import build_world
     from wirelessfl.engine.context import RunContext
-    from wirelessfl.engine.simulation import run_algorithm
+    from wirelessfl.pipeline.simulation import run_algorithm
 
     seen = []
     # the unpatched method, so a second call in the same test records into its own list only

@@ -19,7 +19,7 @@ PROBE = textwrap.dedent("""
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = MallInfo2
     if sys.argv[1] == "tuned":
-        from wirelessfl.engine.allocator import keep_freed_memory
+        from wirelessfl.host.allocator import keep_freed_memory
         assert keep_freed_memory() and keep_freed_memory()  # applied, idempotent
     before = libc.mallinfo2().hblkhd
     buffer = np.ones(2**19)  # 4 MiB, far above glibc's initial 128 KiB mmap threshold

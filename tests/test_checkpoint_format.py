@@ -1,4 +1,4 @@
-"""The data-only checkpoint (engine/checkpoint.py, engine/state_tree.py): a run interrupted and
+"""The data-only checkpoint (pipeline/checkpoint.py, pipeline/state_tree.py): a run interrupted and
 resumed from checkpoints records exactly what the uninterrupted run records, for every
 algorithm; the file is a zip of JSON and .npy arrays that nothing executes from; damaged,
 crafted or foreign checkpoints are refused with one UserError line before anything is
@@ -21,11 +21,11 @@ import torch
 
 from tests.conftest import algorithm_scenario, small_scenario
 from tests.test_radio_engine import SETTINGS
-from wirelessfl.engine import checkpoint as ck
-from wirelessfl.engine import simulation
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.simulation import run_algorithm
-from wirelessfl.engine.state_tree import StateError, capture, restore, skeleton
+from wirelessfl.pipeline import checkpoint as ck
+from wirelessfl.pipeline import simulation
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
+from wirelessfl.pipeline.state_tree import StateError, capture, restore, skeleton
 from wirelessfl.errors import UserError
 from wirelessfl.plugins import ALGORITHMS
 from wirelessfl.results.records import ROUND_COLUMNS, write_table
@@ -154,7 +154,7 @@ def test_the_loading_code_has_no_path_to_pickle(tmp_path, monkeypatch):
     unpickling entry point booby-trapped works."""
     banned_imports = {"pickle", "_pickle", "dill", "marshal", "shelve", "importlib", "cloudpickle"}
     for module in ("checkpoint.py", "state_tree.py"):
-        tree = ast.parse((ROOT / "wirelessfl" / "engine" / module).read_text())
+        tree = ast.parse((ROOT / "wirelessfl" / "pipeline" / module).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 assert not {a.name.split(".")[0] for a in node.names} & banned_imports

@@ -19,7 +19,7 @@ import yaml
 
 from tests.conftest import cli as _cli
 from tests.conftest import small_doc
-from wirelessfl import progress
+from wirelessfl.host import progress
 from wirelessfl.cli import main
 from wirelessfl.results.summary import SUMMARY_COLUMNS, format_summary
 
@@ -250,7 +250,7 @@ def test_resumed_run_counts_only_the_algorithms_left(tmp_path, scenario_file, ca
                                                      monkeypatch):
     """A run interrupted in fedsgd (checkpoint after round 4) and resumed: dzofl, recorded,
     is not counted; fedsgd goes on from round 4 of its 6, fedavg runs its 4."""
-    from wirelessfl.engine.runner import run_scenario
+    from wirelessfl.pipeline.runner import run_scenario
     from wirelessfl.scenario.loader import load_scenario
 
     monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)

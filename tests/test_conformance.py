@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from tests.conftest import algorithm_scenario, small_scenario
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.errors import UserError
 from wirelessfl.plugins import ALGORITHMS
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from wirelessfl.engine import threads
+from wirelessfl.host import threads
 from wirelessfl.learning.conv_chain import VECTOR_FLOATS, ConvChain
-from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
+from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.seeds import keyed_generator
 from wirelessfl.learning.stacked import StackedForward, rowwise_update_exact

@@ -1,7 +1,7 @@
 """Same scenario + same seed = byte-identical rounds.parquet and devices.parquet, whatever the
 thread count (OMP_NUM_THREADS, --threads), the executor (run, local sweep, Dask sweep) and the
 load (runs side by side). The CNN is the case that used to differ: oneDNN split its
-weight-gradient reductions by thread count (engine/threads.py)."""
+weight-gradient reductions by thread count (host/threads.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from tests.test_evaluator import make_evaluator
-from wirelessfl.engine import threads
+from wirelessfl.host import threads
 from wirelessfl.learning.seeds import keyed_generator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,8 +132,8 @@ def _cnn_results(ev) -> dict[str, torch.Tensor]:
 
 
 def test_threaded_evaluator_passes_do_not_depend_on_the_pool_size(pool_of, monkeypatch):
-    monkeypatch.setattr("wirelessfl.learning.evaluator.SAMPLE_BLOCK", 2)  # several blocks
-    monkeypatch.setattr("wirelessfl.learning.evaluator.PIECE_SAMPLES", 8)  # and pieces
+    monkeypatch.setattr("wirelessfl.problems.classifier.SAMPLE_BLOCK", 2)  # several blocks
+    monkeypatch.setattr("wirelessfl.problems.classifier.PIECE_SAMPLES", 8)  # and pieces
     results = {}
     for size in (1, 2, 3):
         pool_of(size)

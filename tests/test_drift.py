@@ -15,8 +15,8 @@ import pytest
 
 from tests.conftest import run_recording_thetas, small_doc
 from wirelessfl.algorithms.drift import coin_steps
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.errors import UserError
 from wirelessfl.scenario.loader import scenario_from_document
 
@@ -247,7 +247,7 @@ def test_the_manifest_records_the_parameters_each_method_resolved_from_theory(tm
     DANE+ lambda = 2 delta_A (Cor. 5), DANE delta_A (Cor. 21), FedRed-GD Thm 9, GD and Scaffnew
     1/L, Scaffnew p = sqrt(mu / L); FedRed's first communication comes after the Geom(p) draw
     of the resolved p."""
-    from wirelessfl.engine.runner import run_scenario
+    from wirelessfl.pipeline.runner import run_scenario
 
     entries = [{"name": "dane-plus", "rounds": 2}, {"name": "dane", "rounds": 1},
                {"name": "fedred", "rounds": 3}, {"name": "fedred", "rounds": 1, "p": 0.2,

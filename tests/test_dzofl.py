@@ -12,10 +12,10 @@ import torch
 from tests.conftest import small_scenario
 from wirelessfl.algorithms.dzofl import DZOFL, aggregate_delivered
 from wirelessfl.cli import main
-from wirelessfl.engine.build import build_world
+from wirelessfl.pipeline.build import build_world
 from wirelessfl.engine.context import RunContext
 from wirelessfl.engine.network import VectorNetwork
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.learning.quantize import quantize_scalars
 from wirelessfl.learning.seeds import keyed_generator
 from wirelessfl.results.health import assess

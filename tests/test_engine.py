@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from tests.conftest import small_scenario
-from wirelessfl.engine.build import build_world
+from wirelessfl.pipeline.build import build_world
 from wirelessfl.engine.ledger import KINDS
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.pipeline.simulation import run_algorithm
 
 
 def _run(scenario, index=0):

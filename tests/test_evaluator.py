@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
+from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.seeds import keyed_generator
 from wirelessfl.learning.stacked import linear_plan

@@ -149,7 +149,7 @@ def test_logistic_problem_devices_already_carry_their_share():
     (fedred.md Sec. 4.2), so its sample weights are equal (M / n each): weighing by m_i again
     would count the sizes twice. Check: the uniform mean of the f_i's exact gradients is the
     gradient of the mean loss over all samples."""
-    from wirelessfl.engine.build import build_world
+    from wirelessfl.pipeline.build import build_world
 
     doc = small_doc(data={"name": "breast_cancer"}, problem={"name": "logistic"},
                     population={"num_devices": 5},

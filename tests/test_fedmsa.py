@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from tests.conftest import run_recording_thetas, small_doc
-from wirelessfl.algorithms.types import Cost, Payload
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.contract.payload import Cost, Payload
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_generator, keyed_rng
 from wirelessfl.problems.bilevel import BilevelQuadratic, bilevel_quadratic

@@ -23,9 +23,9 @@ import torch
 
 from tests.conftest import run_recording_thetas, small_doc
 from wirelessfl.algorithms.fednest import FedNest, svrg_epoch
-from wirelessfl.algorithms.types import Payload
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.contract.payload import Payload
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.problems.loss_tuning import LossTuning
 from wirelessfl.scenario.loader import scenario_from_document
 

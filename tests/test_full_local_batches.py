@@ -14,10 +14,10 @@ import torch.nn.functional as F
 
 from tests.conftest import run_recording_thetas, small_doc
 from wirelessfl.algorithms.fedavg import FedProxParams
-from wirelessfl.engine.build import build_world
+from wirelessfl.pipeline.build import build_world
 from wirelessfl.engine.ledger import KIND_INDEX
-from wirelessfl.engine.simulation import run_algorithm
-from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
+from wirelessfl.pipeline.simulation import run_algorithm
+from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.minibatch import batch_counts, sample_minibatches
 from wirelessfl.learning.models import build_model
 from wirelessfl.problems.logistic import LogisticProblem

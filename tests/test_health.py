@@ -13,11 +13,11 @@ import torch
 
 from tests.conftest import algorithm_scenario, small_scenario
 from wirelessfl.cli import main
-from wirelessfl.engine.build import build_world
+from wirelessfl.pipeline.build import build_world
 from wirelessfl.engine.context import Diverged, RunContext
 from wirelessfl.engine.network import VectorNetwork
-from wirelessfl.engine.simulation import run_algorithm
-from wirelessfl.learning.evaluator import BatchedEvaluator
+from wirelessfl.pipeline.simulation import run_algorithm
+from wirelessfl.problems.classifier import BatchedEvaluator
 from wirelessfl.results.health import NOT_RECORDED, assess
 from wirelessfl.results.summary import summarize
 from wirelessfl.scenario.loader import load_scenario

@@ -20,9 +20,9 @@ import pytest
 from tests.conftest import small_doc
 from tests.hostile import assert_refused, assert_untouched, run_cli, snapshot
 from wirelessfl.cli import main
-from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, LEGACY_NAME
-from wirelessfl.engine.fingerprint import MANIFEST_KEY
-from wirelessfl.engine.runner import run_scenario
+from wirelessfl.pipeline.checkpoint import CHECKPOINT_NAME, LEGACY_NAME
+from wirelessfl.pipeline.fingerprint import MANIFEST_KEY
+from wirelessfl.pipeline.runner import run_scenario
 from wirelessfl.results.records import read_run
 from wirelessfl.scenario.loader import scenario_from_document
 

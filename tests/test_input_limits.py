@@ -1,7 +1,7 @@
 """What no input may carry, checked over every model and field (so a field added later is
 covered without touching these tests): NaN and inf, floats beyond float32, booleans taken as
 numbers; and the YAML reader's limits (duplicate keys, alias bombs, depth), names and labels,
-and the cheap pre-run checks of scenario/checks.py against the conditions the run meets later."""
+and the cheap pre-run checks of pipeline/preflight.py against the conditions the run meets later."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from tests.conftest import small_doc, small_scenario
 from wirelessfl.energy.profile import EnergyProfile
 from wirelessfl.errors import UserError
 from wirelessfl.plugins import ALGORITHMS
-from wirelessfl.scenario import catalog, checks, names, safe_yaml
+from wirelessfl.pipeline import preflight as checks
+from wirelessfl.scenario import catalog, names, safe_yaml
 from wirelessfl.scenario.loader import (
     FLOAT32_MAX,
     apply_override,

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import small_doc
 from wirelessfl.cli import main
-from wirelessfl.engine.checkpoint import CHECKPOINT_NAME
+from wirelessfl.pipeline.checkpoint import CHECKPOINT_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 # A quick first algorithm, then a long enough second one to be stopped in the middle of.
@@ -217,9 +217,9 @@ def test_a_checkpointed_state_resumes_to_the_same_rounds(tmp_path, name):
     """In process, for algorithms with state of their own: the run resumed from the checkpoint
     after round 3 records exactly the rows and ledger of the run that wrote it."""
     from tests.conftest import algorithm_scenario
-    from wirelessfl.engine.build import build_world
-    from wirelessfl.engine.checkpoint import read_checkpoint
-    from wirelessfl.engine.simulation import run_algorithm
+    from wirelessfl.pipeline.build import build_world
+    from wirelessfl.pipeline.checkpoint import read_checkpoint
+    from wirelessfl.pipeline.simulation import run_algorithm
 
     sc = algorithm_scenario({"name": name, "rounds": 5, "eval_every": 1},
                             ["data.server_fraction=0.3"])

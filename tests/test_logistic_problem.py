@@ -18,8 +18,8 @@ from scipy import optimize
 
 from tests.conftest import small_doc
 from wirelessfl.cli import main
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.errors import UserError
 from wirelessfl.learning.partition import partition
 from wirelessfl.problems import logistic as logistic_module

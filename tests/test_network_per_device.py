@@ -27,15 +27,15 @@ import simpy
 from scipy import special, stats
 
 from tests.conftest import algorithm_scenario, small_scenario
-from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.channel import Cell, Downlink, Uplink
 from wirelessfl.channel.fading import FadingProcess, KeyedFading
 from wirelessfl.energy import ComputeModel, DevicePower
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.engine.build import build_world, draw_population
+from wirelessfl.pipeline.build import build_world, draw_population
 from wirelessfl.engine.ledger import KINDS, Ledger
 from wirelessfl.engine.network import ENGINES
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.learning.seeds import counter_uniform, keyed_rng
 
 MODEL = ModelProfile(params=650, macs_per_sample=640, activations_per_sample=10, input_size=64)
@@ -489,7 +489,7 @@ def test_lazy_idle_is_alive_time_minus_busy_time():
 def test_a_per_device_run_resumes_from_its_checkpoint_to_the_same_rounds(tmp_path):
     """Per-device state (Gauss-Markov, proportional-fair averages, pending lazy charges) goes
     into the checkpoint and comes back: the resumed run records the same rows and ledger."""
-    from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint
+    from wirelessfl.pipeline.checkpoint import CHECKPOINT_NAME, read_checkpoint
 
     sc = algorithm_scenario({"name": "fedavg", "rounds": 5, "eval_every": 1,
                              "participation": 0.5},

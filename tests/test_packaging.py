@@ -23,7 +23,7 @@ def test_wheel_contains_the_catalogs(tmp_path):
             assert f"wirelessfl/_catalog/{kind}/{name}" in names
     assert "wirelessfl/cli.py" in names
     for module in ("sweep/spec.py", "sweep/worker.py", "results/compare.py", "report/html.py",
-                   "tune/study.py", "tune/reproduce.py", "engine/threads.py", "results/health.py"):
+                   "tune/study.py", "tune/reproduce.py", "host/threads.py", "results/health.py"):
         assert f"wirelessfl/{module}" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "wirelessfl = wirelessfl.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -22,7 +22,7 @@ from tests.conftest import (
     run_recording_thetas,
 )
 from wirelessfl.algorithms import drift, fedmsa, fednest, zo_hfl
-from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator, keyed_rng
 
 LOSSY = ["channel.uplink.tx_power_dbm=-10"]
@@ -476,7 +476,7 @@ def test_only_needed_devices_are_computed(monkeypatch):
         return original(self, models, idx)
 
     sc = _scenario({"name": "gd", "full_batch": False, "on_loss": "drop"})
-    from wirelessfl.engine.build import build_world
+    from wirelessfl.pipeline.build import build_world
 
     ev_cls = type(build_world(sc).evaluator)
     assert issubclass(ev_cls, Problem)
@@ -534,7 +534,7 @@ def test_zo_hfl_memory_counts_the_shared_draw_of_every_direction():
     take their rows; with per-device streams the participants' rows alone. The estimates of the
     same scenario's round state differs by the non-participants' rows, (N - round(beta N)) d
     values (5,000 devices: the round, not loading the data, is the peak)."""
-    from wirelessfl.engine.resources import estimate_memory, problem_facts
+    from wirelessfl.pipeline.memory import estimate_memory, problem_facts
 
     def estimate(streams):
         sc = _scenario({"name": "zo-hfl", "tau": 2.0},

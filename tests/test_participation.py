@@ -10,7 +10,7 @@ import numpy as np
 from scipy import stats
 
 from wirelessfl.algorithms.base import Algorithm
-from wirelessfl.engine.participation import participant_indices
+from wirelessfl.algorithms.participation import participant_indices
 from wirelessfl.learning.seeds import keyed_rng
 
 

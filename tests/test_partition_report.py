@@ -64,7 +64,7 @@ def test_schema_rejects_bad_values(bad, where):
 
 
 def test_scenario_error_too_few_samples_for_the_split():
-    from wirelessfl.engine.build import build_world
+    from wirelessfl.pipeline.build import build_world
 
     sc = small_scenario(partition={"scheme": "label-skew", "classes_per_device": 11})
     with pytest.raises(UserError, match=r"partition.classes_per_device=11 exceeds the 10 classes"):
@@ -84,7 +84,7 @@ def test_partition_manifest_and_writer(tmp_path):
 
 
 def test_world_label_counts_are_its_shards():
-    from wirelessfl.engine.build import build_world
+    from wirelessfl.pipeline.build import build_world
 
     sc = small_scenario(partition={"scheme": "dirichlet", "alpha": 0.2}, algorithms=FAST)
     world = build_world(sc)

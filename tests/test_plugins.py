@@ -307,10 +307,10 @@ def test_a_checkpoint_holds_and_restores_plugin_state(installed, tmp_path):
     """A plugin algorithm (with state of its own: FedAvgM's velocity, examples/) over a fading
     plugin, block-correlated so the fading process holds state too: resumed from the checkpoint
     after round 3 it records exactly the rows and ledger of the run that wrote it, as the
-    built-ins do (tests/test_interruption.py; engine/state_tree.py holds plugin objects)."""
-    from wirelessfl.engine.build import build_world
-    from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint
-    from wirelessfl.engine.simulation import run_algorithm
+    built-ins do (tests/test_interruption.py; pipeline/state_tree.py holds plugin objects)."""
+    from wirelessfl.pipeline.build import build_world
+    from wirelessfl.pipeline.checkpoint import CHECKPOINT_NAME, read_checkpoint
+    from wirelessfl.pipeline.simulation import run_algorithm
     from wirelessfl.scenario.loader import scenario_from_document
 
     sys.path.insert(0, str(ROOT / "examples"))

@@ -18,8 +18,8 @@ import pytest
 
 import wirelessfl
 from tests.conftest import small_doc
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.resources import estimate_memory, problem_facts
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.memory import estimate_memory, problem_facts
 from wirelessfl.learning.partition import label_counts, mean_tv_distance
 from wirelessfl.report import plots
 from wirelessfl.results import records
@@ -247,7 +247,7 @@ def test_index_sets_read_the_samples_a_copy_would_hold():
 
     import torch
 
-    from wirelessfl.learning.evaluator import BatchedEvaluator
+    from wirelessfl.problems.classifier import BatchedEvaluator
 
     world = build_world(wirelessfl.load_scenario(_wide_doc(3000)))
     ev = world.evaluator

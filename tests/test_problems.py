@@ -17,8 +17,8 @@ from scipy import optimize, stats
 from torch.func import functional_call
 
 from tests.conftest import small_doc, small_scenario
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.errors import UserError
 from wirelessfl.problems.base import Problem
 from wirelessfl.problems.quadratic import QuadraticProblem, fedred_quadratic

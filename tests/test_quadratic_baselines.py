@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from tests.conftest import small_doc
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.simulation import run_algorithm
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.scenario.loader import scenario_from_document
 
 LR, STEPS, ROUNDS = 0.02, 5, 600

@@ -13,16 +13,16 @@ import torch
 
 from tests.conftest import algorithm_scenario, small_doc, small_scenario
 from wirelessfl.cli import main
-from wirelessfl.engine.build import build_world
-from wirelessfl.engine.checkpoint import read_checkpoint
-from wirelessfl.engine.resources import (
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.checkpoint import read_checkpoint
+from wirelessfl.pipeline.memory import (
     check_memory_from_scenario,
     dataset_shape,
     estimate_memory,
     problem_facts,
 )
-from wirelessfl.engine.runner import run_scenario
-from wirelessfl.engine.simulation import restore_algorithm, run_algorithm
+from wirelessfl.pipeline.runner import run_scenario
+from wirelessfl.pipeline.simulation import restore_algorithm, run_algorithm
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataConfig
 from wirelessfl.plugins import ALGORITHMS
@@ -127,7 +127,7 @@ def test_a_run_over_the_limit_is_refused_before_the_world_is_built(monkeypatch, 
     def no_build(scenario):
         raise AssertionError("built before the memory check")
 
-    monkeypatch.setattr("wirelessfl.engine.runner.build_world", no_build)
+    monkeypatch.setattr("wirelessfl.pipeline.runner.build_world", no_build)
     with pytest.raises(UserError, match="needs about"):
         run_scenario(sc, tmp_path / "out")
     assert not (tmp_path / "out").exists()

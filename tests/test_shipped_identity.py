@@ -5,7 +5,7 @@ written by the code at 5d7e730 (before the restructuring), recorded by
 ``benchmarks/shipped_identity.py --record``. Every scenario runs here (about 30 s of one core in
 all), so this is the script's ``--check`` in process. The digests themselves are checked against
 hand-built bytes, and their stability: the same short run twice, and with 1 and 2 host threads
-(the project promises results independent of the thread count, engine/threads.py).
+(the project promises results independent of the thread count, host/threads.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_the_same_short_run_twice_gives_the_same_digests(work):
 
 def test_one_and_two_host_threads_give_the_same_digests(work):
     """seed002-digits28: the seed-002 CNN, whose convolution gradients once changed with the
-    thread count (engine/threads.py); and quickstart's 50 devices over the pool."""
+    thread count (host/threads.py); and quickstart's 50 devices over the pool."""
     for name in ("seed002-digits28", "quickstart"):
         one, two = short_run(name, work, threads=1), short_run(name, work, threads=2)
         for table in identity.TABLES:

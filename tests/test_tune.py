@@ -212,7 +212,7 @@ def test_every_shipped_comparison_says_untuned_or_has_a_tune_file():
 
 def test_stop_at_target_ends_each_algorithm_at_its_first_row_at_target(tmp_path):
     """The stopped run's rows are the full run's rows up to the first one at the target."""
-    from wirelessfl.engine.runner import run_scenario
+    from wirelessfl.pipeline.runner import run_scenario
     from wirelessfl.results.records import read_run
     from wirelessfl.scenario.loader import load_scenario
 
@@ -242,7 +242,7 @@ def test_stop_when_unhealthy_ends_a_run_at_the_first_row_whose_loss_broke_the_li
     run is the full run's rows up to the first one whose loss exceeds max_loss_growth x the
     first loss (recomputed here from the full run), and it is still judged unhealthy; a
     healthy algorithm in the same scenario runs to its last round."""
-    from wirelessfl.engine.runner import run_scenario
+    from wirelessfl.pipeline.runner import run_scenario
     from wirelessfl.results.records import read_run
     from wirelessfl.scenario.loader import load_scenario
 

@@ -4,7 +4,7 @@ Load a scenario (a catalog name, a YAML file or a dict, with overrides), run it 
 into a run folder, and get a ``Result``: the tables as pandas DataFrames, the summary, the
 manifest and the figures; load a saved run as a ``Result``, and a sweep, a tuning study or a
 reproduction as one tidy DataFrame. Everything delegates to the code the command line runs
-(scenario/loader.py, engine/runner.py, results/, report/plots.py), so that the API and the CLI
+(scenario/loader.py, pipeline/runner.py, results/, report/plots.py), so that the API and the CLI
 give the same numbers and the same one-line ``UserError`` messages.
 
 The top-level names (``wirelessfl.run`` ...) are the stable ones; this module's other names are
@@ -117,7 +117,7 @@ def run(scenario_or_source, out=None, *, overrides=(), progress: bool = False,
     progress on stderr (a bar on a terminal, a plain line now and then elsewhere). ``threads``:
     host threads, as ``--threads`` (the results do not depend on it). Warnings are printed to stderr, as the CLI prints them, and kept in
     ``Result.warnings``."""
-    from wirelessfl.engine.runner import run_to_record
+    from wirelessfl.pipeline.runner import run_to_record
 
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise UserError(f"threads: must be a positive number of threads, got {threads!r}")
@@ -128,7 +128,7 @@ def run(scenario_or_source, out=None, *, overrides=(), progress: bool = False,
         warnings.append(text)
         print(text, file=sys.stderr)
 
-    from wirelessfl.progress import RunProgress
+    from wirelessfl.host.progress import RunProgress
 
     # The CLI's progress: a bar on a terminal, plain lines in a log or a notebook's stderr.
     bar = RunProgress([(p.display_name, p.rounds) for p in scenario.algorithms],

@@ -46,7 +46,7 @@ def _interruptible(run, study, out: Path, args):
     Ctrl-C / SIGTERM with the line saying the finished runs in ``out`` are kept (sweep, tune,
     reproduce: the same command again finishes the rest). SIGTERM (``scancel``, ``kill``) is
     Ctrl-C here: the workers are stopped and reaped, what finished is recorded, exit 130."""
-    from wirelessfl.engine.runner import sigterm_as_interrupt
+    from wirelessfl.pipeline.runner import sigterm_as_interrupt
     from wirelessfl.sweep.executors import default_workers
 
     try:
@@ -60,15 +60,15 @@ def _interruptible(run, study, out: Path, args):
 
 
 def _cmd_run(args) -> int:
-    from wirelessfl.engine import threads
-    from wirelessfl.engine.build import build_world
-    from wirelessfl.engine.resources import check_memory_from_scenario
-    from wirelessfl.engine.runner import run_scenario
-    from wirelessfl.progress import RunProgress
+    from wirelessfl.host import threads
+    from wirelessfl.pipeline.build import build_world
+    from wirelessfl.pipeline.memory import check_memory_from_scenario
+    from wirelessfl.pipeline.runner import run_scenario
+    from wirelessfl.host.progress import RunProgress
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import FINISHED, read_run
     from wirelessfl.results.summary import format_summary, health_lines
-    from wirelessfl.scenario.checks import check_runnable
+    from wirelessfl.pipeline.preflight import check_runnable
     from wirelessfl.scenario.loader import load_scenario, scenario_from_document
 
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
@@ -259,10 +259,10 @@ def _cmd_crossover(args) -> int:
 
 def _cmd_validate(args) -> int:
     """Everything ``run`` (or ``sweep``, ``tune``) checks before it starts, with nothing run:
-    the file, then every run's scenario through scenario/checks.py; plausibility warnings as
+    the file, then every run's scenario through pipeline/preflight.py; plausibility warnings as
     ``warning:`` lines on stderr."""
     from wirelessfl.scenario import catalog
-    from wirelessfl.scenario.checks import check_runnable
+    from wirelessfl.pipeline.preflight import check_runnable
     from wirelessfl.scenario.loader import is_sweep_document, is_tune_document, load_scenario
 
     path = catalog.find("scenarios", args.scenario, "scenario")
@@ -299,7 +299,7 @@ def _cmd_validate(args) -> int:
               f"{len(sweep.spec.seeds)} seeds; keys: {', '.join(sweep.keys)})")
         return 0
     scenario = load_scenario(args.scenario, args.set or [])
-    from wirelessfl.engine.resources import check_memory_from_scenario
+    from wirelessfl.pipeline.memory import check_memory_from_scenario
 
     try:
         warnings = check_runnable(scenario)
@@ -320,7 +320,7 @@ def _cmd_validate(args) -> int:
 def _check_runs(runs: list[tuple[str, dict]], source: Path) -> None:
     """``check_runnable`` on every run's resolved scenario of a sweep or tune file (once per
     distinct scenario, seeds aside); an error names the run, warnings are printed once."""
-    from wirelessfl.scenario.checks import check_runnable
+    from wirelessfl.pipeline.preflight import check_runnable
     from wirelessfl.scenario.loader import scenario_from_document
 
     seen, warned = set(), set()

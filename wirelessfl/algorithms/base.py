@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from wirelessfl.algorithms.types import Payload
-from wirelessfl.engine.participation import participant_count, participant_indices
+from wirelessfl.contract.payload import Payload
+from wirelessfl.algorithms.participation import participant_count, participant_indices
 from wirelessfl.learning.quantize import FULL_PRECISION_BITS, quantize_rows, quantize_scalars
 from wirelessfl.learning.seeds import counter_uniform, device_uniform, keyed_generator
 
@@ -116,7 +116,7 @@ class Algorithm:
         self.round_index = 0
 
     # [N, d] arrays (in the problem's compute precision) the algorithm holds at its peak, beyond
-    # the evaluator's chunked work: what the pre-run memory check (engine/resources.py) counts.
+    # the evaluator's chunked work: what the pre-run memory check (pipeline/memory.py) counts.
     peak_device_arrays: ClassVar[int] = 0
 
     # True when a round computes only for the devices it asks (their work alone can matter):

@@ -9,7 +9,7 @@ part: after R rounds with participation beta, about N (1 - (1 - beta)^R) rows
 (``expected_rows``, what the pre-run memory check counts).
 
 Rows live in fixed-size blocks of ``BLOCK_ROWS`` (a list that grows), so the checkpoint walk
-(engine/state_tree.py), which refuses an array whose shape changed, sees only new blocks
+(pipeline/state_tree.py), which refuses an array whose shape changed, sees only new blocks
 appear; ``slot`` [N] maps a device to its row (-1: none yet, the default value).
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from wirelessfl.engine.participation import participant_count
+from wirelessfl.algorithms.participation import participant_count
 
 # Rows per storage block [D]: large enough that gathers touch few blocks, small enough that the
 # last, partly used block wastes little (1,024 rows of a 9,000-parameter model: 37 MB).

@@ -53,8 +53,8 @@ from pydantic import Field, model_validator
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.algorithms.device_state import BLOCK_ROWS, DeviceRows, expected_rows
-from wirelessfl.algorithms.types import Cost, Payload
-from wirelessfl.engine.participation import participant_count
+from wirelessfl.contract.payload import Cost, Payload
+from wirelessfl.algorithms.participation import participant_count
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
 
@@ -138,7 +138,7 @@ class DriftCorrected(Algorithm):
     def theory_needs(cls, params: DriftParams) -> list[tuple[str, str, tuple[str, ...]]]:
         """(parameter, rule, problem constants) of each parameter left to its theory default
         by ``params``: what ``setup`` will read from the problem (``theory_value``), so that a
-        scenario can be checked before anything is built (scenario/checks.py)."""
+        scenario can be checked before anything is built (pipeline/preflight.py)."""
         return []
     # Peak [n, d] arrays of a round's n participants: gradients at the anchor, h_i, local
     # iterates, the local gradient and the step's temporaries; ``held_arrays`` of them are

@@ -15,7 +15,7 @@ import torch
 from pydantic import Field, model_validator
 
 from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams
-from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator
 
 

@@ -52,7 +52,7 @@ from pydantic import Field, field_validator
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.algorithms.device_state import BLOCK_ROWS, DeviceRows, expected_rows
-from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator
 
 

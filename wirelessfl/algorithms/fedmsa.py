@@ -41,7 +41,7 @@ import torch
 from pydantic import Field
 
 from wirelessfl.algorithms.drift import DriftCorrected, DriftParams
-from wirelessfl.algorithms.types import Payload
+from wirelessfl.contract.payload import Payload
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_generator, keyed_rng
 from wirelessfl.problems.bilevel import MSAProblem

@@ -63,7 +63,7 @@ import torch
 from pydantic import Field
 
 from wirelessfl.algorithms.drift import DriftCorrected, DriftParams
-from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_generator
 from wirelessfl.problems.bilevel import BilevelProblem, EpochBatch

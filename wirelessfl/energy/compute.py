@@ -88,7 +88,7 @@ def _functions(energy: EnergyProfile):
 
 def check_bits(energy: EnergyProfile, bits: int) -> None:
     """Refuse a bit width M that ``energy``'s compute model cannot price (UserError); checked
-    when a run prices its passes and, before it starts, by scenario/checks.py."""
+    when a run prices its passes and, before it starts, by pipeline/preflight.py."""
     _functions(energy)[0](energy, bits)
 
 

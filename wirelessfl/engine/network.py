@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from wirelessfl.algorithms.types import Cost, Payload
+from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.energy.device import DevicePower
 from wirelessfl.energy.radio import radio_energy_j
 from wirelessfl.engine.ledger import Ledger
@@ -241,7 +241,7 @@ class Network:
         self._lazy = self.per_device and not self._batteries
         # The links' fading processes exist from the start (building one draws nothing), so a
         # run's state is in objects that are there when it starts: what a checkpoint restores
-        # into (engine/checkpoint.py).
+        # into (pipeline/checkpoint.py).
         if self.per_device:
             from wirelessfl.channel.link import DOWNLINK_FADING_STREAM, UPLINK_FADING_STREAM
 

@@ -400,7 +400,7 @@ def data_facts(config: DataConfig) -> DataFacts:
     """``DataFacts`` of ``config``, checked against the disk without reading the data: the folder
     and files exist, and IDX headers are sane (magic number, dimensions, sizes that match the
     files and each other). ``wirelessfl validate`` and the start of a run call it
-    (scenario/checks.py), so that a missing folder is refused before anything is created."""
+    (pipeline/preflight.py), so that a missing folder is refused before anything is created."""
     if config.name not in BUILTIN_DATASETS:
         facts = plugin_facts(config)
         train = facts.get("train_samples")

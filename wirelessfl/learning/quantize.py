@@ -242,7 +242,7 @@ def _round_within(x: torch.Tensor, bits: int, scale: torch.Tensor, generator: No
 def payload_bits_vector(length: int, bits: int, header_bits: int = SCALE_HEADER_BITS) -> int:
     """Size [bit] of one quantised vector: length * bits plus its scale header (none at >= 32 bits).
 
-    Matches ``Payload.vectors`` in wirelessfl.algorithms.types.
+    Matches ``Payload.vectors`` in wirelessfl.contract.payload.
     """
     return length * bits + (header_bits if bits < FULL_PRECISION_BITS else 0)
 

@@ -13,7 +13,7 @@ a scenario always takes the same arithmetic path (same seed, same numbers):
   produces (measured in benchmarks/README.md, "per-device model strategies"; a grouped
   convolution over the devices' channel-stacked inputs gives the same bits but was ~15 % slower
   on one thread). Each device's forward (and backward) is one task of the run's thread pool
-  (engine/threads.py) when the model holds no buffers (its private copy per thread then
+  (host/threads.py) when the model holds no buffers (its private copy per thread then
   computes exactly what the original would); results are written in device order, so they
   never depend on the thread count. A model whose ``layers()`` are Conv2d / ReLU / MaxPool2d
   steps followed by Flatten and a Linear / ReLU tail (the seed-002 CNN) takes its passes layer
@@ -32,10 +32,10 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from wirelessfl.engine.threads import parallel_map
+from wirelessfl.host.threads import parallel_map
 
 if TYPE_CHECKING:  # evaluator imports this module
-    from wirelessfl.learning.evaluator import FlatModel
+    from wirelessfl.problems.classifier import FlatModel
 
 CHANNELS_LAST = torch.channels_last
 

@@ -25,7 +25,7 @@ problem edits no other module:
   the dataset and its split) from the resolved scenario; seeded only from keyed streams of
   ``scenario.seed`` so the same scenario gives the same problem.
 * ``memory(scenario, limit_bytes) -> ProblemFacts``: its size from the scenario alone, for the
-  memory estimate (engine/resources.py), without building it.
+  memory estimate (pipeline/memory.py), without building it.
 * ``fit(scenario)``: rules across sections (raise ``ValueError``; e.g. one device per client),
   run at the end of the scenario's validation; may fill in values (``clients``).
 * ``check(scenario, facts)``: what would only fail once built, checked from the scenario and
@@ -37,7 +37,7 @@ problem edits no other module:
   ``multi_sequence`` (an ``MSAProblem``: FedMSA runs on it and single-level methods do not),
   ``bilevel`` (a ``BilevelProblem``: FedNest runs on it).
 
-Algorithms that need a kind of problem check a capability, never a name (scenario/checks.py).
+Algorithms that need a kind of problem check a capability, never a name (pipeline/preflight.py).
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_generator
 
 if TYPE_CHECKING:
-    from wirelessfl.engine.resources import ProblemFacts
+    from wirelessfl.pipeline.memory import ProblemFacts
     from wirelessfl.learning.datasets import DataFacts, Dataset
-    from wirelessfl.learning.evaluator import FlatModel
+    from wirelessfl.problems.classifier import FlatModel
     from wirelessfl.learning.partition import DeviceSamples
     from wirelessfl.scenario.schema import Scenario
 

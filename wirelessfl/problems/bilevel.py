@@ -38,9 +38,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from wirelessfl.algorithms.types import Cost
+from wirelessfl.contract.payload import Cost
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.engine.resources import ProblemFacts
+from wirelessfl.pipeline.memory import ProblemFacts
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_normals, keyed_rng
 from wirelessfl.problems.base import (

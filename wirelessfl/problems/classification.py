@@ -1,7 +1,7 @@
 """Classification: a model from the zoo trained on a dataset split over the devices.
 
 f_i is the mean cross-entropy over device i's samples (+ model.l2/2 ||theta||^2), computed for
-all devices at once by ``BatchedEvaluator`` (learning/evaluator.py). The problem reads the
+all devices at once by ``BatchedEvaluator`` (problems/classifier.py). The problem reads the
 ``data``, ``model`` and ``partition`` sections; its own section has one key.
 """
 
@@ -13,10 +13,10 @@ import torch
 from pydantic import Field
 
 from wirelessfl.energy import profile_model
-from wirelessfl.engine.resources import ProblemFacts, data_bytes
+from wirelessfl.pipeline.memory import ProblemFacts, data_bytes
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataFacts
-from wirelessfl.learning.evaluator import BatchedEvaluator, DeviceData, FlatModel
+from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData, FlatModel
 from wirelessfl.learning.models import MODEL_NAMES, build_model
 from wirelessfl.learning.seeds import stream_key
 from wirelessfl.problems.base import BuiltProblem, ProblemConfig, ProblemSpec

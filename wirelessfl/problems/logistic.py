@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.engine.resources import ProblemFacts, data_bytes
+from wirelessfl.pipeline.memory import ProblemFacts, data_bytes
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import BUILTIN_CLASSES
 from wirelessfl.learning.minibatch import (

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from wirelessfl.algorithms.types import Cost
+from wirelessfl.contract.payload import Cost
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.engine.resources import ProblemFacts, data_bytes
+from wirelessfl.pipeline.memory import ProblemFacts, data_bytes
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import load_dataset
 from wirelessfl.learning.seeds import keyed_rng

@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from scipy.optimize import brentq
 
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.engine.resources import ProblemFacts
+from wirelessfl.pipeline.memory import ProblemFacts
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_normals, keyed_rng
 from wirelessfl.problems.base import (

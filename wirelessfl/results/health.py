@@ -29,7 +29,7 @@ NOT_RECORDED = "clipping and empty rounds not recorded: the run predates the hea
 
 
 def failed_reason(when: str) -> str:
-    """Why an algorithm that raised an exception (status ``failed``, engine/simulation.py) is
+    """Why an algorithm that raised an exception (status ``failed``, pipeline/simulation.py) is
     unhealthy; ``when``: "after round R" or "before its first evaluation"."""
     return (f"failed: an error stopped it {when} (its message and traceback are in the "
             "manifest's algorithms entry)")

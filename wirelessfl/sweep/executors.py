@@ -1,7 +1,7 @@
 """Where a sweep's runs execute: local worker processes (default) or a Dask distributed cluster
 (a LocalCluster, or an existing scheduler: a workstation, several machines, dask-jobqueue on
 SLURM). Both yield each run's result as it finishes; results do not depend on the executor, nor
-on the threads each run gets (engine/threads.py)."""
+on the threads each run gets (host/threads.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from wirelessfl.engine import threads as host_threads
+from wirelessfl.host import threads as host_threads
 from wirelessfl.errors import UserError
 from wirelessfl.sweep.worker import STOPPED, run_point, serve
 

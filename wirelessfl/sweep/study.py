@@ -15,7 +15,7 @@ import pandas as pd
 
 from wirelessfl.errors import UserError
 from wirelessfl.plugins import worker_plugins
-from wirelessfl.progress import Progress
+from wirelessfl.host.progress import Progress
 from wirelessfl.results.compare import table_value
 from wirelessfl.results.records import (
     acquire_lock,

@@ -1,6 +1,6 @@
 """What runs in a sweep worker (a local process or a Dask worker): one point, start to finish.
 
-The worker writes the run folder with the same code as `wirelessfl run` (engine/runner.py) into a
+The worker writes the run folder with the same code as `wirelessfl run` (pipeline/runner.py) into a
 private temporary folder and sends the files back; the sweep process puts them in place with one
 rename. So a Dask worker on another machine needs no shared filesystem.
 
@@ -22,7 +22,7 @@ import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from wirelessfl.engine import threads
+from wirelessfl.host import threads
 
 
 def run_point(task: dict) -> dict:
@@ -31,11 +31,11 @@ def run_point(task: dict) -> dict:
 
     ``task["threads"]``: {"requested": N or None, "used": the pool size, "busy": the load seen}
     (sweep/executors.py's ``thread_plan``; without it, chosen here). One intra-op thread either way
-    (engine/threads.py), so the results do not depend on it."""
+    (host/threads.py), so the results do not depend on it."""
     wanted = task.get("threads") or {}
     setting = threads.configure(wanted.get("requested"), wanted.get("used"), wanted.get("busy"))
     import wirelessfl
-    from wirelessfl.engine.runner import run_scenario
+    from wirelessfl.pipeline.runner import run_scenario
     from wirelessfl.errors import UserError
     from wirelessfl.plugins import import_worker_modules
     from wirelessfl.results.records import folder_files

@@ -7,7 +7,7 @@ the resumed results looked right). Nothing in this format can choose code or bui
 * The file (``checkpoint.npz``) is an uncompressed zip that ``numpy.load(path,
   allow_pickle=False)`` reads: ``header.json`` (format, algorithm label, rounds completed,
   simulated time, the fingerprint of what it belongs to), ``state.json`` (the state tree of
-  engine/state_tree.py) and ``arrays/aN.npy`` (numeric arrays in .npy format, little-endian).
+  pipeline/state_tree.py) and ``arrays/aN.npy`` (numeric arrays in .npy format, little-endian).
   It is read with ``zipfile``, ``json`` and the .npy header parser only; no pickle, no
   ``torch.load``.
 * A resumed run builds its objects fresh from the scenario exactly as a run starts (the
@@ -28,7 +28,7 @@ the resumed results looked right). Nothing in this format can choose code or bui
   before anything is allocated, and object dtypes are refused. Any damage (truncated, garbage,
   wrong members, a tree that does not fit the fresh run) is one ``UserError`` line naming the
   file and the fix: delete it to rerun that algorithm from its start.
-* The header's fingerprint (engine/fingerprint.py: scenario, seed, the algorithm's parameters)
+* The header's fingerprint (pipeline/fingerprint.py: scenario, seed, the algorithm's parameters)
   must match the run being resumed, so a checkpoint copied from another run or written before
   the manifest was edited is refused.
 * A ``checkpoint.pkl`` left by an older wirelessfl is never opened: ``--resume`` refuses the
@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from wirelessfl.engine.state_tree import ArraySource, StateError, capture, restore
+from wirelessfl.pipeline.state_tree import ArraySource, StateError, capture, restore
 from wirelessfl.errors import UserError
 
 CHECKPOINT_NAME = "checkpoint.npz"

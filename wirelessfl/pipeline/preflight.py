@@ -1,6 +1,6 @@
 """Every check a run would otherwise meet only once the world is built or an algorithm starts,
 made from the scenario alone: ``wirelessfl validate`` and the start of every run
-(engine/runner.py) call ``check_runnable``, so a scenario that validates does not fail hours
+(pipeline/runner.py) call ``check_runnable``, so a scenario that validates does not fail hours
 later, and a run that cannot work is refused before its folder exists.
 
 The checks are cheap: no dataset is loaded (files are looked at, IDX headers read), no model
@@ -19,8 +19,8 @@ folder exists. What is checked, and where the same condition is met at run time:
   with the problem constants its default rules read (``DriftCorrected.theory_needs``), with a
   loss at the base station where it needs one (ZO-HFL, ``server_data``), at a bit width its
   energy model prices (energy/compute.py);
-* ``--checkpoint-every`` needs the vectorized engine (engine/simulation.py); ``device: cuda``
-  needs a GPU (engine/build.py).
+* ``--checkpoint-every`` needs the vectorized engine (pipeline/simulation.py); ``device: cuda``
+  needs a GPU (pipeline/build.py).
 
 Warnings (returned, not raised): values whose unit makes them implausible (``bandwidth_hz: 2``),
 ``plausibility_warnings``.

@@ -12,18 +12,18 @@ import pandas as pd
 import simpy
 
 from wirelessfl.algorithms.base import AlgorithmParams
-from wirelessfl.engine.build import World
-from wirelessfl.engine.checkpoint import (
+from wirelessfl.pipeline.build import World
+from wirelessfl.pipeline.checkpoint import (
     Checkpoint,
     check_belongs,
     restore_state,
     save_checkpoint,
 )
 from wirelessfl.engine.context import BecameUnhealthy, Diverged, ReachedTarget, RunContext
-from wirelessfl.engine.fingerprint import algorithm_fingerprint
+from wirelessfl.pipeline.fingerprint import algorithm_fingerprint
 from wirelessfl.engine.ledger import KIND_INDEX, Ledger
 from wirelessfl.engine.network import ENGINES
-from wirelessfl.engine.state_tree import StateError, kept_ids, skeleton
+from wirelessfl.pipeline.state_tree import StateError, kept_ids, skeleton
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.plugins import algorithm_class
@@ -86,13 +86,13 @@ def run_algorithm(world: World, params: AlgorithmParams,
                   checkpoint_path: Path | None = None, resume: Checkpoint | None = None
                   ) -> AlgorithmRun:
     """Simulate one algorithm from theta_0 (or from a checkpoint, ``resume``: the header that
-    engine/checkpoint.read_checkpoint returns) to its last round in a fresh SimPy environment;
+    pipeline/checkpoint.read_checkpoint returns) to its last round in a fresh SimPy environment;
     with ``checkpoint_every`` > 0, save the run's state to ``checkpoint_path`` every that many
     rounds.
 
     A resumed run is built exactly as a fresh one (same constructors, ``setup`` included), in an
     environment at the checkpoint's time, and the checkpoint's state is then put into it
-    (engine/checkpoint.py): nothing in the file builds objects or chooses code."""
+    (pipeline/checkpoint.py): nothing in the file builds objects or chooses code."""
     sc = world.scenario
     if checkpoint_every and sc.engine.mode != "vectorized":
         raise UserError("checkpoints need engine.mode: vectorized (the processes engine keeps "
@@ -119,7 +119,7 @@ def run_algorithm(world: World, params: AlgorithmParams,
     ctx = algorithm.ctx
     kept = _given(world, algorithm)
     start_graph = None
-    if checkpoint_every:  # what every checkpoint is checked against (engine/state_tree.py)
+    if checkpoint_every:  # what every checkpoint is checked against (pipeline/state_tree.py)
         try:
             start_graph = skeleton(algorithm, kept)
         except StateError as err:
@@ -167,7 +167,7 @@ def run_algorithm(world: World, params: AlgorithmParams,
 def _failed(run: AlgorithmRun, err: Exception, round_index: int) -> AlgorithmRun:
     """``run`` ended by the exception ``err`` (a bug, a library's error, memory): status
     ``failed``, its rows so far kept, the message (type and text, on one line) and the traceback
-    for its manifest entry; engine/runner.py records it and runs the other algorithms."""
+    for its manifest entry; pipeline/runner.py records it and runs the other algorithms."""
     said = " ".join(str(err).split())
     run.status, run.error = "failed", err
     run.message = (f"{run.label}: failed at round {round_index}: {type(err).__name__}"

@@ -54,7 +54,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wirelessfl.engine.participation import participant_count
+from wirelessfl.algorithms.participation import participant_count
 from wirelessfl.errors import UserError
 from wirelessfl.learning.partition import fewest_samples
 from wirelessfl.plugins import algorithm_class
@@ -106,7 +106,7 @@ SAMPLE_BYTES = 40
 # rows inside their own scales): the float32 input and output and five float64 work arrays at
 # its peak (the input's float64 copy, position, floor, uniforms, result; measured with
 # benchmarks/memory_estimate.py). Blocks below glibc's mmap threshold (32 MiB as
-# engine/allocator.py sets it) come from the heap, where freed space is reused less tightly:
+# host/allocator.py sets it) come from the heap, where freed space is reused less tightly:
 # HEAP_FACTOR times as much (78 B a quantised value).
 QUANTIZE_VALUE_BYTES = 48
 HEAP_FACTOR = 104 / 64
@@ -117,7 +117,7 @@ ROW_VALUE_COPIES = 3
 # FGDRO's chunk: w, m and q of the chunk's devices, their gradients, updates and uploads (it
 # quantises runs of consecutive devices, each small).
 FGDRO_ROW_COPIES = 11
-# Autograd copies of each activation (the evaluator's own chunk rule, learning/evaluator.py).
+# Autograd copies of each activation (the evaluator's own chunk rule, problems/classifier.py).
 ACTIVATION_COPIES = 3
 BYTES_PER_FLOAT = 4
 

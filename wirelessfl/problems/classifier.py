@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from wirelessfl.engine.threads import parallel_map
+from wirelessfl.host.threads import parallel_map
 from wirelessfl.errors import UserError
 from wirelessfl.learning.conv_chain import ConvChain
 from wirelessfl.learning.minibatch import (

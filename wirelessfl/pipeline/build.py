@@ -25,10 +25,10 @@ from wirelessfl.energy import (
     lognormal_frequencies_hz,
     uniform_frequencies_hz,
 )
-from wirelessfl.engine.allocator import keep_freed_memory
+from wirelessfl.host.allocator import keep_freed_memory
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import Dataset
-from wirelessfl.learning.evaluator import FlatModel
+from wirelessfl.problems.classifier import FlatModel
 from wirelessfl.learning.partition import DeviceSamples, label_counts
 from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.plugins import problem_spec
@@ -187,7 +187,7 @@ def draw_population(scenario: Scenario
 
 def build_world(scenario: Scenario) -> World:
     """Place devices (stream (seed, "placement")), then build the registered problem."""
-    keep_freed_memory()  # the round's large temporaries reuse heap memory (engine/allocator.py)
+    keep_freed_memory()  # the round's large temporaries reuse heap memory (host/allocator.py)
     seed, n = scenario.seed, scenario.population.num_devices
     device = torch_device(scenario.device)
     if scenario.population.distances_m is not None:

@@ -14,17 +14,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from wirelessfl.engine.build import World, build_world
-from wirelessfl.engine.checkpoint import CHECKPOINT_NAME, read_checkpoint, refuse_legacy
-from wirelessfl.engine.fingerprint import MANIFEST_KEY, check_resumable, scenario_fingerprint
-from wirelessfl.engine.resources import check_memory_from_scenario
-from wirelessfl.engine.simulation import run_algorithm
-from wirelessfl.engine.threads import ensure as ensure_threads
+from wirelessfl.pipeline.build import World, build_world
+from wirelessfl.pipeline.checkpoint import CHECKPOINT_NAME, read_checkpoint, refuse_legacy
+from wirelessfl.pipeline.fingerprint import MANIFEST_KEY, check_resumable, scenario_fingerprint
+from wirelessfl.pipeline.memory import check_memory_from_scenario
+from wirelessfl.pipeline.simulation import run_algorithm
+from wirelessfl.host.threads import ensure as ensure_threads
 from wirelessfl.errors import UserError
 from wirelessfl.results.health import manifest_entry
 from wirelessfl.results.records import MemoryWriter, RunRecord, RunWriter, device_records
 from wirelessfl.results.summary import summarize
-from wirelessfl.scenario.checks import check_runnable
+from wirelessfl.pipeline.preflight import check_runnable
 from wirelessfl.scenario.loader import resolved_document
 from wirelessfl.scenario.schema import Scenario
 
@@ -85,7 +85,7 @@ def run_to_record(scenario: Scenario, out: Path | None, world: World | None = No
     ``checkpoint_every``: save the running algorithm's state every that many rounds. The memory
     check runs first (the caller's, when it passes ``world``). Ctrl-C / SIGTERM record the
     running algorithm's rounds as ``interrupted``, mark the run ``interrupted`` and re-raise
-    KeyboardInterrupt. ``threads``: host threads (engine/threads.py; default: the CPUs
+    KeyboardInterrupt. ``threads``: host threads (host/threads.py; default: the CPUs
     available), recorded in the manifest; the results do not depend on it."""
     if out is None and (resume or checkpoint_every):
         raise UserError("resuming and checkpoints need a run folder: give out=FOLDER")
@@ -158,8 +158,8 @@ def run_to_record(scenario: Scenario, out: Path | None, world: World | None = No
 
 def check_folder(out: Path, scenario: Scenario, warn: Callable[[str], None]) -> None:
     """Before a run folder is resumed: its manifest's scenario must be the one it started with
-    (engine/fingerprint.py), and a checkpoint in the old pickle format is refused unread
-    (engine/checkpoint.py); both before the folder is reopened (nothing in it changes)."""
+    (pipeline/fingerprint.py), and a checkpoint in the old pickle format is refused unread
+    (pipeline/checkpoint.py); both before the folder is reopened (nothing in it changes)."""
     try:
         manifest = json.loads((Path(out) / "manifest.json").read_text())
     except (OSError, ValueError, RecursionError):
