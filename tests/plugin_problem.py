@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from wirelessfl.pipeline.memory import ProblemFacts
+from wirelessfl.contract.problem import ProblemFacts
 from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.problems.base import (
     ALL_CONSTANTS,

@@ -15,9 +15,9 @@ import pytest
 
 from tests.conftest import run_recording_thetas, small_doc
 from wirelessfl.algorithms.drift import coin_steps
+from wirelessfl.errors import UserError
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
-from wirelessfl.errors import UserError
 from wirelessfl.scenario.loader import scenario_from_document
 
 # A small instance of fedred.md's synthetic quadratic: L / delta = 10, as in the paper's regime.
@@ -259,8 +259,9 @@ def test_the_manifest_records_the_parameters_each_method_resolved_from_theory(tm
         doc.pop(key)
     doc["population"] = {"num_devices": PROBLEM["clients"]}
     sc = scenario_from_document(doc, "drift.yaml")
-    world = build_world(sc)
-    run_scenario(sc, tmp_path / "run", world=world, warn=lambda _: None)
+    built = []
+    run_scenario(sc, tmp_path / "run", on_world=built.append, warn=lambda _: None)
+    [world] = built
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())["algorithms"]
     a = world.evaluator.a_np
     big_l = max(np.linalg.norm(a_i, 2) for a_i in a)

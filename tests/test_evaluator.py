@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData, FlatModel
+from wirelessfl.learning.flat_model import FlatModel
+from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.seeds import keyed_generator
 from wirelessfl.learning.stacked import linear_plan

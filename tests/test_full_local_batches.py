@@ -17,7 +17,8 @@ from wirelessfl.algorithms.fedavg import FedProxParams
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.engine.ledger import KIND_INDEX
 from wirelessfl.pipeline.simulation import run_algorithm
-from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData, FlatModel
+from wirelessfl.learning.flat_model import FlatModel
+from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
 from wirelessfl.learning.minibatch import batch_counts, sample_minibatches
 from wirelessfl.learning.models import build_model
 from wirelessfl.problems.logistic import LogisticProblem

@@ -13,19 +13,19 @@ import torch
 
 from tests.conftest import algorithm_scenario, small_doc, small_scenario
 from wirelessfl.cli import main
+from wirelessfl.errors import UserError
+from wirelessfl.learning.datasets import DataConfig
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.checkpoint import read_checkpoint
 from wirelessfl.pipeline.memory import (
     check_memory_from_scenario,
-    dataset_shape,
     estimate_memory,
     problem_facts,
 )
 from wirelessfl.pipeline.runner import run_scenario
 from wirelessfl.pipeline.simulation import restore_algorithm, run_algorithm
-from wirelessfl.errors import UserError
-from wirelessfl.learning.datasets import DataConfig
 from wirelessfl.plugins import ALGORITHMS
+from wirelessfl.problems.data_size import dataset_shape
 
 REGISTRY = ALGORITHMS.load_builtins()
 

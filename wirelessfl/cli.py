@@ -60,15 +60,11 @@ def _interruptible(run, study, out: Path, args):
 
 
 def _cmd_run(args) -> int:
-    from wirelessfl.host import threads
-    from wirelessfl.pipeline.build import build_world
-    from wirelessfl.pipeline.memory import check_memory_from_scenario
-    from wirelessfl.pipeline.runner import run_scenario
     from wirelessfl.host.progress import RunProgress
+    from wirelessfl.pipeline.runner import run_scenario
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import FINISHED, read_run
     from wirelessfl.results.summary import format_summary, health_lines
-    from wirelessfl.pipeline.preflight import check_runnable
     from wirelessfl.scenario.loader import load_scenario, scenario_from_document
 
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
@@ -92,22 +88,21 @@ def _cmd_run(args) -> int:
         scenario = load_scenario(args.scenario, args.set or [])
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
-    threads.configure(args.threads)  # before any numerics, building the world's included
-    check_runnable(scenario, args.checkpoint_every,  # before the data is loaded
-                   warn=lambda text: print(text, file=sys.stderr))
-    check_memory_from_scenario(scenario)  # before anything is loaded, built or written
-    world = build_world(scenario)
-    d = world.evaluator.d
-    what = (f"model {scenario.model.name} (d = {d:,}), dataset {scenario.data.name}"
-            if world.flat is not None else f"problem {scenario.problem.name} (d = {d:,})")
-    resumed = (f"; resuming: {len(done)} of {len(scenario.algorithms)} algorithms already "
-               "recorded" if args.resume else "")
-    print(f"{scenario.name}: {world.num_devices} devices, {what}; results -> {out}{resumed}",
-          file=sys.stderr)
     progress = RunProgress([(p.display_name, p.rounds) for p in scenario.algorithms], done,
                            quiet=args.quiet)
+
+    def announce(world) -> None:
+        """What is about to run, once the pipeline has built the world."""
+        d = world.evaluator.d
+        what = (f"model {scenario.model.name} (d = {d:,}), dataset {scenario.data.name}"
+                if world.flat is not None else f"problem {scenario.problem.name} (d = {d:,})")
+        resumed = (f"; resuming: {len(done)} of {len(scenario.algorithms)} algorithms already "
+                   "recorded" if args.resume else "")
+        print(f"{scenario.name}: {world.num_devices} devices, {what}; results -> {out}"
+              f"{resumed}", file=sys.stderr)
+
     try:
-        _, table = run_scenario(scenario, out, world, on_round=progress.update,
+        _, table = run_scenario(scenario, out, on_world=announce, on_round=progress.update,
                                 on_algorithm=progress.start, warn=progress.write,
                                 resume=bool(args.resume), checkpoint_every=args.checkpoint_every,
                                 threads=args.threads)
@@ -261,8 +256,8 @@ def _cmd_validate(args) -> int:
     """Everything ``run`` (or ``sweep``, ``tune``) checks before it starts, with nothing run:
     the file, then every run's scenario through pipeline/preflight.py; plausibility warnings as
     ``warning:`` lines on stderr."""
-    from wirelessfl.scenario import catalog
     from wirelessfl.pipeline.preflight import check_runnable
+    from wirelessfl.scenario import catalog
     from wirelessfl.scenario.loader import is_sweep_document, is_tune_document, load_scenario
 
     path = catalog.find("scenarios", args.scenario, "scenario")

@@ -22,13 +22,13 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from wirelessfl.contract.payload import Payload
 from wirelessfl.algorithms.participation import participant_count, participant_indices
+from wirelessfl.contract.payload import Payload
 from wirelessfl.learning.quantize import FULL_PRECISION_BITS, quantize_rows, quantize_scalars
 from wirelessfl.learning.seeds import counter_uniform, device_uniform, keyed_generator
 
 if TYPE_CHECKING:
-    from wirelessfl.engine.context import RunContext
+    from wirelessfl.contract.port import RunPort
 
 
 class AlgorithmParams(BaseModel):
@@ -106,7 +106,7 @@ class Algorithm:
     # even in a round in which no upload arrives.
     server_learns: ClassVar[bool] = False
 
-    def __init__(self, params: AlgorithmParams, ctx: RunContext):
+    def __init__(self, params: AlgorithmParams, ctx: RunPort):
         self.params = params
         self.ctx = ctx
         self.bits = int(params.bits)

@@ -53,8 +53,8 @@ from pydantic import Field, model_validator
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.algorithms.device_state import BLOCK_ROWS, DeviceRows, expected_rows
-from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.algorithms.participation import participant_count
+from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
 

@@ -42,9 +42,9 @@ from pydantic import Field
 
 from wirelessfl.algorithms.drift import DriftCorrected, DriftParams
 from wirelessfl.contract.payload import Payload
+from wirelessfl.contract.problem import MSAProblem
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_generator, keyed_rng
-from wirelessfl.problems.bilevel import MSAProblem
 
 
 class FedMSAParams(DriftParams):

@@ -64,9 +64,9 @@ from pydantic import Field
 
 from wirelessfl.algorithms.drift import DriftCorrected, DriftParams
 from wirelessfl.contract.payload import Cost, Payload
+from wirelessfl.contract.problem import BilevelProblem, EpochBatch
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_generator
-from wirelessfl.problems.bilevel import BilevelProblem, EpochBatch
 
 
 class FedNestParams(DriftParams):

@@ -53,8 +53,8 @@ import torch
 from pydantic import Field
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
-from wirelessfl.contract.payload import VECTOR_SCALE_HEADER_BITS, Cost, Payload
 from wirelessfl.algorithms.participation import participant_count
+from wirelessfl.contract.payload import VECTOR_SCALE_HEADER_BITS, Cost, Payload
 from wirelessfl.errors import UserError
 
 SCALAR_BITS = 64  # s and v travel as float64 (fgdro.md Sec. 3: "scalars float64 (8 B)")

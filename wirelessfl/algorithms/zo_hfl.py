@@ -35,8 +35,8 @@ import torch
 from pydantic import Field
 
 from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams
-from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.algorithms.participation import participant_count
+from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.learning.seeds import counter_uniform, keyed_generator
 
 SEED_BITS = 32  # a direction travels as the seed of its generator in mode "seed" [D]

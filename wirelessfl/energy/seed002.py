@@ -18,8 +18,8 @@ The paper prints 16e3 DZOFL bits per device ("40,000 times fewer"), but M T = 16
 
 from __future__ import annotations
 
-from wirelessfl.contract.payload import Payload
 from wirelessfl.channel.link import airtime_s
+from wirelessfl.contract.payload import Payload
 
 # seed 002, Sec. III (spec dzofl.md, section 3): the worked example's inputs.
 SECTION_III = {

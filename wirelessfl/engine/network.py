@@ -57,12 +57,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
 from wirelessfl.contract.payload import Cost, Payload
+from wirelessfl.contract.port import BroadcastResult, CollectResult
 from wirelessfl.energy.device import DevicePower
 from wirelessfl.energy.radio import radio_energy_j
 from wirelessfl.engine.ledger import Ledger
@@ -74,52 +75,6 @@ from wirelessfl.engine.spectrum import (
 )
 
 _NO_DEVICES = np.zeros(0, dtype=np.int64)
-
-
-@dataclass
-class CollectResult:
-    """What the base station learns from a collect phase."""
-
-    delivered: np.ndarray  # [N] bool: packet decoded at the base station in time
-    finish_s: np.ndarray  # [N] absolute simulated time the device finished [s] (start if inactive)
-    active: np.ndarray  # [N] bool: devices that took part
-    late: np.ndarray  # [N] bool: uploads cut off by the deadline (stragglers)
-    # The devices the arrays are aligned with when they were asked as int indices (sorted,
-    # unique); None: the arrays cover all N devices.
-    devices: np.ndarray | None = None
-
-    def device_indices(self, mask: np.ndarray) -> np.ndarray:
-        """The indices (increasing) of the devices where ``mask`` (one of the result's arrays,
-        or a mask aligned with them) holds, whether the phase asked a mask or indices."""
-        rows = np.flatnonzero(mask)
-        return rows if self.devices is None else self.devices[rows]
-
-    @property
-    def delivered_devices(self) -> np.ndarray:
-        """Indices of the devices whose upload reached the base station in time."""
-        return self.device_indices(self.delivered)
-
-
-@dataclass
-class BroadcastResult:
-    """What a downlink transmission reached."""
-
-    # [N] bool: devices that decoded it (aligned with ``devices`` when given); for a broadcast
-    # that every one of ``num_devices`` devices decoded, None until read (``received``), so
-    # a caller that reads ``lost_devices`` only pays nothing per device.
-    received_mask: np.ndarray | None
-    airtime_s: float  # [s] the base station was on air
-    devices: np.ndarray | None = None  # as CollectResult's (receivers asked as int indices)
-    # Intended receivers (with energy) that did not decode it, as device indices: what a caller
-    # updates in O(lost) instead of reading ``received`` over every device.
-    lost_devices: np.ndarray = field(default_factory=lambda: _NO_DEVICES)
-    num_devices: int = 0
-
-    @property
-    def received(self) -> np.ndarray:
-        if self.received_mask is None:
-            self.received_mask = np.ones(self.num_devices, dtype=bool)
-        return self.received_mask
 
 
 @dataclass

@@ -48,7 +48,7 @@ from torch import nn
 from wirelessfl.learning.stacked import CHANNELS_LAST, thread_safe_copies, to_channels_last
 
 if TYPE_CHECKING:  # evaluator imports this module
-    from wirelessfl.problems.classifier import FlatModel
+    from wirelessfl.learning.flat_model import FlatModel
 
 aten = torch.ops.aten
 

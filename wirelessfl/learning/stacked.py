@@ -35,7 +35,7 @@ from torch.func import vmap
 from wirelessfl.host.threads import parallel_map
 
 if TYPE_CHECKING:  # evaluator imports this module
-    from wirelessfl.problems.classifier import FlatModel
+    from wirelessfl.learning.flat_model import FlatModel
 
 CHANNELS_LAST = torch.channels_last
 

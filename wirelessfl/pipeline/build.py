@@ -25,10 +25,10 @@ from wirelessfl.energy import (
     lognormal_frequencies_hz,
     uniform_frequencies_hz,
 )
-from wirelessfl.host.allocator import keep_freed_memory
 from wirelessfl.errors import UserError
+from wirelessfl.host.allocator import keep_freed_memory
 from wirelessfl.learning.datasets import Dataset
-from wirelessfl.problems.classifier import FlatModel
+from wirelessfl.learning.flat_model import FlatModel
 from wirelessfl.learning.partition import DeviceSamples, label_counts
 from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.plugins import problem_spec

@@ -51,8 +51,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from wirelessfl.pipeline.state_tree import ArraySource, StateError, capture, restore
 from wirelessfl.errors import UserError
+from wirelessfl.pipeline.state_tree import ArraySource, StateError, capture, restore
 
 CHECKPOINT_NAME = "checkpoint.npz"
 LEGACY_NAME = "checkpoint.pkl"  # FORMAT <= 4: Python pickle, never read

@@ -1,6 +1,13 @@
-"""One scenario from start to its finished run folder: what `wirelessfl run` does and what every
-sweep worker does, so that both write the same files with the same writer; and what the Python
-API's in-memory run does, with the in-memory writer that builds the same rows and manifest."""
+"""One scenario from start to its finished run folder: the one pipeline that `wirelessfl run`,
+the Python API (``wirelessfl.run``) and every sweep worker call, so that all of them check,
+build and record a run the same way and write the same files with the same writer (or, for an
+in-memory run, the same rows and manifest).
+
+The order is the pipeline's: host threads; preflight (pipeline/preflight.py) and the memory
+check (pipeline/memory.py) before anything is loaded or written; the world (pipeline/build.py);
+then every algorithm in its own simulated world (pipeline/simulation.py) into the run record.
+Callers add only what they show: a progress bar (``on_round``, ``on_algorithm``), warnings
+(``warn``) and what they print once the world is built (``on_world``)."""
 
 from __future__ import annotations
 
@@ -14,17 +21,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from wirelessfl.errors import UserError
+from wirelessfl.host.threads import ensure as ensure_threads
 from wirelessfl.pipeline.build import World, build_world
 from wirelessfl.pipeline.checkpoint import CHECKPOINT_NAME, read_checkpoint, refuse_legacy
 from wirelessfl.pipeline.fingerprint import MANIFEST_KEY, check_resumable, scenario_fingerprint
 from wirelessfl.pipeline.memory import check_memory_from_scenario
+from wirelessfl.pipeline.preflight import check_runnable
 from wirelessfl.pipeline.simulation import run_algorithm
-from wirelessfl.host.threads import ensure as ensure_threads
-from wirelessfl.errors import UserError
 from wirelessfl.results.health import manifest_entry
 from wirelessfl.results.records import MemoryWriter, RunRecord, RunWriter, device_records
 from wirelessfl.results.summary import summarize
-from wirelessfl.pipeline.preflight import check_runnable
 from wirelessfl.scenario.loader import resolved_document
 from wirelessfl.scenario.schema import Scenario
 
@@ -57,15 +64,15 @@ def model_facts(world: World) -> dict:
     return facts
 
 
-def run_scenario(scenario: Scenario, out: Path | None, world: World | None = None,
-                 **options) -> tuple[str, pd.DataFrame]:
+def run_scenario(scenario: Scenario, out: Path | None, **options) -> tuple[str, pd.DataFrame]:
     """Simulate every algorithm of ``scenario`` into the run folder ``out`` (nothing written when
     None); returns the run's status and its summary table (``run_to_record`` says the rest)."""
-    status, table, _ = run_to_record(scenario, out, world, **options)
+    status, table, _ = run_to_record(scenario, out, **options)
     return status, table
 
 
-def run_to_record(scenario: Scenario, out: Path | None, world: World | None = None,
+def run_to_record(scenario: Scenario, out: Path | None, *,
+                  on_world: Callable[[World], None] | None = None,
                   on_round: Callable[[int], None] | None = None,
                   on_algorithm: Callable[[str], None] | None = None,
                   warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
@@ -82,18 +89,20 @@ def run_to_record(scenario: Scenario, out: Path | None, world: World | None = No
 
     ``resume``: ``out`` holds an earlier run of this scenario; the algorithms it finished are
     kept, the one that was running continues from its checkpoint (or its start), the rest run.
-    ``checkpoint_every``: save the running algorithm's state every that many rounds. The memory
-    check runs first (the caller's, when it passes ``world``). Ctrl-C / SIGTERM record the
+    ``checkpoint_every``: save the running algorithm's state every that many rounds. The
+    preflight and the memory check run first; ``on_world`` is called with the built world
+    before any algorithm runs (the CLI prints its facts). Ctrl-C / SIGTERM record the
     running algorithm's rounds as ``interrupted``, mark the run ``interrupted`` and re-raise
     KeyboardInterrupt. ``threads``: host threads (host/threads.py; default: the CPUs
     available), recorded in the manifest; the results do not depend on it."""
     if out is None and (resume or checkpoint_every):
         raise UserError("resuming and checkpoints need a run folder: give out=FOLDER")
-    setting = ensure_threads(threads)
-    if world is None:  # a caller that built the world ran both checks first (cli._cmd_run)
-        check_runnable(scenario, checkpoint_every, warn)  # before anything is built or written
-        check_memory_from_scenario(scenario)  # before anything large is loaded or built
-        world = build_world(scenario)
+    setting = ensure_threads(threads)  # before any numerics, building the world's included
+    check_runnable(scenario, checkpoint_every, warn)  # before anything is built or written
+    check_memory_from_scenario(scenario)  # before anything large is loaded or built
+    world = build_world(scenario)
+    if on_world is not None:
+        on_world(world)
     if resume:
         check_folder(out, scenario, warn)
         writer = RunWriter.reopen(out)

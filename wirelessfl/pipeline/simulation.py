@@ -12,6 +12,12 @@ import pandas as pd
 import simpy
 
 from wirelessfl.algorithms.base import AlgorithmParams
+from wirelessfl.engine.context import RunContext
+from wirelessfl.engine.recorder import BecameUnhealthy, Diverged, ReachedTarget
+from wirelessfl.engine.ledger import KIND_INDEX, Ledger
+from wirelessfl.engine.network import ENGINES
+from wirelessfl.errors import UserError
+from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.pipeline.build import World
 from wirelessfl.pipeline.checkpoint import (
     Checkpoint,
@@ -19,13 +25,8 @@ from wirelessfl.pipeline.checkpoint import (
     restore_state,
     save_checkpoint,
 )
-from wirelessfl.engine.context import BecameUnhealthy, Diverged, ReachedTarget, RunContext
 from wirelessfl.pipeline.fingerprint import algorithm_fingerprint
-from wirelessfl.engine.ledger import KIND_INDEX, Ledger
-from wirelessfl.engine.network import ENGINES
 from wirelessfl.pipeline.state_tree import StateError, kept_ids, skeleton
-from wirelessfl.errors import UserError
-from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.plugins import algorithm_class
 from wirelessfl.results.health import step_size_name
 from wirelessfl.results.records import device_frame

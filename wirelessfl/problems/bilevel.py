@@ -26,11 +26,6 @@ g^m = 1/2 w^T A_m w - w^T B_m x, f^m = 1/2 ||w - c_m||^2 + mu/2 ||x||^2.
 from __future__ import annotations
 
 import math
-import time
-from abc import abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -38,15 +33,14 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from wirelessfl.contract.payload import Cost
+from wirelessfl.contract.problem import (
+    BilevelProblem,
+    ProblemFacts,
+)
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.pipeline.memory import ProblemFacts
-from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_normals, keyed_rng
 from wirelessfl.problems.base import (
-    KEY_LIMIT,
     BuiltProblem,
-    Problem,
     ProblemConfig,
     ProblemSpec,
     default_field,
@@ -67,211 +61,6 @@ BILEVEL_QUADRATIC_DEFAULTS = {
     "mu": 1.0,  # mu of the outer regulariser (Sec. 5.1)
     "noise_std": 0.0,  # sigma of each oracle call (Sec. 5.1: {0, 0.1})
 }
-
-
-# Below this many multiply-adds per map evaluation, torch's intra-op threads cost more than they
-# save (measured: a 50-value state on 2 shared cores ran 10x slower with 2 threads than with 1).
-SINGLE_THREAD_MACS = 2**20
-
-
-@contextmanager
-def single_thread_if_small(macs: int):
-    """Run tiny tensor work on one intra-op thread (results do not depend on it)."""
-    before = torch.get_num_threads()
-    if macs >= SINGLE_THREAD_MACS or before == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@dataclass(frozen=True)
-class EpochBatch:
-    """One minibatch per client: ``positions`` [n, b] of its training samples (0 .. m_i - 1)
-    and ``weights`` [n, b], 1 for a sample in the batch, 0 past the client's last sample."""
-
-    positions: torch.Tensor
-    weights: torch.Tensor
-
-
-class MSAProblem(Problem):
-    """A federated MSA problem (fedmsa.md Sec. 1.2): per-client maps on a block state.
-
-    Subclasses set ``blocks`` and define ``maps``; ``solution`` (x*, the true x part of the
-    fixed point) when known. Algorithms for single-level problems (gradients of one f_i) are
-    refused with a clear message.
-    """
-
-    blocks: tuple[int, ...]
-    compute_dtype = torch.float64
-    solution: torch.Tensor | None = None
-
-    @abstractmethod
-    def maps(self, states: torch.Tensor, devices: torch.Tensor,
-             keys: np.ndarray | None = None) -> torch.Tensor:
-        """Map evaluations [n, P] of clients ``devices`` [n] at their own states [n, P]
-        (float64): exact (all local data) when ``keys`` is None, else one stochastic sample per
-        row keyed by ``keys`` [n] (the same key gives the same sample, so two states evaluated
-        with one key share it, as the variance-reduced differences need)."""
-
-    @abstractmethod
-    def evaluation_cost(self, evaluations, full_batch: bool, batch_size: int) -> Cost:
-        """What ``evaluations`` map evaluations (scalar or [N]) cost a device."""
-
-    def step_sizes(self, rates: tuple[float, ...]) -> torch.Tensor:
-        """[P] the step of each state entry: rates[0] on x, rates[n] on z^n."""
-        if len(rates) != len(self.blocks):
-            raise ValueError(f"{len(rates)} step sizes for {len(self.blocks)} blocks")
-        return torch.cat([torch.full((size,), float(rate), dtype=torch.float64)
-                          for size, rate in zip(self.blocks, rates, strict=True)]).to(self.device)
-
-    def sample_keys(self, generator: torch.Generator) -> np.ndarray:
-        """[N] sample keys, one per device, from ``generator``."""
-        keys = torch.randint(0, KEY_LIMIT, (self.num_devices,), generator=generator)
-        return keys.numpy().astype(np.uint64)
-
-    def x_part(self, theta: torch.Tensor) -> torch.Tensor:
-        return theta[..., :self.blocks[0]]
-
-    def relative_error(self, theta: torch.Tensor) -> float:
-        """||x - x*|| / ||x*|| of the state's x part (NaN when x* is unknown)."""
-        if self.solution is None:
-            return math.nan
-        x = self.x_part(theta).to(torch.float64)
-        return float(torch.linalg.vector_norm(x - self.solution)
-                     / torch.linalg.vector_norm(self.solution))
-
-    def suboptimality(self, theta: torch.Tensor) -> float:
-        """For an MSA problem the relative error ||x - x*|| / ||x*|| (docs/results.md)."""
-        return self.relative_error(theta)
-
-    # ---- a multi-sequence problem has no single f_i to take gradients of ----------------------
-    def _single_level(self, *_args, **_kwargs):
-        raise UserError(f"problem '{self.name}' is a multi-sequence (bilevel) problem: it has no "
-                        "single loss f_i to take gradients of; run it with algorithm 'fedmsa', "
-                        "or use a single-level problem (classification, quadratic, logistic)")
-
-    device_losses = stacked_losses = stacked_gradients = full_gradients = _single_level
-
-    def chunks(self, batch_size: int, own_model: bool) -> Iterator[slice]:
-        yield slice(0, self.num_devices)
-
-    def sample(self, generator: torch.Generator, batch_size: int, steps: int = 1) -> torch.Tensor:
-        self._single_level()
-
-    def initial(self) -> torch.Tensor:
-        """theta_0 = 0: x_0 = w_0 = v_0 = 0 (fedmsa.md Sec. 5.1, A13)."""
-        return torch.zeros(self.d, device=self.device)
-
-
-class BilevelProblem(MSAProblem):
-    """min_x (1/M) sum_m f^m(x, w*(x)), w*(x) = argmin_w (1/M) sum_m g^m(x, w) (Sec. 1.4);
-    state [x; w; v], blocks (d_x, 2 d_w) (N = 1: z = [w; v], one step size beta for both)."""
-
-    dx: int
-    dw: int
-
-    @abstractmethod
-    def inner_loss(self, x: torch.Tensor, w: torch.Tensor, devices: torch.Tensor,
-                   keys: np.ndarray | None, batch: EpochBatch | None = None) -> torch.Tensor:
-        """sum over rows of g^{m}(x_i, w_i; sample_i), m = devices[i]: a scalar. ``batch``:
-        only these of each client's training samples (its mean over them; ``epoch_batches``),
-        None for all of them."""
-
-    @abstractmethod
-    def outer_loss(self, x: torch.Tensor, w: torch.Tensor, devices: torch.Tensor,
-                   keys: np.ndarray | None) -> torch.Tensor:
-        """sum over rows of f^{m}(x_i, w_i; sample_i), m = devices[i]: a scalar."""
-
-    def work(self, rows: int) -> int:
-        """Multiply-adds of one map evaluation for ``rows`` clients (picks the thread count)."""
-        return rows * self.model_profile.macs_per_sample
-
-    def maps(self, states, devices, keys=None):
-        """(p, s_w, s_v) by one backward with the graph kept and one double backward
-        (module docstring); rows are independent, so the sums give per-device derivatives."""
-        start = time.perf_counter()
-        s = states.to(torch.float64)
-        dx, dw = self.dx, self.dw
-        x = s[:, :dx].detach().requires_grad_(True)
-        w = s[:, dx:dx + dw].detach().requires_grad_(True)
-        v = s[:, dx + dw:].detach()
-        with torch.enable_grad(), single_thread_if_small(self.work(len(states))):
-            (g_w,) = torch.autograd.grad(self.inner_loss(x, w, devices, keys), w,
-                                         create_graph=True)
-            # One reverse sweep over <grad_w g, v> - f gives, with respect to w,
-            # grad^2_ww g v - grad_w f = s_v and, with respect to x, grad^2_xw g v - grad_x f = -p:
-            # the double backward and the outer backward share the sweep.
-            s_v, minus_p = torch.autograd.grad((g_w * v).sum()
-                                               - self.outer_loss(x, w, devices, keys), (w, x),
-                                               allow_unused=True)
-        minus_p = torch.zeros_like(x) if minus_p is None else minus_p
-        out = torch.cat([-minus_p, g_w.detach(), s_v], dim=1)
-        self.compute_s += time.perf_counter() - start
-        return out
-
-    # ---- the separate oracles of methods that do not evaluate the maps whole (FedNest) -------
-    def _leaves(self, x: torch.Tensor, w: torch.Tensor):
-        return (x.to(torch.float64).detach().requires_grad_(True),
-                w.to(torch.float64).detach().requires_grad_(True))
-
-    def inner_gradients(self, x, w, devices, keys=None, batch: EpochBatch | None = None
-                        ) -> torch.Tensor:
-        """grad_w g^m(x_i, w_i) [n, d_w] (one forward + one backward), over the minibatch
-        ``batch`` of each client's training samples or over all of them."""
-        x, w = self._leaves(x, w)
-        with torch.enable_grad(), single_thread_if_small(self.work(len(w))):
-            return torch.autograd.grad(self.inner_loss(x, w, devices, keys, batch), w)[0]
-
-    def epoch_batches(self, generator: torch.Generator, batch_size: int, devices: torch.Tensor
-                      ) -> tuple[list[EpochBatch], np.ndarray]:
-        """One local epoch over the training samples of clients ``devices`` [n]: each client's
-        samples in a random order (drawn from ``generator``, on the CPU) cut into ceil(m_i / b)
-        minibatches of b, the last one smaller when b does not divide m_i (a data loader's
-        epoch with shuffling). Returns the batches of step j = 0, 1, ... (a client whose epoch
-        has ended has no sample in the later ones) and the steps per client [n]."""
-        sizes = torch.as_tensor(self.full_batch_sizes(), dtype=torch.int64)[devices.cpu()]
-        slots = int(sizes.max()) if len(sizes) else 0
-        order = torch.rand((len(sizes), slots), generator=generator, dtype=torch.float64)
-        order.masked_fill_(torch.arange(slots) >= sizes[:, None], 2.0)  # padding sorts last
-        order = order.argsort(dim=1)
-        steps = (sizes + batch_size - 1) // batch_size
-        batches = []
-        for start in range(0, slots, batch_size):
-            rank = torch.arange(start, min(start + batch_size, slots))
-            batches.append(EpochBatch(
-                positions=order[:, rank].to(self.device),
-                weights=(rank[None, :] < sizes[:, None]).to(torch.float64).to(self.device)))
-        return batches, steps.numpy()
-
-    def outer_gradients(self, x, w, devices, keys=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(grad_x f^m [n, d_x], grad_w f^m [n, d_w]) (one forward + one backward)."""
-        x, w = self._leaves(x, w)
-        with torch.enable_grad(), single_thread_if_small(self.work(len(w))):
-            f_x, f_w = torch.autograd.grad(self.outer_loss(x, w, devices, keys), (x, w),
-                                           allow_unused=True)
-        return (torch.zeros_like(x) if f_x is None else f_x), f_w
-
-    def second_order(self, x, w, u, devices, keys=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(grad^2_ww g^m u [n, d_w], grad^2_xw g^m u [n, d_x]) at (x_i, w_i): one forward,
-        one backward with the graph kept, one double backward."""
-        x, w = self._leaves(x, w)
-        u = u.to(torch.float64)
-        with torch.enable_grad(), single_thread_if_small(self.work(len(w))):
-            (g_w,) = torch.autograd.grad(self.inner_loss(x, w, devices, keys), w,
-                                         create_graph=True)
-            hvp, jvp = torch.autograd.grad((g_w * u).sum(), (w, x), allow_unused=True)
-        return hvp, (torch.zeros_like(x) if jvp is None else jvp)
-
-    def evaluation_cost(self, evaluations, full_batch, batch_size):
-        """One map evaluation = 2 forward + 2 backward passes (inner and outer batch) + 1
-        Hessian-vector product (fedmsa.md Sec. 3.1)."""
-        batch = self.full_batch_sizes() if full_batch else batch_size
-        return Cost(forward_passes=2 * np.asarray(evaluations), backward_passes=2 * np.asarray(
-            evaluations), hvp_passes=np.asarray(evaluations), batch_size=batch)
 
 
 def bilevel_quadratic(clients: int, dimension_x: int, dimension_w: int, heterogeneity: float,

@@ -12,20 +12,22 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import Field
 
+from wirelessfl.contract.problem import ProblemFacts
 from wirelessfl.energy import profile_model
-from wirelessfl.pipeline.memory import ProblemFacts, data_bytes
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataFacts
-from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData, FlatModel
+from wirelessfl.learning.flat_model import FlatModel
 from wirelessfl.learning.models import MODEL_NAMES, build_model
 from wirelessfl.learning.seeds import stream_key
 from wirelessfl.problems.base import BuiltProblem, ProblemConfig, ProblemSpec
+from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
 from wirelessfl.problems.data import (
     check_partition,
     selected_classes,
     server_keeps_data,
     split_data,
 )
+from wirelessfl.problems.data_size import data_bytes
 
 if TYPE_CHECKING:
     from wirelessfl.scenario.schema import Scenario

@@ -19,9 +19,7 @@ depend on the chunk size or the torch device, so results are the same however th
 
 from __future__ import annotations
 
-import copy
 import math
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,12 +29,12 @@ from itertools import pairwise
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.func import functional_call
 
-from wirelessfl.host.threads import parallel_map
+from wirelessfl.contract.problem import Problem
 from wirelessfl.errors import UserError
+from wirelessfl.host.threads import parallel_map
 from wirelessfl.learning.conv_chain import ConvChain
+from wirelessfl.learning.flat_model import FlatModel
 from wirelessfl.learning.minibatch import (
     batch_counts,
     counts_of,
@@ -50,10 +48,7 @@ from wirelessfl.learning.minibatch import (
 from wirelessfl.learning.stacked import (
     StackedForward,
     rowwise_update_exact,
-    to_channels_last,
-    uses_convolutions,
 )
-from wirelessfl.problems.base import Problem
 
 BYTES_PER_FLOAT = 4
 # Samples per piece when a threaded model's test-set and training-set passes are split over the
@@ -69,74 +64,6 @@ MIN_PIECES = 2
 # Autograd keeps roughly this many float copies of each activation (output, its gradient, and
 # the saved input of the next layer): a conservative factor for the memory estimate.
 ACTIVATION_COPIES = 3
-
-
-class FlatModel:
-    """A model used functionally through one flat parameter vector."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        params = dict(model.named_parameters())
-        self.names = list(params)
-        self.shapes = [p.shape for p in params.values()]
-        self.numels = [p.numel() for p in params.values()]
-        self.d = int(sum(self.numels))
-        # theta_0 is kept apart: predict() repoints the module's parameters at other vectors.
-        self._theta0 = torch.cat([p.detach().reshape(-1) for p in params.values()]).float().clone()
-        # Convolutions run in channels-last layout (faster on CPU with mkldnn; same values).
-        self.channels_last = uses_convolutions(model)
-        # Passes repoint a module's parameters, so each other thread (the run's pool) works on
-        # a private copy of the module: {thread id: copy}.
-        self._owner = threading.get_ident()
-        self._copies: dict[int, nn.Module] = {}
-        # Conv/ReLU/MaxPool chains run layer by layer (learning/conv_chain.py): same numbers.
-        self.chain = ConvChain.of(self)
-
-    def module(self) -> nn.Module:
-        """The module this thread may use: the model in the thread that built it, else this
-        thread's own copy (made on first use)."""
-        thread = threading.get_ident()
-        if thread == self._owner:
-            return self.model
-        own = self._copies.get(thread)
-        if own is None:
-            own = self._copies[thread] = copy.deepcopy(self.model)
-        return own
-
-    def initial(self) -> torch.Tensor:
-        """theta_0 as a flat float32 vector [d] (a fresh copy)."""
-        return self._theta0.clone()
-
-    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Views of ``theta`` [d] shaped as the model's parameters."""
-        chunks = torch.split(theta, self.numels)
-        return {n: c.view(s) for n, c, s in zip(self.names, chunks, self.shapes)}
-
-    def functional(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The model at theta, differentiable in theta; safe under torch.func transforms."""
-        return functional_call(self.module(), self.unflatten(theta), (x,))
-
-    def forward(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """As ``functional``, with convolutional models in channels-last layout (not for vmap)."""
-        if not self.channels_last:
-            return self.functional(theta, x)
-        params = {name: to_channels_last(p) for name, p in self.unflatten(theta).items()}
-        return functional_call(self.module(), params, (to_channels_last(x),))
-
-    @torch.no_grad()
-    def predict(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Forward pass without gradients: the module's parameters are pointed at views of theta
-        (no copy), which skips functional_call's per-call overhead on the hot no-grad path."""
-        if self.chain is not None:
-            return self.chain.forward(theta, x)
-        module = self.module()
-        for p, view in zip(module.parameters(), self.unflatten(theta).values()):
-            p.data = to_channels_last(view) if self.channels_last else view
-        return module(to_channels_last(x) if self.channels_last else x)
-
-    def loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy of one minibatch (the f_i(theta, xi) of the specs)."""
-        return F.cross_entropy(self.functional(theta, x), y)
 
 
 @dataclass
@@ -238,6 +165,8 @@ class BatchedEvaluator(Problem):
                  input_size: int, max_chunk_mb: float = 1024.0, l2: float = 0.0,
                  train_metrics: bool = True):
         self.flat = flat
+        if flat.chain is None:  # Conv/ReLU/MaxPool chains run layer by layer: same numbers
+            flat.chain = ConvChain.of(flat)
         self.data = data
         self.device = data.x.device
         self.num_devices = data.num_devices

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from wirelessfl.contract.problem import ProblemFacts
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.pipeline.memory import ProblemFacts, data_bytes
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import BUILTIN_CLASSES
 from wirelessfl.learning.minibatch import (
@@ -53,6 +53,7 @@ from wirelessfl.problems.base import (
     unread_section,
 )
 from wirelessfl.problems.data import SplitData, check_partition, server_keeps_data, split_data
+from wirelessfl.problems.data_size import data_bytes
 
 if TYPE_CHECKING:
     from wirelessfl.learning.datasets import DataFacts

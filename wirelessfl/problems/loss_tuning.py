@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from wirelessfl.contract.payload import Cost
+from wirelessfl.contract.problem import BilevelProblem, ProblemFacts
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.pipeline.memory import ProblemFacts, data_bytes
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import load_dataset
 from wirelessfl.learning.seeds import keyed_rng
@@ -40,8 +40,8 @@ from wirelessfl.problems.base import (
     default_field,
     unread_section,
 )
-from wirelessfl.problems.bilevel import BilevelProblem
 from wirelessfl.problems.data import selected_classes
+from wirelessfl.problems.data_size import data_bytes
 
 if TYPE_CHECKING:
     from wirelessfl.learning.datasets import DataFacts

@@ -31,8 +31,8 @@ import torch
 from pydantic import Field
 
 from wirelessfl.contract.payload import Cost
+from wirelessfl.contract.problem import MSAProblem, ProblemFacts, single_thread_if_small
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.pipeline.memory import ProblemFacts
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.problems.base import (
@@ -43,7 +43,6 @@ from wirelessfl.problems.base import (
     one_device_per_client,
     refuse_data_sections,
 )
-from wirelessfl.problems.bilevel import MSAProblem, single_thread_if_small
 
 if TYPE_CHECKING:
     from wirelessfl.learning.datasets import DataFacts

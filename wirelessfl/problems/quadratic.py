@@ -18,8 +18,8 @@ import torch
 from pydantic import Field, model_validator
 from scipy.optimize import brentq
 
+from wirelessfl.contract.problem import ProblemFacts
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.pipeline.memory import ProblemFacts
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_normals, keyed_rng
 from wirelessfl.problems.base import (

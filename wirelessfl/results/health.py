@@ -6,7 +6,7 @@ A run is unhealthy when it diverged or failed (an exception stopped it), when mo
 when its test loss grew above ``max_loss_growth`` times its starting value or did not fall by the
 end, when more than ``max_empty_round_share`` of its rounds delivered no upload, or (where set)
 when its parameter norm grew more than ``max_param_norm_growth`` times. The limits are the
-scenario's ``health:`` section (wirelessfl.scenario.schema.HealthConfig).
+scenario's ``health:`` section (``HealthConfig`` below).
 """
 
 from __future__ import annotations
@@ -16,8 +16,35 @@ from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
 
-from wirelessfl.scenario.schema import HealthConfig
+
+class HealthConfig(BaseModel):
+    """Limits beyond which a run counts as unhealthy in the summary (docs/results.md, "How to
+    read the health columns"); defaults [D] that every shipped scenario's healthy runs pass.
+    The scenario's ``health:`` section; it lives with the rules that read it."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    max_clipped_share: float = Field(
+        0.01, ge=0, le=1, allow_inf_nan=False,
+        description="largest share of the quantised values sent (up and down) that may clip at "
+                    "a quantiser range's ends (scalars beyond the float format's largest level "
+                    "or a fixed format's [-r, r])")
+    max_loss_growth: float = Field(
+        10.0, gt=1, allow_inf_nan=False,
+        description="largest test loss over the run, as a multiple of its starting value")
+    loss_must_fall: bool = Field(
+        True, description="the final test loss must be below the starting one")
+    max_empty_round_share: float = Field(
+        0.5, ge=0, le=1, allow_inf_nan=False,
+        description="largest share of rounds in which devices were asked to upload and "
+                    "nothing arrived")
+    max_param_norm_growth: float | None = Field(
+        None, gt=1, allow_inf_nan=False,
+        description="largest final / initial parameter norm ||theta||_2 (default: not checked, "
+                    "only reported)")
+
 
 # The summary's health columns, in order (docs/results.md).
 HEALTH_FIELDS = ["healthy", "health", "clipped_share", "loss_growth", "final_loss_ratio",

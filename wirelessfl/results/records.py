@@ -620,7 +620,7 @@ def _check_manifest(manifest, where: Path) -> None:
     """The manifest keys and types the readers use (docs/results.md, "manifest.json")."""
     from pydantic import ValidationError
 
-    from wirelessfl.scenario.schema import HealthConfig
+    from wirelessfl.results.health import HealthConfig
 
     if not isinstance(manifest, dict):
         raise _damaged(where, f"holds a JSON {type(manifest).__name__}, not an object")

@@ -27,8 +27,9 @@ from wirelessfl.learning.datasets import DataConfig
 from wirelessfl.learning.models import MODEL_NAMES
 from wirelessfl.learning.partition import OPTIONAL_PARAMS, PARAM_DEFAULTS, SCHEME_PARAMS
 from wirelessfl.plugins import MODELS, drop_empty_options, name_validator, options_field
-from wirelessfl.problems.base import ProblemConfig
+from wirelessfl.results.health import HealthConfig
 from wirelessfl.scenario.names import validated_name
+from wirelessfl.scenario.problem_section import ProblemConfig
 
 
 class _Strict(BaseModel):
@@ -271,30 +272,6 @@ class EngineConfig(_Strict):
     memory_limit_mb: float | None = Field(
         None, gt=0, description="refuse a run whose estimated memory exceeds this [MiB] "
                                 "(default: 80 % of the memory available when it starts)")
-
-
-class HealthConfig(_Strict):
-    """Limits beyond which a run counts as unhealthy in the summary (docs/results.md, "How to
-    read the health columns"); defaults [D] that every shipped scenario's healthy runs pass."""
-
-    max_clipped_share: float = Field(
-        0.01, ge=0, le=1, allow_inf_nan=False,
-        description="largest share of the quantised values sent (up and down) that may clip at "
-                    "a quantiser range's ends (scalars beyond the float format's largest level "
-                    "or a fixed format's [-r, r])")
-    max_loss_growth: float = Field(
-        10.0, gt=1, allow_inf_nan=False,
-        description="largest test loss over the run, as a multiple of its starting value")
-    loss_must_fall: bool = Field(
-        True, description="the final test loss must be below the starting one")
-    max_empty_round_share: float = Field(
-        0.5, ge=0, le=1, allow_inf_nan=False,
-        description="largest share of rounds in which devices were asked to upload and "
-                    "nothing arrived")
-    max_param_norm_growth: float | None = Field(
-        None, gt=1, allow_inf_nan=False,
-        description="largest final / initial parameter norm ||theta||_2 (default: not checked, "
-                    "only reported)")
 
 
 def _spec(name: str):

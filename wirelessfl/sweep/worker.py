@@ -35,8 +35,8 @@ def run_point(task: dict) -> dict:
     wanted = task.get("threads") or {}
     setting = threads.configure(wanted.get("requested"), wanted.get("used"), wanted.get("busy"))
     import wirelessfl
-    from wirelessfl.pipeline.runner import run_scenario
     from wirelessfl.errors import UserError
+    from wirelessfl.pipeline.runner import run_scenario
     from wirelessfl.plugins import import_worker_modules
     from wirelessfl.results.records import folder_files
     from wirelessfl.scenario.loader import scenario_from_document
