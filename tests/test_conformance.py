@@ -1,107 +1,65 @@
 """Every registered algorithm, the same checks (scikit-learn's estimator-suite idea): determinism,
 declared payloads equal the ledger's bits, energies add up, lost packets change nothing, clean
-parameter errors. A new algorithm gets these by registering."""
+parameter errors. The checks live in the package (``wirelessfl.testing``), so that a plugin's
+author runs the very same suite from their own tests; here they run over every built-in, one
+test per (algorithm, check). A new algorithm gets these by registering."""
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
 import pytest
 
-from tests.conftest import algorithm_scenario, small_scenario
-from wirelessfl.pipeline.build import build_world
-from wirelessfl.pipeline.simulation import run_algorithm
-from wirelessfl.errors import UserError
+from tests.conftest import ALGORITHM_NEEDS, MSA_ALGORITHMS
+from wirelessfl import testing
 from wirelessfl.plugins import ALGORITHMS
+from wirelessfl.testing import algorithm_checks, default_scenario, needed_capability
 
 REGISTRY = ALGORITHMS.load_builtins()
 NAMES = sorted(REGISTRY)
-ROUNDS = 4
-
 
 # fedmsa with every client running the local steps, so that each device's traffic is the
 # declared per-device payload.
 EXTRA = {"fedmsa": {"local_clients": 8}}
 
 
-def _scenario(name, *overrides):
-    algorithm = {"name": name, "rounds": ROUNDS, "eval_every": 1, **EXTRA.get(name, {})}
-    # a base station with data of its own (seed 000), which only ZO-HFL reads
-    return algorithm_scenario(algorithm, ["data.server_fraction=0.3", *overrides])
+def params(name: str) -> dict:
+    """What a built-in needs on the small scenarios (conftest's ALGORITHM_NEEDS), and EXTRA."""
+    return {**ALGORITHM_NEEDS.get(name, {}), **EXTRA.get(name, {})}
 
 
-def _run(sc):
-    world = build_world(sc)
-    return world, run_algorithm(world, sc.algorithms[0])
+CASES = [pytest.param(name, check, id=f"{name}-{check.__name__}")
+         for name in NAMES for check in algorithm_checks(REGISTRY[name])]
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_same_seed_same_results(name):
-    a = pd.DataFrame(_run(_scenario(name))[1].rows)
-    b = pd.DataFrame(_run(_scenario(name))[1].rows)
-    pd.testing.assert_frame_equal(a, b)
+@pytest.mark.parametrize(("name", "check"), CASES)
+def test_conformance(name, check):
+    check(REGISTRY[name], params(name))
 
 
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("bits", [16, 4])
-def test_ledger_bits_equal_declared_payloads(name, bits):
-    sc = _scenario(name, "channel=seed002-pinned", "channel.uplink.delivery_probability=1.0",
-                   f"quantization_bits={bits}")
-    world, run = _run(sc)
-    n = world.num_devices
-    cls = REGISTRY[name]
-    d = world.evaluator.d
-    blocks = {"blocks": world.evaluator.blocks} if name == "fednest" else {}
-    up, down = cls.declared_payloads(d, bits, participants=n, **blocks)
-    first = cls.initial_payloads(d, bits)
-    up0, down0, packets0 = (first[0].bits, first[1].bits, 1) if first else (0, 0, 0)
-    assert run.ledger.bits_up.tolist() == [up.bits * ROUNDS + up0] * n
-    assert run.ledger.bits_down.tolist() == [down.bits * ROUNDS + down0] * n
-    assert run.ledger.packets_delivered.tolist() == [cls.uploads_per_round * ROUNDS + packets0] * n
-    assert run.ledger.exchanges == cls.uploads_per_round * ROUNDS + packets0
+def test_every_check_runs_on_some_algorithm():
+    """No public check of the suite is left out of ``algorithm_checks`` for every built-in."""
+    public = {name for name in testing.__all__
+              if name.startswith("check_") and name != "check_algorithm"}
+    used = {check.__name__ for name in NAMES for check in algorithm_checks(REGISTRY[name])}
+    assert used == public
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_energies_non_negative_and_add_up(name):
-    sc = _scenario(name)
-    _, run = _run(sc)
-    rows = pd.DataFrame(run.rows)
-    assert (run.ledger.energy_j >= 0).all()
-    np.testing.assert_allclose(rows.energy_j, rows.energy_compute_j + rows.energy_uplink_j
-                               + rows.energy_downlink_j, rtol=1e-12)
-    np.testing.assert_allclose(rows.energy_compute_j, rows.energy_compute_forward_j
-                               + rows.energy_compute_backward_j, rtol=1e-12)
-    assert (np.diff(rows.energy_j) > 0).all() and (np.diff(rows.sim_time_s) > 0).all()
-    assert rows.energy_j.iloc[-1] == pytest.approx(run.ledger.energy_j.sum(), rel=1e-12)
-    # the base station is on air every round (its transmit power x its airtime), kept beside
-    # the devices' energy: system = devices + base station
-    np.testing.assert_allclose(rows.energy_system_j, rows.energy_j + rows.energy_bs_j,
-                               rtol=1e-15)
-    assert (np.diff(rows.energy_bs_j) > 0).all() and (np.diff(rows.bs_airtime_s) > 0).all()
-    draw_w = 10 ** ((sc.channel.downlink.tx_power_dbm - 30) / 10) + \
-        sc.channel.downlink.circuit_power_w
-    np.testing.assert_allclose(rows.energy_bs_j, draw_w * rows.bs_airtime_s, rtol=1e-12)
+def test_checks_follow_the_declarations():
+    """Only an algorithm whose base station learns from its own data may move the model while
+    every upload is lost (ZO-HFL); every other one is held to theta_0."""
+    exempt = {name for name in NAMES
+              if testing.check_lost_uploads_keep_initial_model
+              not in list(algorithm_checks(REGISTRY[name]))}
+    assert exempt == {name for name in NAMES if REGISTRY[name].server_learns} == {"zo-hfl"}
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_lost_packets_never_reach_the_model(name):
-    """With every upload lost, nothing the devices hold may reach the global model: it stays
-    theta_0 (or, for a method whose base station learns from its own data, its trajectory does
-    not depend on how the devices' data is split), while energy is still spent."""
-    lost = ["channel=seed002-pinned", "channel.uplink.delivery_probability=1e-12"]
-    _, run = _run(_scenario(name, *lost))
-    rows = pd.DataFrame(run.rows)
-    assert run.ledger.packets_delivered.sum() == 0
-    assert rows.energy_uplink_j.iloc[-1] > 0
-    if not REGISTRY[name].server_learns:
-        assert rows.test_loss.nunique() == 1 and rows.test_accuracy.nunique(dropna=False) == 1
-    _, other = _run(_scenario(name, *lost, "partition={scheme: dirichlet, alpha: 0.1}"))
-    pd.testing.assert_series_equal(rows.test_loss, pd.DataFrame(other.rows).test_loss)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_bad_parameters_give_a_clean_error(name):
-    with pytest.raises(UserError, match=r"algorithms\[0\]\.rounds: Input should be greater than 0"):
-        small_scenario(algorithms=[{"name": name, "rounds": 0}])
-    with pytest.raises(UserError, match=r"algorithms\[0\]\.no_such_parameter: unknown key"):
-        small_scenario(algorithms=[{"name": name, "no_such_parameter": 1}])
+def test_scenario_follows_the_needed_capability():
+    """The suite runs the multi-sequence and bilevel methods on the small bilevel quadratic and
+    every other one on the digits classifier, as conftest's MSA_ALGORITHMS has it."""
+    needing = {name for name in NAMES if needed_capability(REGISTRY[name]) is not None}
+    assert needing == MSA_ALGORITHMS
+    for name in NAMES:
+        doc = default_scenario(REGISTRY[name])
+        if name in MSA_ALGORITHMS:
+            assert doc["problem"]["name"] == "bilevel-quadratic" and "data" not in doc
+        else:
+            assert "problem" not in doc and doc["data"]["name"] == "digits"
