@@ -69,6 +69,20 @@ def class_name(obj) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
+# Classes and functions that moved since checkpoints were written: the name a checkpoint holds
+# -> the name it has now, so that a run interrupted before a move resumes after it (a name is
+# data here, compared with the fresh run's, never imported). Issue 33 split the run context's
+# recorder into engine/recorder.py.
+RENAMED = {
+    "wirelessfl.engine.context.HealthCounter": "wirelessfl.engine.recorder.HealthCounter",
+}
+
+
+def current_name(name: object) -> object:
+    """``name`` as the code names it now (``RENAMED``); anything else unchanged."""
+    return RENAMED.get(name, name) if isinstance(name, str) else name
+
+
 def _own_object(value) -> bool:
     """An instance whose state is its ``__dict__`` of one of wirelessfl's own classes, of a
     subclass of one (a plugin algorithm), or of a plugin class the scenario names (a fading
@@ -408,7 +422,8 @@ class _Restore:
         return tensor
 
     def _code(self, fresh, node, path, depth):
-        if type(fresh) is not types.FunctionType or _function_name(fresh) != node.get("name"):
+        if type(fresh) is not types.FunctionType \
+                or _function_name(fresh) != current_name(node.get("name")):
             raise StateError(f"{path}: the checkpoint names the function {node.get('name')!r} "
                              "where the fresh run has another")
         return fresh
@@ -427,7 +442,8 @@ class _Restore:
 
     def _object(self, fresh, node, path, depth):
         attrs = node.get("attrs")
-        if fresh is _MISSING or not _own_object(fresh) or class_name(fresh) != node.get("class"):
+        if fresh is _MISSING or not _own_object(fresh) \
+                or class_name(fresh) != current_name(node.get("class")):
             found = "nothing" if fresh is _MISSING else f"a {class_name(fresh)}"
             raise StateError(f"{path}: the checkpoint holds a {node.get('class')} where the "
                              f"fresh run has {found}")

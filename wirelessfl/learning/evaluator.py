@@ -1,0 +1,7 @@
+"""Moved to ``wirelessfl.problems.classifier`` (issue 33); this path keeps working until wirelessfl 0.3.0."""
+
+from wirelessfl._compat import moved
+
+__getattr__ = moved(__name__, "wirelessfl.problems.classifier", {
+    "FlatModel": "wirelessfl.learning.flat_model",
+})
