@@ -42,8 +42,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 # Siblings in one layer that may import each other (a layer of leaf modules, not folders).
-OPEN_LAYERS = {("errors", "host", "_compat", "progress"), ("api", "cli", "testing", "layers", "__init__",
-                                                "__main__")}
+OPEN_LAYERS = {("errors", "host", "_compat", "progress"),
+               ("api", "cli", "testing", "layers", "__init__", "__main__")}
 
 
 @dataclass(frozen=True)

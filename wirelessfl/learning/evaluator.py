@@ -1,4 +1,5 @@
-"""Moved to ``wirelessfl.problems.classifier`` (issue 33); this path keeps working until wirelessfl 0.3.0."""
+"""Moved to ``wirelessfl.problems.classifier`` (issue 33); this path keeps working until
+wirelessfl 0.3.0."""
 
 from wirelessfl._compat import moved
 
