@@ -15,8 +15,8 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from wirelessfl.host import threads as host_threads
 from wirelessfl.errors import UserError
+from wirelessfl.host import threads as host_threads
 from wirelessfl.sweep.worker import STOPPED, run_point, serve
 
 EXECUTORS = ("local", "dask")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from wirelessfl.errors import UserError
-from wirelessfl.plugins import worker_plugins
 from wirelessfl.host.progress import Progress
+from wirelessfl.plugins import worker_plugins
 from wirelessfl.results.compare import table_value
 from wirelessfl.results.records import (
     acquire_lock,
