@@ -90,6 +90,18 @@ def test_a_sweep_point_equals_wirelessfl_run_of_that_point(local_sweep, tmp_path
                                       pd.read_parquet(tmp_path / "one" / name))
 
 
+def test_a_worker_reports_the_package_it_imported():
+    """sweep/worker.py names the package's __init__.py without importing the top package (a
+    higher layer): its result's 'module' is still ``wirelessfl.__file__``, this checkout's."""
+    import wirelessfl
+    from wirelessfl.sweep.worker import run_point
+
+    result = run_point({"run_id": "r", "scenario": {"nosuch": 1}, "source": "test",
+                        "sweep": {}})
+    assert result["status"] == "failed"
+    assert result["module"] == wirelessfl.__file__ == str(ROOT / "wirelessfl" / "__init__.py")
+
+
 def test_dask_cluster_gives_the_local_executors_numbers(local_sweep, tmp_path, capsys):
     distributed = pytest.importorskip("distributed")
     path, local_out = local_sweep

@@ -165,6 +165,9 @@ def _cmd_tune(args) -> int:
     result = _interruptible(run_tune, tune, out, args)
     if result is None:
         return EXIT_INTERRUPTED
+    from wirelessfl.report.tune_plots import draw_tuning
+
+    figures = draw_tuning(tune, result.tuning, result.out)
     title = tune.objective.title
     print(f"{tune.name}: objective {tune.spec.objective}, tuning seeds {tune.spec.tuning_seeds}, "
           f"evaluation seeds {tune.spec.evaluation_seeds}")
@@ -177,7 +180,7 @@ def _cmd_tune(args) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     from wirelessfl.report.tune_html import tune_html
 
-    print(f"wrote {tune_html(tune, result, out / 'report.html')}", file=sys.stderr)
+    print(f"wrote {tune_html(tune, result, out / 'report.html', figures)}", file=sys.stderr)
     failed = sum(c.failed for c in result.counts.values())
     if failed:
         print(f"{failed} runs failed (ranked as unhealthy); their errors are in "
@@ -210,14 +213,18 @@ def _cmd_reproduce(args) -> int:
     outcome = _interruptible(run_reproduction, repro, out, args)
     if outcome is None:
         return EXIT_INTERRUPTED
+    from wirelessfl.report.tune_plots import draw_tuning
+
+    figures = draw_tuning(repro.tune, outcome.tuning.tuning, outcome.tuning.out)
     print(f"{repro.spec.title}\n{repro.spec.paper}")
     print(text_table(verdict_cells(outcome.verdicts)))
     for warning in outcome.tuning.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     from wirelessfl.report.tune_html import reproduce_html, tune_html
 
-    tune_html(repro.tune, outcome.tuning, out / "tune" / "report.html")
-    print(f"wrote {reproduce_html(repro, outcome, out / 'report.html')}", file=sys.stderr)
+    tune_html(repro.tune, outcome.tuning, out / "tune" / "report.html", figures)
+    print(f"wrote {reproduce_html(repro, outcome, out / 'report.html', figures)}",
+          file=sys.stderr)
     failed = sum(c.failed for c in outcome.tuning.counts.values())
     if failed:
         print(f"{failed} runs failed; run the same command again to retry them",
@@ -229,12 +236,14 @@ def _cmd_reproduce(args) -> int:
 def _cmd_crossover(args) -> int:
     import math
 
+    from wirelessfl.report.crossover_plots import draw_crossover
     from wirelessfl.results.summary import text_table
     from wirelessfl.tune.crossover import boundary_table, run_crossover, summary_lines
 
     out = Path(args.out) if args.out else Path(args.study) / "crossover"
-    result, figure = run_crossover(Path(args.study), out, args.method, args.throughput,
-                                   args.rate, args.points)
+    result = run_crossover(Path(args.study), out, args.method, args.throughput, args.rate,
+                           args.points)
+    figure = draw_crossover(result, out / "crossover.png")
     print("\n".join(summary_lines(result)))
     table = boundary_table(result)
     step = max(1, (len(result.rate) - 1) // 4)  # five rates across the range

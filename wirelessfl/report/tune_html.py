@@ -12,17 +12,19 @@ from wirelessfl.results.records import write_file
 from wirelessfl.tune.tables import choice_cells, evaluation_cells, tuning_cells
 
 
-def tune_html(tune, result, out: Path) -> Path:
-    """Write ``out`` for ``result`` (a wirelessfl.tune.study.TuneResult) of ``tune``; the
-    comparison figures of the evaluation runs are drawn into the study folder first."""
+def tune_html(tune, result, out: Path, figures: list[Path]) -> Path:
+    """Write ``out`` for ``result`` (a wirelessfl.tune.study.TuneResult) of ``tune``, showing
+    ``figures`` (tune_plots.py's ``draw_tuning``); the comparison figures of the evaluation runs
+    are drawn into the study folder first."""
     meta = (f"objective {tune.spec.objective}, tuning seeds {tune.spec.tuning_seeds}, "
             f"evaluation seeds {tune.spec.evaluation_seeds}, {result.out}")
-    return write_file(out, _page(f"Tuning {tune.name}", meta, tune_sections(tune, result)))
+    return write_file(out, _page(f"Tuning {tune.name}", meta,
+                                 tune_sections(tune, result, figures)))
 
 
-def reproduce_html(repro, outcome, out: Path) -> Path:
+def reproduce_html(repro, outcome, out: Path, figures: list[Path]) -> Path:
     """The reproduction's page: the verdict per claim, every evaluation run's health, then the
-    tuning study's sections."""
+    tuning study's sections (``figures``: its tuning figures, as for ``tune_html``)."""
     from wirelessfl.tune.reproduce import verdict_cells
 
     runs = outcome.runs
@@ -37,13 +39,14 @@ def reproduce_html(repro, outcome, out: Path) -> Path:
                  "other way; inconclusive: they overlap, or a compared run was unhealthy.</p>"),
                 _table(verdict_cells(outcome.verdicts), message_col=2),
                 "<h2>Health of every evaluation run</h2>", _table(health, message_col=3),
-                *tune_sections(repro.tune, outcome.tuning)]
+                *tune_sections(repro.tune, outcome.tuning, figures)]
     meta = f"{repro.name}, {outcome.out}"
     return write_file(out, _page(f"Reproduction: {repro.spec.title}", meta, sections))
 
 
-def tune_sections(tune, result) -> list[str]:
-    """The HTML sections of a tuning study (shared by the tune and reproduce reports)."""
+def tune_sections(tune, result, figures: list[Path]) -> list[str]:
+    """The HTML sections of a tuning study (shared by the tune and reproduce reports);
+    ``figures``: the tuning figures ``draw_tuning`` wrote for ``result``."""
     title = tune.objective.title
     evaluation_dir = result.out / "evaluation"
     comparison = draw_comparison(compare_dirs([evaluation_dir]), result.out)
@@ -62,7 +65,7 @@ def tune_sections(tune, result) -> list[str]:
         _table(evaluation_cells(result.evaluation, title)),
         "<h2>Figures</h2>",
         *(_figure(p, f"{p.stem.removeprefix('tune_')}: {title} of every configuration against "
-                     "each tuned parameter; star = chosen") for p in result.figures),
+                     "each tuned parameter; star = chosen") for p in figures),
         *(_figure(p, p.stem.replace("_", " ") + " (evaluation runs)") for p in comparison),
         "<h2>Every configuration tried</h2>",
     ]

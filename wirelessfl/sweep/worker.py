@@ -24,6 +24,10 @@ from pathlib import Path
 
 from wirelessfl.host import threads
 
+# The package's __init__.py this worker imported (what ``wirelessfl.__file__`` is: submodules are
+# found in the package's folder), named from here: the top package is above the sweep layer.
+PACKAGE_FILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "__init__.py")
+
 
 def run_point(task: dict) -> dict:
     """Run one sweep point; never raises: a failure comes back as ``status: failed`` with its
@@ -34,7 +38,6 @@ def run_point(task: dict) -> dict:
     (host/threads.py), so the results do not depend on it."""
     wanted = task.get("threads") or {}
     setting = threads.configure(wanted.get("requested"), wanted.get("used"), wanted.get("busy"))
-    import wirelessfl
     from wirelessfl.errors import UserError
     from wirelessfl.pipeline.runner import run_scenario
     from wirelessfl.plugins import import_worker_modules
@@ -43,7 +46,7 @@ def run_point(task: dict) -> dict:
 
     start, start_cpu = time.perf_counter(), time.process_time()
     result = {"run_id": task["run_id"], "host": socket.gethostname(), "pid": os.getpid(),
-              "module": wirelessfl.__file__, "files": {}}
+              "module": PACKAGE_FILE, "files": {}}
     warnings: list[str] = []
     try:
         plugins = task.get("plugins") or {}

@@ -358,11 +358,10 @@ def at_scenario(result: Crossover) -> dict:
 
 def run_crossover(folder: Path, out: Path, method: str = "DZOFL",
                   throughput: tuple[float, float] | None = None,
-                  rate: tuple[float, float] | None = None, points: int = 41) -> tuple:
+                  rate: tuple[float, float] | None = None, points: int = 41) -> Crossover:
     """Read the study ``folder``, compute the grid, write crossover_grid.csv,
-    crossover_boundary.csv, crossover.json and crossover.png into ``out``."""
-    from wirelessfl.report.crossover_plots import draw_crossover
-
+    crossover_boundary.csv and crossover.json into ``out``; the figure crossover.png is
+    report/crossover_plots.py's ``draw_crossover``, called on the returned grid."""
     if points < 2:
         raise UserError(f"--points must be at least 2; got {points}")
     costs, seeds = study_costs(folder)
@@ -387,8 +386,7 @@ def run_crossover(folder: Path, out: Path, method: str = "DZOFL",
         "throughput0_macs_per_s": result.theta0, "uplink_rate0_bps": result.rate0,
         "seeds": seeds, "at_scenario": at_scenario(result),
         "costs": {label: (asdict(c) if c is not None else None) for label, c in costs.items()}})
-    figure = draw_crossover(result, out / "crossover.png")
-    return result, figure
+    return result
 
 
 def summary_lines(result: Crossover) -> list[str]:

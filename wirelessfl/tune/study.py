@@ -41,7 +41,8 @@ STANDARD = (("energy_to_target_j", "energy to target [J]"),
 
 @dataclass
 class TuneResult:
-    """What a finished study holds (also written to its folder)."""
+    """What a finished study holds (also written to its folder). Data only: the figures and the
+    HTML page are report/'s, drawn by the caller from this (report/tune_plots.py, tune_html.py)."""
 
     out: Path
     tuning: pd.DataFrame  # one row per configuration, ranked per algorithm
@@ -50,7 +51,6 @@ class TuneResult:
     verdict: str
     warnings: list[str] = field(default_factory=list)
     counts: dict[str, SweepCounts] = field(default_factory=dict)
-    figures: list[Path] = field(default_factory=list)
     # (setting, seed, outcome) of every evaluation run: what claims are judged from
     evaluated: list[tuple[dict, int, dict]] = field(default_factory=list)
 
@@ -249,14 +249,12 @@ def _pm(mean: float, half: float) -> str:
 
 
 def write_outputs(tune: Tune, result: TuneResult, outcomes: pd.DataFrame) -> None:
-    """tune.json, tuning.csv, tuning_runs.csv, evaluation.csv and the figures."""
-    from wirelessfl.report.tune_plots import draw_tuning
-
+    """tune.json, tuning.csv, tuning_runs.csv and evaluation.csv (the figures beside them are
+    report/tune_plots.py's ``draw_tuning``, called on the result)."""
     out = result.out
     write_csv(out / "tuning.csv", result.tuning)
     write_csv(out / "tuning_runs.csv", outcomes)
     write_csv(out / "evaluation.csv", result.evaluation)
-    result.figures = draw_tuning(tune, result.tuning, out)
     write_json(out / MANIFEST, {
         "name": tune.name, "file": str(tune.path), "tune": tune.document,
         "objective": tune.spec.objective, "tuning_seeds": tune.spec.tuning_seeds,
