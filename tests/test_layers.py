@@ -68,3 +68,10 @@ def test_a_folder_cycle_is_found(tmp_path):
 def test_the_checker_passes_on_the_package_from_the_command_line(capsys):
     assert layers.main([]) == 0
     assert "no folder cycle" in capsys.readouterr().out
+
+
+def test_the_architecture_doc_shows_the_layers_as_the_checker_holds_them():
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    start = doc.index("<!-- layers:")
+    block = doc[doc.index("\n", start) + 1:doc.index("<!-- /layers -->")].strip()
+    assert block == layers.markdown_table()

@@ -188,6 +188,17 @@ def _components(graph: dict[str, set[str]]) -> list[set[str]]:
     return out
 
 
+def markdown_table() -> str:
+    """The layer table docs/architecture.md shows (between its ``layers`` markers)."""
+    lines = ["| layer (bottom to top) | folders / modules |", "|---|---|"]
+    for index, members in enumerate(LAYERS, 1):
+        names = ", ".join(f"`{m}`" for m in members)
+        if len(members) > 1 and members not in OPEN_LAYERS:
+            names += " (siblings)"
+        lines.append(f"| {index} | {names} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m wirelessfl.layers [PACKAGE_FOLDER]``: print every violation; exit 1 if any."""
     argv = sys.argv[1:] if argv is None else argv
