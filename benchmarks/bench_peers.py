@@ -17,7 +17,7 @@ with the reason, and the benchmark goes on. Each process reports host ms per rou
 resident memory (``ru_maxrss``); the JSON keeps every repeat and the medians.
 
 Timing: both simulators call a hook at the end of every round, which records ``perf_counter``
-(wirelessfl: the runner's ``on_round``, the hook its progress bar uses: ``engine.runner.
+(wirelessfl: the runner's ``on_round``, the hook its progress bar uses: ``pipeline.runner.
 run_to_record``, which ``wirelessfl.run`` calls; pfl: a callback's ``after_central_iteration``).
 ms per round = (end of round R - end of round 1) / (R - 1): building the world or loading the
 data, round 1 (warm-up: pfl evaluates each user before and after training in its iteration 0)

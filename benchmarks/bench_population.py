@@ -2,7 +2,7 @@
 
 For each population size N, in a fresh process (so its peak RSS is its own), it loads a scenario
 (``wirelessfl.load_scenario``) with an MLP 64-64-10 on synthetic data, then times, one after
-another: the pre-run memory estimate, ``engine.build.build_world`` (placement, path loss, the
+another: the pre-run memory estimate, ``pipeline.build.build_world`` (placement, path loss, the
 data split, the problem), the manifest's partition entry, a Ledger, the per-device outputs of
 one algorithm (devices.parquet and manifest.json written by the run writer, from a ledger in
 which 100 devices took part in each of 50 rounds) and the two figures with per-device axes
