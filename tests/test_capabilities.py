@@ -5,6 +5,7 @@ is checked here against the rule it replaced, written out as the independent ref
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from wirelessfl.contract.memory import RoundShape
 from wirelessfl.errors import UserError
 from wirelessfl.layers import violations
 from wirelessfl.pipeline import preflight
-from wirelessfl.plugins import ALGORITHMS, PROBLEMS, problems_with
+from wirelessfl.plugins import ALGORITHMS, COMPUTE, PROBLEMS, problems_with
 
 BUILTINS = ALGORITHMS.load_builtins()
 PACKAGE = Path(__file__).resolve().parents[1] / "wirelessfl"
@@ -183,9 +184,51 @@ def test_constants_and_server_loss_are_hooks():
             cls.server_learns or getattr(params, "server_data", False)), name
 
 
-# ---- no upward import --------------------------------------------------------------------------
+# ---- the registry's kind checks, and no upward import ------------------------------------------
+def test_every_builtin_passes_its_kinds_check():
+    """One check for every part: the built-ins pass it, as plugins must."""
+    for registry in (ALGORITHMS, COMPUTE, PROBLEMS):
+        for name, obj in registry.load_builtins().items():
+            assert registry._check(obj) is None, (registry.kind, name)
+    assert "is not a compute model" in COMPUTE._check(int)
+
+
+def test_a_compute_model_is_a_profile_energy_compute_can_price():
+    """Priced by its own pass_costs, or by energy/compute.py's table for a tag its ``model``
+    field alone admits; a profile whose tag can be anything and has no pass_costs is refused
+    (its passes would have no price)."""
+    from typing import Literal
+
+    from wirelessfl.energy.profile import CmosProfile, EnergyProfile
+
+    class NoPrice(EnergyProfile):
+        pass
+
+    class Priced(EnergyProfile):
+        def pass_costs(self, model, batch, bits):
+            return 0.0, 0.0, 0.0, 0.0
+
+    class FixedCmos(CmosProfile):
+        model: Literal["cmos"] = "cmos"
+
+    assert "is not a compute model" in COMPUTE._check(NoPrice)
+    assert "is not a compute model" in COMPUTE._check(EnergyProfile)
+    assert COMPUTE._check(Priced) is None
+    assert COMPUTE._check(FixedCmos) is None
+    assert "is not an algorithm" in ALGORITHMS._check(int)
+    assert "is not a problem" in PROBLEMS._check(int)
+
+
+def test_the_registry_imports_nothing_of_the_package_but_its_errors():
+    tree = ast.parse((PACKAGE / "plugins.py").read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for a in node.names}
+    assert {m for m in imported if m and m.startswith("wirelessfl")} == {"wirelessfl.errors"}
+
+
 def test_no_layer_violation_in_the_checks_that_were_special_cases():
     found = [line for line in violations(PACKAGE)
-             if line.startswith(("wirelessfl/pipeline/preflight.py",
+             if line.startswith(("wirelessfl/plugins.py", "wirelessfl/pipeline/preflight.py",
                                  "wirelessfl/pipeline/memory.py", "wirelessfl/contract/"))]
     assert found == []
