@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable, Collection
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from wirelessfl.errors import UserError
 
@@ -267,10 +267,17 @@ def as_value_error(call: Callable[[], Any], where: str) -> Any:
         raise ValueError(str(err).removeprefix(f"{where}: ")) from None
 
 
-def _algorithm_check(obj: Any) -> str | None:
-    from wirelessfl.algorithms.base import Algorithm
+def _resolve(reference: str) -> Any:
+    """The object a ``module:attribute`` reference to the package names, imported when a check
+    first runs: how the kind checks reach the base classes they check against without an import
+    of the layers above this module (wirelessfl/layers.py)."""
+    module_name, attribute = reference.split(":", 1)
+    return getattr(importlib.import_module(module_name), attribute)
 
-    if not (isinstance(obj, type) and issubclass(obj, Algorithm)):
+
+def _algorithm_check(obj: Any) -> str | None:
+    algorithm = _resolve("wirelessfl.algorithms.base:Algorithm")
+    if not (isinstance(obj, type) and issubclass(obj, algorithm)):
         return "is not an algorithm: it must be a subclass of wirelessfl.Algorithm"
     if not isinstance(getattr(obj, "name", None), str):
         return "has no 'name' (a class attribute: the name scenarios use)"
@@ -353,14 +360,20 @@ FADING = Registry("fading", {}, check=_fading_check, noun="fading model")
 
 
 def _compute_check(obj: Any) -> str | None:
-    from wirelessfl.energy.profile import EnergyProfile
-
-    if not (isinstance(obj, type) and issubclass(obj, EnergyProfile)
-            and callable(getattr(obj, "pass_costs", None))):
-        return ("is not a compute model: it must be a subclass of wirelessfl.energy."
-                "EnergyProfile with a method pass_costs(model, batch, bits) -> (forward J, "
-                "backward J, forward s, backward s)")
-    return None
+    """A compute model is a profile energy/compute.py can price, which it does by the
+    profile's ``model`` tag: an ``EnergyProfile`` subclass with its own ``pass_costs``, or one
+    whose ``model`` field admits only tags that module prices itself (``COMPUTE_MODELS``: the
+    built-ins' ``Literal`` tags). The same check for every part, built-ins included."""
+    profile = _resolve("wirelessfl.energy.profile:EnergyProfile")
+    if isinstance(obj, type) and issubclass(obj, profile):
+        if callable(getattr(obj, "pass_costs", None)):
+            return None
+        tags = set(get_args(obj.model_fields["model"].annotation))
+        if tags and tags <= set(_resolve("wirelessfl.energy.profile:COMPUTE_MODELS")):
+            return None
+    return ("is not a compute model: it must be a subclass of wirelessfl.energy."
+            "EnergyProfile with a method pass_costs(model, batch, bits) -> (forward J, "
+            "backward J, forward s, backward s)")
 
 
 _ENERGY = "wirelessfl.energy.profile:"
@@ -370,14 +383,11 @@ COMPUTE = Registry("compute", {
     "seed002-accelerator": _ENERGY + "Seed002AcceleratorProfile",
     "cmos": _ENERGY + "CmosProfile",
     "per-operation": _ENERGY + "PerOperationProfile",
-}, check=lambda obj: (None if getattr(obj, "__module__", "").startswith("wirelessfl.energy.")
-                      else _compute_check(obj)), noun="compute model")
+}, check=_compute_check, noun="compute model")
 
 
 def _problem_check(obj: Any) -> str | None:
-    from wirelessfl.problems.base import problem_check
-
-    return problem_check(obj)
+    return _resolve("wirelessfl.problems.base:problem_check")(obj)
 
 
 # Learning problems (problems/base.py ProblemSpec: the section's Config, the builder, the checks

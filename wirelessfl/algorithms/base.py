@@ -23,6 +23,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from wirelessfl.algorithms.participation import participant_count, participant_indices
+from wirelessfl.contract.facts import SINGLE_LEVEL, ScenarioFacts
+from wirelessfl.contract.memory import ROW_VALUE_COPIES, RoundShape
 from wirelessfl.contract.payload import Payload
 from wirelessfl.learning.quantize import FULL_PRECISION_BITS, quantize_rows, quantize_scalars
 from wirelessfl.learning.seeds import counter_uniform, device_uniform, keyed_generator
@@ -147,6 +149,41 @@ class Algorithm:
         """Devices a one-off exchange before round 0 runs a forward minibatch pass for (FGDRO
         KL's warm start: every holder of w_0), for the memory check; none by default."""
         return 0
+
+    @classmethod
+    def round_memory(cls, params: AlgorithmParams, shape: RoundShape) -> tuple[int, bool]:
+        """(bytes, chunked) of the largest round temporaries beyond ``state_rows``, for the memory
+        check (pipeline/memory.py); chunked: they shrink with engine.max_chunk_mb. By default one
+        chunk's minibatches with autograd, ROW_VALUE_COPIES [chunk, d] blocks (models, gradients,
+        updates) and the quantiser's work on the chunk's uploads. A subclass inherits its
+        parent's rule (a plugin subclass of a built-in is sized as that built-in)."""
+        chunk = shape.chunk
+        return (chunk * (shape.minibatch_bytes + ROW_VALUE_COPIES * shape.d * shape.itemsize)
+                + shape.quantized_bytes(chunk), True)
+
+    # ---- what the algorithm needs of its scenario (checked before a run, pipeline/preflight.py)
+    # The problem capability the algorithm runs on (contract/facts.py): a single-level problem
+    # unless a subclass says otherwise (FedMSA: multi-sequence, FedNest: bilevel).
+    problem_needs: ClassVar[str] = SINGLE_LEVEL
+
+    @classmethod
+    def check_scenario(cls, params: AlgorithmParams, facts: ScenarioFacts) -> str | None:
+        """What makes ``params`` unrunnable in a scenario with ``facts`` (a count beyond N, ...),
+        as the message a UserError gives, or None; what ``setup`` would otherwise refuse once
+        the world is built. None by default."""
+        return None
+
+    @classmethod
+    def check_constants(cls, params: AlgorithmParams, known: frozenset[str]) -> None:
+        """Raise UserError when a default rule of ``params`` reads a problem constant the
+        problem will not hold (``known``: the names it will); nothing is read by default."""
+
+    @classmethod
+    def needs_server_loss(cls, params: AlgorithmParams) -> bool:
+        """True when the run needs a loss held by the base station: an algorithm whose base
+        station learns (``server_learns``), or parameters asking it to take part with its own
+        data (a ``server_data`` parameter set true)."""
+        return cls.server_learns or bool(getattr(params, "server_data", False))
 
     # Upload phases of a round in which every packet arrives (two for methods that exchange a
     # gradient and then a model); the conformance suite reads it with ``declared_payloads``.

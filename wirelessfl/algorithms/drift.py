@@ -54,6 +54,7 @@ from pydantic import Field, model_validator
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.algorithms.device_state import BLOCK_ROWS, DeviceRows, expected_rows
 from wirelessfl.algorithms.participation import participant_count
+from wirelessfl.contract.memory import RoundShape
 from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
@@ -140,6 +141,21 @@ class DriftCorrected(Algorithm):
         by ``params``: what ``setup`` will read from the problem (``theory_value``), so that a
         scenario can be checked before anything is built (pipeline/preflight.py)."""
         return []
+
+    @classmethod
+    def check_constants(cls, params: AlgorithmParams, known: frozenset[str]) -> None:
+        """The default rules' constants (``theory_needs``) against those the problem will
+        hold: ``check_theory``'s refusal, before anything is built."""
+        check_theory(params, cls.theory_needs(params), set(known))
+
+    @classmethod
+    def round_memory(cls, params: AlgorithmParams, shape: RoundShape) -> tuple[int, bool]:
+        """The uploads of all the round's devices, quantised at once after the local work
+        (``average``): they span every device, not a chunk. Inherited by every subclass
+        (FedMSA, FedNest, a plugin's), where the rule once matched this module's classes by
+        name and left a plugin subclass to the default."""
+        return shape.quantized_bytes(shape.devices), False
+
     # Peak [n, d] arrays of a round's n participants: gradients at the anchor, h_i, local
     # iterates, the local gradient and the step's temporaries; ``held_arrays`` of them are
     # per-device state kept between rounds in DeviceRows (FedRed: x_i; Scaffnew: x_i, h_i),

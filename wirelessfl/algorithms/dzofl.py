@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field, model_validator
 
-from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams
+from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, ScalarFormatParams
+from wirelessfl.contract.memory import RoundShape
 from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator
 
@@ -56,6 +57,11 @@ class DZOFL(Algorithm):
     def declared_payloads(cls, d: int, bits: int, participants: int = 1) -> tuple[Payload, Payload]:
         """One M-bit scalar up per device and one down (seed 002, Sec. III: N M bits per iteration)."""
         return Payload.scalar(bits), Payload.scalar(bits)
+
+    @classmethod
+    def round_memory(cls, params: AlgorithmParams, shape: RoundShape) -> tuple[int, bool]:
+        """Forward passes only, one scalar a device: a chunk's forward minibatch pass."""
+        return shape.forward_bytes(), True
 
     def resync_payload(self, missed: int) -> Payload:
         """The missed broadcast scalars (the device rebuilds theta from them and the seeds), or the

@@ -41,6 +41,7 @@ import torch
 from pydantic import Field
 
 from wirelessfl.algorithms.drift import DriftCorrected, DriftParams
+from wirelessfl.contract.facts import MULTI_SEQUENCE, ScenarioFacts
 from wirelessfl.contract.payload import Payload
 from wirelessfl.contract.problem import MSAProblem
 from wirelessfl.errors import UserError
@@ -71,6 +72,16 @@ class FedMSA(DriftCorrected):
     summary = ("momentum map average at all clients, then K variance-reduced local steps on "
                "S sampled clients; P = d_x + 2 d_w values per packet, two exchanges per round")
     uploads_per_round = 2
+    problem_needs = MULTI_SEQUENCE  # an MSAProblem (``setup`` checks the built one)
+
+    @classmethod
+    def check_scenario(cls, params: FedMSAParams, facts: ScenarioFacts) -> str | None:
+        """Phase B's S clients are drawn from the N (``setup``'s check, from the scenario)."""
+        n = facts.num_devices
+        if params.local_clients > n:
+            return (f"algorithms '{params.display_name}': local_clients ({params.local_clients})"
+                    f" exceeds the {n} clients; set local_clients <= {n}")
+        return None
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1

@@ -63,6 +63,7 @@ import torch
 from pydantic import Field
 
 from wirelessfl.algorithms.drift import DriftCorrected, DriftParams
+from wirelessfl.contract.facts import BILEVEL
 from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.contract.problem import BilevelProblem, EpochBatch
 from wirelessfl.errors import UserError
@@ -127,6 +128,7 @@ class FedNest(DriftCorrected):
     name = "fednest"
     Params = FedNestParams
     stage = 0  # the stage of the outer iteration whose clients take part (participants)
+    problem_needs = BILEVEL  # a BilevelProblem (``setup`` checks the built one)
     summary = ("federated minibatch SVRG on w, a Neumann-series inverse-Hessian product, then "
                "local outer steps with the indirect hypergradient frozen; 2T + N + 3 exchanges "
                "per round, clients drawn anew for each inner round and the outer stage")

@@ -54,6 +54,8 @@ from pydantic import Field
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.algorithms.participation import participant_count
+from wirelessfl.contract.facts import ScenarioFacts
+from wirelessfl.contract.memory import FGDRO_ROW_COPIES, RoundShape, on_heap
 from wirelessfl.contract.payload import VECTOR_SCALE_HEADER_BITS, Cost, Payload
 from wirelessfl.errors import UserError
 
@@ -90,6 +92,14 @@ class _FGDRO(Algorithm):
     def state_rows(cls, num_devices, params):
         """The round's work is held for the asked devices only (u_i is one float64 each)."""
         return cls.peak_device_arrays * participant_count(params.participation, num_devices)
+
+    @classmethod
+    def round_memory(cls, params: AlgorithmParams, shape: RoundShape) -> tuple[int, bool]:
+        """A chunk's minibatches and FGDRO_ROW_COPIES [chunk, d] blocks (w, m, q, their
+        gradients, updates and uploads), quantised in runs of consecutive devices."""
+        block = shape.chunk * shape.d * shape.itemsize
+        return shape.chunk * shape.minibatch_bytes + on_heap(FGDRO_ROW_COPIES * block, block), \
+            True
 
     vectors: ClassVar[int]  # d-vectors each way: w (+ m, + q)
 
@@ -230,6 +240,16 @@ class FGDROCVaR(_FGDRO):
     summary = ("seed 003 Alg. 1: mean of the K largest device losses; threshold s local and "
                "averaged; w and s up (1 vector + 1 float64)")
     vectors = 1
+
+    @classmethod
+    def check_scenario(cls, params: FGDROCVaRParams, facts: ScenarioFacts) -> str | None:
+        """A K given beyond the N devices (``setup``'s check, from the scenario; the default K
+        always fits)."""
+        n = facts.num_devices
+        if params.k is not None and params.k > n:
+            return (f"{params.display_name}: k = {params.k} exceeds the {n} devices "
+                    f"(population.num_devices); choose k between 1 and {n}")
+        return None
 
     def setup(self) -> None:
         super().setup()

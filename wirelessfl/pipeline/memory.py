@@ -21,10 +21,11 @@ report figures included, as named parts (docs/reliability.md, "Memory"):
   ``FULL_OUTPUT_DEVICES``, a sample's beyond);
 * ``state``: the largest algorithm's [N, d] arrays (``Algorithm.peak_device_arrays``) in the
   problem's compute precision;
-* ``compute``: that algorithm's largest round temporaries (``round_compute``): one chunk of the
-  batched learning compute (the evaluator's own chunk rule under ``engine.max_chunk_mb``) and
-  the float64 work of the unbiased quantiser on the rows it quantises at once (a chunk, or all
-  N rows for the drift-corrected family, FedMSA and FedNest);
+* ``compute``: that algorithm's largest round temporaries, as the algorithm states them
+  (``Algorithm.round_memory`` of the round's ``RoundShape``, contract/memory.py): one chunk of
+  the batched learning compute (the evaluator's own chunk rule under ``engine.max_chunk_mb``)
+  and the float64 work of the unbiased quantiser on the rows it quantises at once (a chunk, or
+  all N rows for the drift-corrected family, FedMSA and FedNest);
 * ``records``: each algorithm's ledger and network arrays, and what is recorded until the run
   ends (its devices.parquet rows as a table: every device's up to ``FULL_OUTPUT_DEVICES``, at
   most ``DEVICE_ROWS_MAX`` beyond; each device's accuracy at each evaluation as Python
@@ -49,10 +50,16 @@ import os
 from dataclasses import dataclass, field
 
 from wirelessfl.algorithms.participation import participant_count
+from wirelessfl.contract.memory import (
+    ACTIVATION_COPIES,
+    BYTES_PER_FLOAT,
+    MIB,
+    RoundShape,
+    forward_pass_bytes,
+)
 from wirelessfl.contract.problem import ProblemFacts
 from wirelessfl.errors import UserError
 from wirelessfl.plugins import algorithm_class
-from wirelessfl.problems.data_size import BYTES_PER_FLOAT, MIB
 from wirelessfl.results.records import (
     ACCURACY_SAMPLE_DEVICES,
     DEVICE_ROWS_MAX,
@@ -92,28 +99,8 @@ DEVICE_STATIC_BYTES = 450
 # Per device while an algorithm runs: its ledger (176 B) and the network's per-phase arrays
 # (plan, fading, airtime, outcome: about 40 float64 [N] arrays).
 DEVICE_RUN_BYTES = 512
-# Per value of a [rows, d] block quantised at fewer than 32 bits (quantize_rows' lean path,
-# rows inside their own scales): the float32 input and output and five float64 work arrays at
-# its peak (the input's float64 copy, position, floor, uniforms, result; measured with
-# benchmarks/memory_estimate.py). Blocks below glibc's mmap threshold (32 MiB as
-# host/allocator.py sets it) come from the heap, where freed space is reused less tightly:
-# HEAP_FACTOR times as much (78 B a quantised value).
-QUANTIZE_VALUE_BYTES = 48
-HEAP_FACTOR = 104 / 64
-MMAP_THRESHOLD_BYTES = 32 * MIB
-# Per value of a [rows, d] block of per-device models, gradients or updates in a round
-# (the block itself, the gradient and the update), in the compute precision's itemsize.
-ROW_VALUE_COPIES = 3
-# FGDRO's chunk: w, m and q of the chunk's devices, their gradients, updates and uploads (it
-# quantises runs of consecutive devices, each small).
-FGDRO_ROW_COPIES = 11
-# Autograd copies of each activation (the evaluator's own chunk rule, problems/classifier.py).
-ACTIVATION_COPIES = 3
-
-# Algorithm modules that quantise all N devices' rows at once (DriftCorrected.average); the
-# others quantise one chunk of devices at a time.
-ALL_ROWS_MODULES = ("wirelessfl.algorithms.drift", "wirelessfl.algorithms.fedmsa",
-                    "wirelessfl.algorithms.fednest")
+# The round temporaries' bytes per value (the quantiser's work, the copies of per-device rows,
+# autograd's copies of activations) are the algorithms' own, in contract/memory.py.
 
 
 @dataclass
@@ -181,17 +168,10 @@ def chunk_devices(facts: ProblemFacts, n: int, batch: int, max_chunk_mb: float) 
     return max(1, min(n, int(max_chunk_mb * MIB // per)))
 
 
-def on_heap(nbytes: float, block_bytes: int) -> int:
-    """``nbytes`` of temporaries made of blocks of ``block_bytes`` each: as they are when the
-    blocks are mmapped (at or above glibc's threshold), and HEAP_FACTOR times that when they come
-    from the heap, whose freed space is reused less tightly."""
-    return int(nbytes if block_bytes >= MMAP_THRESHOLD_BYTES else nbytes * HEAP_FACTOR)
-
-
 def forward_bytes(facts: ProblemFacts, chunk: int, batch: int) -> int:
     """A forward minibatch pass of ``chunk`` devices at a shared model: inputs and activations,
     no autograd copies."""
-    return chunk * BYTES_PER_FLOAT * batch * (facts.input_size + facts.activations_per_sample)
+    return forward_pass_bytes(chunk, batch, facts.input_size, facts.activations_per_sample)
 
 
 def one_off_compute(cls, params, facts: ProblemFacts, n: int, max_chunk_mb: float) -> int:
@@ -205,26 +185,22 @@ def one_off_compute(cls, params, facts: ProblemFacts, n: int, max_chunk_mb: floa
     return forward_bytes(facts, chunk, params.batch_size) + devices * params.batch_size * 16
 
 
+def round_shape(params, facts: ProblemFacts, n: int, chunk: int, bits: int) -> RoundShape:
+    """The round of an algorithm with ``params`` as its ``round_memory`` sizes it: ``n`` devices
+    whose work the round holds, ``chunk`` of them at once, ``bits`` per value."""
+    return RoundShape(d=facts.d, itemsize=facts.itemsize, batch=params.batch_size,
+                      input_size=facts.input_size,
+                      activations_per_sample=facts.activations_per_sample, devices=n,
+                      chunk=chunk, bits=bits)
+
+
 def round_compute(cls, params, facts: ProblemFacts, n: int, chunk: int, bits: int
                   ) -> tuple[int, bool]:
     """(bytes, chunked) of one algorithm's largest round temporaries beyond its state: what the
     evaluator holds for one chunk of devices and what the quantiser works on at once; chunked
-    is False where they span all N devices (they do not shrink with engine.max_chunk_mb)."""
-    d, size, module = facts.d, facts.itemsize, cls.__module__
-    samples = BYTES_PER_FLOAT * params.batch_size * (
-        facts.input_size + ACTIVATION_COPIES * facts.activations_per_sample)
-    if module == "wirelessfl.algorithms.dzofl":  # forward passes, one scalar a device
-        return forward_bytes(facts, chunk, params.batch_size), True
-    if module == "wirelessfl.algorithms.fgdro":  # quantised in runs of consecutive devices
-        return chunk * samples + on_heap(FGDRO_ROW_COPIES * chunk * d * size, chunk * d * size), \
-            True
-    rows = n if module in ALL_ROWS_MODULES else chunk
-    per_value = 2 * size
-    if bits < 32:
-        per_value = on_heap(QUANTIZE_VALUE_BYTES, rows * d * 8)
-    if module in ALL_ROWS_MODULES:  # the uploads of all N, quantised after the local work
-        return rows * d * per_value, False
-    return chunk * (samples + ROW_VALUE_COPIES * d * size) + rows * d * per_value, True
+    is False where they span all N devices (they do not shrink with engine.max_chunk_mb). The
+    algorithm's own rule (``Algorithm.round_memory``), so no algorithm is named here."""
+    return cls.round_memory(params, round_shape(params, facts, n, chunk, bits))
 
 
 def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstimate:

@@ -13,12 +13,14 @@ folder exists. What is checked, and where the same condition is met at run time:
 * the split gives every device samples (problems/data.py ``check_partition``);
 * the problem's own constraints, its ``ProblemSpec.check`` (problems/: a classifier's model fits
   the data, logistic needs flat inputs, loss-tuning one client group per class, ...);
-* each algorithm runs on this problem (FedMSA needs a multi-sequence problem, FedNest a bilevel
-  one, the others a single-level one: the spec's capabilities, never its name), with its
-  parameters (FGDRO-CVaR's k, FedMSA's local_clients <= N),
-  with the problem constants its default rules read (``DriftCorrected.theory_needs``), with a
-  loss at the base station where it needs one (ZO-HFL, ``server_data``), at a bit width its
-  energy model prices (energy/compute.py);
+* each algorithm runs on this problem and scenario, as the algorithm itself declares
+  (algorithms/base.py, from the scenario's ``ScenarioFacts``, contract/facts.py): the problem
+  capability it needs (``problem_needs``: FedMSA a multi-sequence problem, FedNest a bilevel
+  one, the others a single-level one: the spec's capabilities, never its name), its parameters
+  (``check_scenario``: FGDRO-CVaR's k, FedMSA's local_clients <= N), the problem constants its
+  default rules read (``check_constants``: the drift family's ``theory_needs``), a loss at the
+  base station where it needs one (``needs_server_loss``: ZO-HFL, ``server_data``); and a bit
+  width its energy model prices (energy/compute.py);
 * ``--checkpoint-every`` needs the vectorized engine (pipeline/simulation.py); ``device: cuda``
   needs a GPU (pipeline/build.py).
 
@@ -33,10 +35,14 @@ from collections.abc import Callable, Iterator
 from pydantic import BaseModel
 
 from wirelessfl.algorithms.base import AlgorithmParams
-from wirelessfl.algorithms.drift import check_theory
-from wirelessfl.algorithms.fedmsa import FedMSA
-from wirelessfl.algorithms.fednest import FedNest
-from wirelessfl.algorithms.fgdro import FGDROCVaR
+from wirelessfl.contract.facts import (
+    BILEVEL,
+    MULTI_SEQUENCE,
+    PROBLEM_FLAGS,
+    SINGLE_LEVEL,
+    ScenarioFacts,
+    problem_capabilities,
+)
 from wirelessfl.energy.compute import check_bits
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataFacts, data_facts
@@ -57,8 +63,10 @@ def check_runnable(scenario: Scenario, checkpoint_every: int | None = None,
         facts = data_facts(scenario.data)
         _check_labels(scenario, facts)
     spec.check(scenario, facts)
-    for params in scenario.algorithms:
-        _check_algorithm(scenario, spec, params, facts)
+    if scenario.algorithms:
+        scene = scenario_facts(scenario, spec, facts)
+        for params in scenario.algorithms:
+            _check_algorithm(scenario, params, scene)
     if warn is not None:
         for text in warnings:
             warn(f"warning: {text}")
@@ -94,35 +102,55 @@ def _check_labels(scenario: Scenario, facts: DataFacts) -> None:
                         f"'{data.name}', leaving no negative class; list fewer labels")
 
 
-def _check_algorithm(scenario: Scenario, spec: ProblemSpec, params: AlgorithmParams,
-                     facts: DataFacts | None) -> None:
-    cls, label = algorithm_class(params.name), params.display_name
-    problem, n = scenario.problem.name, scenario.population.num_devices
-    where = f"algorithms '{label}'"
-    if issubclass(cls, FedNest) and not spec.bilevel:
-        raise UserError(f"{where}: fednest needs a bilevel problem (problem.name: "
-                        f"{' or '.join(problems_with('bilevel'))}); this scenario's problem is "
-                        f"'{problem}'")
-    if issubclass(cls, FedMSA) and not spec.multi_sequence:
-        raise UserError(f"{where}: fedmsa needs a multi-sequence problem (problem.name: "
-                        f"{', '.join(problems_with('multi_sequence'))}); this scenario's problem "
-                        f"is single-level ('{problem}')")
-    if not issubclass(cls, FedMSA | FedNest) and spec.multi_sequence:
-        raise UserError(f"{where}: problem '{problem}' is a multi-sequence (bilevel) problem: "
-                        f"it has no single loss f_i to take gradients of; run it with algorithm "
-                        "'fedmsa' (or 'fednest'), or use a single-level problem (classification, "
-                        "quadratic, logistic)")
-    if issubclass(cls, FedMSA) and params.local_clients > n:
-        raise UserError(f"{where}: local_clients ({params.local_clients}) exceeds the {n} "
-                        f"clients; set local_clients <= {n}")
-    if issubclass(cls, FGDROCVaR) and params.k is not None and params.k > n:
-        raise UserError(f"{label}: k = {params.k} exceeds the {n} devices "
-                        f"(population.num_devices); choose k between 1 and {n}")
-    known = spec.constants(scenario, facts)
-    if known is not None and hasattr(cls, "theory_needs"):
-        check_theory(params, cls.theory_needs(params), known)
-    if (cls.server_learns or getattr(params, "server_data", False)) \
-            and not spec.server_loss(scenario, facts):
+def scenario_facts(scenario: Scenario, spec: ProblemSpec, facts: DataFacts | None
+                   ) -> ScenarioFacts:
+    """What the algorithms' own checks read of ``scenario`` (contract/facts.py): N, the
+    problem's capabilities (its spec's flags), the constants it will know, whether the base
+    station holds a loss; ``facts``: the data's cheap facts (None unless the problem reads
+    data)."""
+    constants = spec.constants(scenario, facts)
+    return ScenarioFacts(
+        num_devices=scenario.population.num_devices, problem=scenario.problem.name,
+        capabilities=problem_capabilities({f: getattr(spec, f) for f in PROBLEM_FLAGS}),
+        constants=None if constants is None else frozenset(constants),
+        server_loss=bool(spec.server_loss(scenario, facts)))
+
+
+def _missing_capability(name: str, need: str, where: str, problem: str) -> str:
+    """The refusal of algorithm ``name``, which needs a problem with capability ``need``, on
+    ``problem``, which lacks it; the alternatives are the built-in problems that have it."""
+    if need == BILEVEL:
+        return (f"{where}: {name} needs a bilevel problem (problem.name: "
+                f"{' or '.join(problems_with(BILEVEL))}); this scenario's problem is "
+                f"'{problem}'")
+    if need == MULTI_SEQUENCE:
+        return (f"{where}: {name} needs a multi-sequence problem (problem.name: "
+                f"{', '.join(problems_with(MULTI_SEQUENCE))}); this scenario's problem "
+                f"is single-level ('{problem}')")
+    if need == SINGLE_LEVEL:
+        return (f"{where}: problem '{problem}' is a multi-sequence (bilevel) problem: "
+                f"it has no single loss f_i to take gradients of; run it with algorithm "
+                "'fedmsa' (or 'fednest'), or use a single-level problem (classification, "
+                "quadratic, logistic)")
+    offered = ", ".join(problems_with(need)) if need in PROBLEM_FLAGS else "none built in"
+    return (f"{where}: {name} needs a problem with capability '{need}' (problem.name: "
+            f"{offered}); this scenario's problem is '{problem}'")
+
+
+def _check_algorithm(scenario: Scenario, params: AlgorithmParams, facts: ScenarioFacts) -> None:
+    """What the algorithm declares it needs of the scenario (algorithms/base.py), in order:
+    the problem's capability, its own constraints, the problem's constants, a server loss,
+    and the bit width's price."""
+    cls = algorithm_class(params.name)
+    where = f"algorithms '{params.display_name}'"
+    if cls.problem_needs not in facts.capabilities:
+        raise UserError(_missing_capability(cls.name, cls.problem_needs, where, facts.problem))
+    refusal = cls.check_scenario(params, facts)
+    if refusal:
+        raise UserError(refusal)
+    if facts.constants is not None:
+        cls.check_constants(params, facts.constants)
+    if cls.needs_server_loss(params) and not facts.server_loss:
         raise UserError(f"{where}: needs a loss held by the base station, which this scenario "
                         "does not give; set data.server_fraction (e.g. 0.3, seed 000 Sec. IV), "
                         "or problem.server_loss: true for the quadratic")

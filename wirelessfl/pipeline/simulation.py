@@ -13,9 +13,9 @@ import simpy
 
 from wirelessfl.algorithms.base import AlgorithmParams
 from wirelessfl.engine.context import RunContext
-from wirelessfl.engine.recorder import BecameUnhealthy, Diverged, ReachedTarget
 from wirelessfl.engine.ledger import KIND_INDEX, Ledger
 from wirelessfl.engine.network import ENGINES
+from wirelessfl.engine.recorder import BecameUnhealthy, Diverged, ReachedTarget
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.pipeline.build import World

@@ -16,10 +16,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from wirelessfl.contract.memory import BYTES_PER_FLOAT, MIB
 from wirelessfl.learning.partition import fewest_samples
 
-MIB = 2**20
-BYTES_PER_FLOAT = 4
 # Per sample of a classifier's training set beyond its inputs: labels twice (or the labels once
 # and DeviceData's index), the minibatch owner sizes and the objective's sample weights, the
 # shard indices (int64 / float64 each).
