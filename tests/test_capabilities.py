@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import small_scenario
 from wirelessfl.algorithms.drift import Dane
 from wirelessfl.algorithms.fedavg import FedAvg
 from wirelessfl.contract.facts import (
@@ -232,3 +233,33 @@ def test_no_layer_violation_in_the_checks_that_were_special_cases():
              if line.startswith(("wirelessfl/plugins.py", "wirelessfl/pipeline/preflight.py",
                                  "wirelessfl/pipeline/memory.py", "wirelessfl/contract/"))]
     assert found == []
+
+
+class _Superposing(FedAvg):
+    """FedAvg's round, declared as an over-the-air method (the way no network of this release
+    simulates: preflight must refuse it before anything runs)."""
+
+    name = "fedavg-air"
+    air = "superposition"
+
+
+def test_an_algorithm_that_needs_superposition_is_refused_where_the_network_cannot(monkeypatch):
+    ALGORITHMS.register(_Superposing)
+    try:
+        sc = small_scenario(algorithms=[{"name": "fedavg-air", "rounds": 1}])
+        with pytest.raises(UserError, match="sends its uploads by superposition .* engine.mode "
+                                            "'vectorized' does not simulate"):
+            preflight.check_runnable(sc)
+
+        class Air:  # a network that implements the second way (contract/port.py)
+            def superpose(self, cost, payload, values, active=None):
+                yield from ()
+
+        monkeypatch.setitem(preflight.ENGINES, "vectorized", Air)
+        assert preflight.check_runnable(sc) == []
+        monkeypatch.setattr(_Superposing, "air", "smoke-signals")
+        with pytest.raises(UserError, match="declares air = 'smoke-signals'"):
+            preflight.check_runnable(sc)
+    finally:
+        ALGORITHMS.unregister("fedavg-air")
+    assert FedAvg.air == "packets"

@@ -50,6 +50,7 @@ import numpy as np
 import pandas as pd
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
+from wirelessfl.contract.facts import SINGLE_LEVEL
 from wirelessfl.errors import UserError
 from wirelessfl.pipeline.build import World, build_world
 from wirelessfl.pipeline.simulation import AlgorithmRun, run_algorithm
@@ -117,19 +118,10 @@ ScenarioSource = Mapping[str, Any] | str | os.PathLike | Scenario
 # ---- which scenario ----------------------------------------------------------------------------
 def needed_capability(cls: type) -> str | None:
     """The problem capability ``cls`` needs (``"multi_sequence"``, ``"bilevel"``; None: any
-    single-level problem, e.g. a classifier): the one place the suite reads it.
-
-    Today this repeats pipeline/preflight.py's rule (FedNest needs a bilevel problem, FedMSA a
-    multi-sequence one, by subclass); when ``Algorithm`` declares the capability it needs, read
-    that declaration here instead."""
-    from wirelessfl.algorithms.fedmsa import FedMSA
-    from wirelessfl.algorithms.fednest import FedNest
-
-    if issubclass(cls, FedNest):
-        return "bilevel"
-    if issubclass(cls, FedMSA):
-        return "multi_sequence"
-    return None
+    single-level problem, e.g. a classifier), as the algorithm declares it
+    (``Algorithm.problem_needs``, the declaration the pre-run checks read too)."""
+    needs = getattr(cls, "problem_needs", SINGLE_LEVEL)
+    return None if needs == SINGLE_LEVEL else needs
 
 
 def default_scenario(cls: type) -> dict[str, Any]:

@@ -165,6 +165,10 @@ class Algorithm:
     # The problem capability the algorithm runs on (contract/facts.py): a single-level problem
     # unless a subclass says otherwise (FedMSA: multi-sequence, FedNest: bilevel).
     problem_needs: ClassVar[str] = SINGLE_LEVEL
+    # How its uploads cross the air (contract/port.py AIR_WAYS): "packets", each device's its
+    # own (every network); "superposition", the channel-weighted sum of simultaneous analog
+    # transmissions, which a scenario's network must implement (SuperposingAir).
+    air: ClassVar[str] = "packets"
 
     @classmethod
     def check_scenario(cls, params: AlgorithmParams, facts: ScenarioFacts) -> str | None:

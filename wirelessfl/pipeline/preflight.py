@@ -43,7 +43,9 @@ from wirelessfl.contract.facts import (
     ScenarioFacts,
     problem_capabilities,
 )
+from wirelessfl.contract.port import AIR_WAYS
 from wirelessfl.energy.compute import check_bits
+from wirelessfl.engine.network import ENGINES
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataFacts, data_facts
 from wirelessfl.plugins import algorithm_class, problem_spec, problems_with
@@ -145,6 +147,7 @@ def _check_algorithm(scenario: Scenario, params: AlgorithmParams, facts: Scenari
     where = f"algorithms '{params.display_name}'"
     if cls.problem_needs not in facts.capabilities:
         raise UserError(_missing_capability(cls.name, cls.problem_needs, where, facts.problem))
+    _check_air(cls, scenario, where)
     refusal = cls.check_scenario(params, facts)
     if refusal:
         raise UserError(refusal)
@@ -159,6 +162,21 @@ def _check_algorithm(scenario: Scenario, params: AlgorithmParams, facts: Scenari
             check_bits(profile, params.bits)
         except UserError as err:
             raise UserError(f"{where}: bits = {params.bits}: {err}") from None
+
+
+def _check_air(cls, scenario: Scenario, where: str) -> None:
+    """The way the algorithm's uploads cross the air (``Algorithm.air``) is one the scenario's
+    network simulates: packets everywhere, superposition only where the network implements
+    ``superpose`` (contract/port.py ``SuperposingAir``)."""
+    if cls.air not in AIR_WAYS:
+        raise UserError(f"{where}: declares air = {cls.air!r}; an algorithm's uploads cross the "
+                        f"air as one of {', '.join(map(repr, AIR_WAYS))}")
+    network = ENGINES[scenario.engine.mode]
+    if cls.air == "superposition" and not callable(getattr(network, "superpose", None)):
+        raise UserError(f"{where}: sends its uploads by superposition (devices transmitting at "
+                        f"once, the base station receiving their channel-weighted sum), which "
+                        f"engine.mode '{scenario.engine.mode}' does not simulate; run it with a "
+                        "network that implements superpose (contract/port.py SuperposingAir)")
 
 
 # ---- plausibility of values with units ---------------------------------------------------------
