@@ -40,6 +40,9 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from wirelessfl.errors import UserError
+from wirelessfl.plugins import COMPUTE, as_value_error
+
 COMPUTE_MODELS = ("seed002-accelerator", "cmos", "per-operation")
 _REDUMPING: ContextVar[object] = ContextVar("_REDUMPING", default=None)
 DEFAULT_MODEL = "seed002-accelerator"
@@ -140,8 +143,6 @@ class EnergyProfile(BaseModel):
     @field_validator("model")
     @classmethod
     def _known_model(cls, tag: str) -> str:
-        from wirelessfl.plugins import COMPUTE, as_value_error
-
         as_value_error(lambda: COMPUTE.get(tag, "energy.model"), "energy.model")
         return tag
 
@@ -168,8 +169,6 @@ def _compute_class(tag: str) -> type[EnergyProfile] | None:
     None when there is none (the 'model' field's validator then says why)."""
     if tag in EnergyProfile._compute_classes:
         return EnergyProfile._compute_classes[tag]
-    from wirelessfl.errors import UserError
-    from wirelessfl.plugins import COMPUTE
 
     try:
         return COMPUTE.get(tag, "energy.model")

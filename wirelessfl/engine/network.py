@@ -62,6 +62,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from wirelessfl.channel.link import DOWNLINK_FADING_STREAM, UPLINK_FADING_STREAM
 from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.contract.port import BroadcastResult, CollectResult
 from wirelessfl.energy.device import DevicePower
@@ -198,8 +199,6 @@ class Network:
         # run's state is in objects that are there when it starts: what a checkpoint restores
         # into (pipeline/checkpoint.py).
         if self.per_device:
-            from wirelessfl.channel.link import DOWNLINK_FADING_STREAM, UPLINK_FADING_STREAM
-
             uplink.keyed_fading(self.seed, UPLINK_FADING_STREAM)
             downlink.keyed_fading(self.seed, DOWNLINK_FADING_STREAM)
         else:

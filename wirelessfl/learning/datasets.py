@@ -230,8 +230,6 @@ def plugin_dataset(config: DataConfig, seed: int):
     labels 0..C-1 as many as inputs; the test pair both given or both None). C is the plugin's
     ``facts()['classes']`` when it declares it, else 1 + the largest label seen. Anything wrong,
     the plugin's own exceptions included, is one ``UserError`` naming it."""
-    from wirelessfl.plugins import DATASETS
-
     name = config.name
     loader = DATASETS.get(name, "data.name")
     where = f"data.name: the dataset plugin '{name}'"
@@ -280,8 +278,6 @@ def plugin_facts(config: DataConfig) -> dict:
     """A dataset plugin's ``facts(**options)``: a mapping with any of input_shape (per sample),
     classes, train_samples, test_samples (None or absent: the test set is split off); {} when
     the plugin declares none."""
-    from wirelessfl.plugins import DATASETS
-
     loader = DATASETS.get(config.name, "data.name")
     facts = getattr(loader, "facts", None)
     if facts is None:

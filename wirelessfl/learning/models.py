@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from wirelessfl.errors import UserError
+from wirelessfl.plugins import MODELS
 
 
 class Seed002CNN(nn.Module):
@@ -196,8 +197,6 @@ def build_model(
     ``torch.manual_seed(seed)``, the global generator restored afterwards. Built-ins get
     ``hidden``; a plugin gets ``model.options`` as keyword arguments. A plugin that raises or
     returns something other than a ``torch.nn.Module`` is one ``UserError`` naming it."""
-    from wirelessfl.plugins import MODELS
-
     builder = MODELS.get(name, "model.name")
     builtin = name in MODEL_NAMES
     kwargs = {"hidden": tuple(hidden)} if builtin else dict(options or {})

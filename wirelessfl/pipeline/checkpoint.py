@@ -53,6 +53,7 @@ import torch
 
 from wirelessfl.errors import UserError
 from wirelessfl.pipeline.state_tree import ArraySource, StateError, capture, restore
+from wirelessfl.results.records import atomic_write
 
 CHECKPOINT_NAME = "checkpoint.npz"
 LEGACY_NAME = "checkpoint.pkl"  # FORMAT <= 4: Python pickle, never read
@@ -90,8 +91,6 @@ def save_checkpoint(path: Path, algorithm, completed: int, kept: set[int],
     """Write ``algorithm``'s run after ``completed`` rounds to ``path`` (atomically).
     ``kept``: the objects the run is given (state_tree.kept_ids); ``start``: the skeleton of the
     graph when the run started. Something that is not data is a UserError here, when writing."""
-    from wirelessfl.results.records import atomic_write
-
     ctx = algorithm.ctx
     try:
         tree, arrays = capture(algorithm, kept, start)

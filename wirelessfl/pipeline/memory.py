@@ -59,7 +59,7 @@ from wirelessfl.contract.memory import (
 )
 from wirelessfl.contract.problem import ProblemFacts
 from wirelessfl.errors import UserError
-from wirelessfl.plugins import algorithm_class
+from wirelessfl.plugins import algorithm_class, problem_spec
 from wirelessfl.results.records import (
     ACCURACY_SAMPLE_DEVICES,
     DEVICE_ROWS_MAX,
@@ -141,8 +141,6 @@ def available_bytes() -> int | None:
 def problem_facts(scenario, limit_bytes: float = math.inf) -> ProblemFacts:
     """The problem's size, from the scenario alone: the registered problem's ``memory`` hook
     (problems/base.py), which builds nothing and loads no dataset."""
-    from wirelessfl.plugins import problem_spec
-
     return problem_spec(scenario.problem.name).memory(scenario, limit_bytes)
 
 

@@ -46,6 +46,8 @@ import simpy
 import torch
 from pydantic import BaseModel
 
+from wirelessfl.plugins import is_plugin_class
+
 # Deeper nesting than any run's graph reaches; a file claiming more is refused, not recursed.
 MAX_DEPTH = 64
 # The only numpy dtype kinds a checkpoint holds: bool, signed, unsigned, float, complex.
@@ -87,8 +89,6 @@ def _own_object(value) -> bool:
     """An instance whose state is its ``__dict__`` of one of wirelessfl's own classes, of a
     subclass of one (a plugin algorithm), or of a plugin class the scenario names (a fading
     model): a fresh run builds each of them from the scenario as it does the built-ins."""
-    from wirelessfl.plugins import is_plugin_class
-
     cls = type(value)
     ours = any(c.__module__.startswith("wirelessfl.") for c in cls.__mro__) \
         or is_plugin_class(cls)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wirelessfl.contract.memory import BYTES_PER_FLOAT, MIB
+from wirelessfl.learning.datasets import BUILTIN_DATASETS, plugin_dataset, plugin_facts
 from wirelessfl.learning.partition import fewest_samples
 
 # Per sample of a classifier's training set beyond its inputs: labels twice (or the labels once
@@ -54,8 +55,6 @@ def dataset_shape(data, limit_bytes: float = math.inf) -> DataShape:
     synthetic section, the IDX headers, or a streaming count of a LIBSVM file's lines and
     largest feature index (stopped once the dense float32 array would exceed ``limit_bytes``).
     Unreadable files count as empty: the loader reports them."""
-    from wirelessfl.learning.datasets import BUILTIN_DATASETS
-
     name = data.name
     test = None
     if name not in BUILTIN_DATASETS:
@@ -94,8 +93,6 @@ def dataset_shape(data, limit_bytes: float = math.inf) -> DataShape:
 def _plugin_shape(data) -> tuple[int, tuple[int, ...], int, int | None]:
     """(training samples, input shape, classes, test samples or None) of a dataset plugin: its
     declared facts, or, where it declares too few, the arrays it returns (seed 0)."""
-    from wirelessfl.learning.datasets import plugin_dataset, plugin_facts
-
     facts = plugin_facts(data)
     if {"input_shape", "classes", "train_samples"} <= set(facts):
         return (facts["train_samples"], facts["input_shape"], facts["classes"],

@@ -9,6 +9,7 @@ from wirelessfl.report.compare_plots import draw_comparison
 from wirelessfl.report.html import _figure, _page, _table, _text, _yaml_block
 from wirelessfl.results.compare import compare_dirs
 from wirelessfl.results.records import write_file
+from wirelessfl.tune.reproduce import verdict_cells
 from wirelessfl.tune.tables import choice_cells, evaluation_cells, tuning_cells
 
 
@@ -25,8 +26,6 @@ def tune_html(tune, result, out: Path, figures: list[Path]) -> Path:
 def reproduce_html(repro, outcome, out: Path, figures: list[Path]) -> Path:
     """The reproduction's page: the verdict per claim, every evaluation run's health, then the
     tuning study's sections (``figures``: its tuning figures, as for ``tune_html``)."""
-    from wirelessfl.tune.reproduce import verdict_cells
-
     runs = outcome.runs
     health = [["method", "seed", "healthy", "health"]] + [
         [str(r.method), str(r.seed), "yes" if r.healthy else "no", str(r.health)]

@@ -30,6 +30,7 @@ import pandas as pd
 
 from wirelessfl.errors import UserError, os_error_message
 from wirelessfl.learning.partition import mean_tv_distance
+from wirelessfl.results.health import HealthConfig
 
 ROUND_COLUMNS = [
     "algorithm", "round", "sim_time_s", "energy_j", "energy_compute_j", "energy_compute_forward_j",
@@ -620,7 +621,6 @@ def _check_manifest(manifest, where: Path) -> None:
     """The manifest keys and types the readers use (docs/results.md, "manifest.json")."""
     from pydantic import ValidationError
 
-    from wirelessfl.results.health import HealthConfig
 
     if not isinstance(manifest, dict):
         raise _damaged(where, f"holds a JSON {type(manifest).__name__}, not an object")

@@ -26,7 +26,14 @@ from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataConfig
 from wirelessfl.learning.models import MODEL_NAMES
 from wirelessfl.learning.partition import OPTIONAL_PARAMS, PARAM_DEFAULTS, SCHEME_PARAMS
-from wirelessfl.plugins import MODELS, drop_empty_options, name_validator, options_field
+from wirelessfl.plugins import (
+    MODELS,
+    PROBLEMS,
+    drop_empty_options,
+    is_reference,
+    name_validator,
+    options_field,
+)
 from wirelessfl.results.health import HealthConfig
 from wirelessfl.scenario.names import validated_name
 from wirelessfl.scenario.problem_section import ProblemConfig
@@ -278,8 +285,6 @@ def _spec(name: str):
     """The registered problem called ``name``; a validation error at ``problem.name`` if none
     (a plain unknown name lists the built-ins, as a Literal field did; a plugin that fails to
     load says why)."""
-    from wirelessfl.plugins import PROBLEMS, is_reference
-
     try:
         return PROBLEMS.get(name, "problem.name")
     except UserError as err:
