@@ -149,6 +149,25 @@ def run(scenario_or_source, out=None, *, overrides=(), progress: bool = False,
     return result
 
 
+def _show_figures_in_notebooks() -> None:
+    """In a running IPython kernel, show a returned ``Figure`` as a PNG: the display pyplot's
+    inline backend registers when pyplot is imported, registered here because the report draws
+    on Figure objects without pyplot (it never touches the notebook's backend or pyplot's
+    figures, so the user's own ``plt`` plots keep showing). Outside IPython: nothing."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return
+    from IPython.core.pylabtools import print_figure
+    from matplotlib.figure import Figure
+
+    formatter = shell.display_formatter.formatters["image/png"]
+    try:
+        formatter.lookup_by_type(Figure)
+    except KeyError:
+        formatter.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
+
+
 class Result(RunRecord):
     """One run: ``rounds`` and ``devices`` (the run folder's tables as DataFrames), ``manifest``
     (dict), ``summary`` (the table ``wirelessfl run`` prints and writes to summary.csv),
@@ -213,12 +232,14 @@ class Result(RunRecord):
         if name not in FIGURES:
             raise UserError(f"figure: unknown figure '{name}'; choose one of: "
                             f"{', '.join(FIGURES)}")
+        _show_figures_in_notebooks()
         return FIGURES[name](self)
 
     def figures(self) -> dict[str, Figure]:
         """Every figure this run has something to draw in, by name, in the report's order."""
         from wirelessfl.report.plots import FIGURES
 
+        _show_figures_in_notebooks()
         drawn = {name: draw(self) for name, draw in FIGURES.items()}
         return {name: fig for name, fig in drawn.items() if fig is not None}
 

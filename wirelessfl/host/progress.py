@@ -1,6 +1,8 @@
-"""Progress on stderr for the commands that run: a tqdm bar on a terminal; where stderr is not a
-terminal (a log file, a SLURM output, a CI log) a plain ``progress: ...`` line now and then,
-never a carriage return, so the file reads as lines; nothing with ``--quiet``.
+"""Progress on stderr for the commands that run: a tqdm bar on a terminal, and in a Jupyter
+notebook (a widget where ipywidgets is installed, else a text bar the notebook redraws in
+place); where stderr is not a terminal (a log file, a SLURM output, a CI log) a plain
+``progress: ...`` line now and then, never a carriage return, so the file reads as lines;
+nothing with ``--quiet``.
 
 A bar redraws itself in place with carriage returns, which a log file keeps as one endless
 line (tqdm therefore draws nothing there); a batch job then shows no sign of life for hours.
@@ -32,6 +34,30 @@ def is_terminal(stream: TextIO) -> bool:
         return False
 
 
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (an IPython ZMQ shell), whose output area
+    redraws a bar in place although its stderr is no terminal."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def _bar_class(notebook: bool):
+    """tqdm's widget bar in a notebook with ipywidgets, else its text bar."""
+    if notebook:
+        try:
+            import ipywidgets  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            from tqdm.notebook import tqdm as widget
+
+            return widget
+    from tqdm import tqdm
+
+    return tqdm
+
+
 def duration(seconds: float) -> str:
     """Wall time for a progress line: ``12.5 s``, ``12 min 05 s``, ``3 h 02 min``."""
     if seconds < 60:
@@ -57,13 +83,14 @@ class Progress:
         self._clock = clock
         self._start = self._last_time = clock()
         self._last_count = initial
-        self.mode = "off" if quiet else "bar" if is_terminal(self.stream) else "lines"
+        notebook = self.stream is sys.stderr and in_notebook()
+        self.mode = ("off" if quiet else "bar" if notebook or is_terminal(self.stream)
+                     else "lines")
         self._bar = None
         if self.mode == "bar":
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, initial=initial, unit=unit, file=self.stream,
-                             desc=name or None, dynamic_ncols=True, mininterval=0.5)
+            self._bar = _bar_class(notebook)(total=total, initial=initial, unit=unit,
+                                             file=self.stream, desc=name or None,
+                                             dynamic_ncols=True, mininterval=0.5)
         self._next = self._step_after(initial)
 
     def update(self, n: int = 1) -> None:

@@ -6,19 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 
-from wirelessfl.report.plots import save_figure
+from wirelessfl.report.plots import new_figure, save_figure
 from wirelessfl.tune.crossover import METRICS, Crossover
 
 
 def draw_crossover(result: Crossover, path: Path) -> Path:
     """Write the three-panel figure to ``path``."""
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(5.0 * len(METRICS), 4.4), sharey=True)
+    fig = new_figure((5.0 * len(METRICS), 4.4), 110)
+    axes = fig.subplots(1, len(METRICS), sharey=True)
     styles = ["--", ":", "-."]
     for ax, (name, title) in zip(axes, METRICS):
         won = result.wins[name]["all"].astype(float)

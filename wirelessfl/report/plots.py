@@ -20,13 +20,10 @@ from pathlib import Path
 import matplotlib
 import matplotlib.text
 import matplotlib.ticker
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from wirelessfl.report.colours import run_colours
 from wirelessfl.results.records import output_folder, write_file
@@ -158,22 +155,15 @@ def write_png(fig: Figure, path: Path) -> Path:
     ``path`` is replaced, never written through, and a failed write leaves the previous
     figure."""
     buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, format="png", dpi=fig.dpi)
-    finally:
-        plt.close(fig)
+    fig.savefig(buffer, format="png", dpi=fig.dpi)
     return write_file(path, buffer.getvalue())
 
 
 def save_figure(fig, path: Path, dpi: int, rect=(0, 0, 1, 1)) -> Path:
-    """``finish`` ``fig`` (a pyplot figure of the comparison, tuning and crossover reports) and
-    ``write_png`` it at ``dpi``; the figure is closed whatever happens."""
-    try:
-        fig.set_dpi(dpi)
-        finish(fig, rect)
-    except BaseException:
-        plt.close(fig)
-        raise
+    """``finish`` ``fig`` (a figure of the tuning and crossover reports) and ``write_png`` it
+    at ``dpi``."""
+    fig.set_dpi(dpi)
+    finish(fig, rect)
     return write_png(fig, path)
 
 
@@ -383,7 +373,7 @@ def label_histogram(record) -> Figure | None:
     if counts.ndim != 2 or counts.size == 0:
         return None
     num_devices, num_classes = counts.shape
-    colours = plt.get_cmap("tab10" if num_classes <= 10 else "tab20" if num_classes <= 20
+    colours = matplotlib.colormaps.get_cmap("tab10" if num_classes <= 10 else "tab20" if num_classes <= 20
                            else "viridis")
     fig = new_figure((min(16.0, max(6.4, 0.12 * num_devices)), 4.2), 120)
     ax = fig.subplots()

@@ -7,15 +7,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from wirelessfl.report.colours import algorithm_colours
-from wirelessfl.report.plots import literal, save_figure
+from wirelessfl.report.plots import literal, new_figure, save_figure
 
 
 def _slug(text: str) -> str:
@@ -37,8 +33,8 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
     value_mean, healthy, reached, seeds, chosen and one per parameter), drawn in ``colour``
     (the algorithm's colour in the run and comparison figures)."""
     params = list(spaces)
-    fig, axes = plt.subplots(1, len(params), figsize=(4.2 * len(params) + 0.6, 3.8),
-                             squeeze=False)
+    fig = new_figure((4.2 * len(params) + 0.6, 3.8), 100)
+    axes = fig.subplots(1, len(params), squeeze=False)
     scored = rows[np.isfinite(rows.value_mean.to_numpy(dtype=float)) & (rows.healthy == rows.seeds)]
     missed = rows.drop(scored.index)
     finite = scored.value_mean.to_numpy(dtype=float)
