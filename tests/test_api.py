@@ -20,6 +20,7 @@ import wirelessfl
 from tests.conftest import cli as _cli
 from tests.conftest import small_doc, write_yaml
 from wirelessfl.cli import main
+from wirelessfl.errors import UserError
 from wirelessfl.plugins import Registry, registries
 from wirelessfl.scenario.loader import load_scenario as cli_load_scenario
 from wirelessfl.scenario.loader import resolved_document
@@ -393,3 +394,14 @@ def test_the_quickstart_example_runs(tmp_path):
     assert tidy[tidy.algorithm == "DZOFL"]["round"].max() == 100
     table = proc.stdout.split("seeds")[-1].strip().splitlines()
     assert len(table) == 1 + 2 * 3 and all(line.split()[-1] == "2" for line in table[1:])
+
+
+@pytest.mark.parametrize("loader, folder", [("load_tuning", "quickstart-tune"),
+                                            ("load_reproduction", "seed002-reproduction")])
+def test_a_recorded_summary_is_refused_naming_what_it_holds(loader, folder):
+    """docs/data ships studies' tables without their runs: the loaders say so (they returned
+    an empty table, or blamed a missing tune/ folder's manifest) instead of guessing."""
+    path = Path(__file__).resolve().parents[1] / "docs" / "data" / folder
+    with pytest.raises(UserError, match=r"holds only the .*tables \(.*tuning\.csv\), not its "
+                                        r"runs"):
+        getattr(wirelessfl, loader)(path)

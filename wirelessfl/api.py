@@ -331,13 +331,19 @@ def load_tuning(folder) -> pd.DataFrame:
         raise UserError(f"{folder}: not a tuning study's folder (no {MANIFEST}); pass the folder "
                         "'wirelessfl tune' wrote (see its --out), or the 'tune' folder of a "
                         "reproduction")
+    phases = [phase for phase in (TUNING, EVALUATION) if (folder / phase).is_dir()]
+    if not phases:  # a recorded summary (docs/data ships these): the tables, not the runs
+        tables = sorted(p.name for p in folder.glob("*.csv"))
+        held = f"only the study's tables ({', '.join(tables)})" if tables else "no runs"
+        raise UserError(f"{folder}: holds {held}, not its runs ({TUNING}/, {EVALUATION}/), which "
+                        "load_tuning reads; read a table with pandas.read_csv, or run "
+                        "'wirelessfl tune' (or 'reproduce') to have the runs")
     frames = []
-    for phase in (TUNING, EVALUATION):
-        if (folder / phase).is_dir():
-            frame = load_sweep(folder / phase)
-            frame.insert(0, "phase", [phase] * len(frame))
-            frames.append(frame)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["phase"])
+    for phase in phases:
+        frame = load_sweep(folder / phase)
+        frame.insert(0, "phase", [phase] * len(frame))
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
 
 
 # The manifest of a reproduction's folder (tune/reproduce.py writes it).
@@ -351,4 +357,10 @@ def load_reproduction(folder) -> pd.DataFrame:
     if not (folder / REPRODUCTION_MANIFEST).is_file():
         raise UserError(f"{folder}: not a reproduction's folder (no {REPRODUCTION_MANIFEST}); "
                         "pass the folder 'wirelessfl reproduce' wrote (reproduced/NAME)")
+    if not (folder / "tune").is_dir():  # a recorded summary (docs/data): tables, no runs
+        tables = sorted(p.name for p in folder.glob("*.csv"))
+        held = f"only the reproduction's tables ({', '.join(tables)})" if tables else "no runs"
+        raise UserError(f"{folder}: holds {held}, not its runs (tune/), which "
+                        "load_reproduction reads; read a table with pandas.read_csv (the "
+                        "verdicts are claims.csv), or run 'wirelessfl reproduce' to have the runs")
     return load_tuning(folder / "tune")
