@@ -178,3 +178,36 @@ def test_declared_peak_covers_the_state_an_algorithm_keeps(tmp_path, name):
     kept = sum(v.numel() for v in vars(algorithm).values()
                if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[0] == n) / (n * d)
     assert kept <= REGISTRY[name].peak_device_arrays
+
+
+def test_a_huge_model_is_sized_without_being_built_in_memory():
+    """A 10^10-parameter MLP (40 GB of float32) is counted on torch's meta device: the memory
+    check refuses it naming its size, and the check itself allocates a small fraction of it (it
+    built the model on the CPU before: peaks of GBs, or an allocator error for 10^10)."""
+    import tracemalloc
+
+    sc = small_scenario(["model.name=mlp", "model.hidden=[100000,100000]"])
+    tracemalloc.start()
+    try:
+        facts = problem_facts(sc)
+        with pytest.raises(UserError, match=r"needs about .* GiB"):
+            check_memory_from_scenario(sc)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert facts.d == 64 * 100_000 + 100_000 + 100_000 * 100_000 + 100_000 + 100_000 * 10 + 10
+    assert peak < 2**30  # measured ~65 MB (the data's catalog and the check); the model: 40 GB
+
+
+def test_the_meta_count_equals_the_built_models():
+    """Counting on the meta device gives the built model's d, MACs and activations."""
+    from wirelessfl.energy import profile_model
+    from wirelessfl.learning.models import build_model
+
+    for name, shape in [("seed002-cnn", (1, 28, 28)), ("mlp", (64,)), ("logistic", (30,)),
+                        ("resnet18-cifar", (3, 32, 32))]:
+        built, meta = build_model(name, shape, 10), build_model(name, shape, 10, device="meta")
+        assert next(meta.parameters()).is_meta
+        a, b = profile_model(built, shape), profile_model(meta, shape)
+        assert (a.params, a.macs_per_sample, a.activations_per_sample) \
+            == (b.params, b.macs_per_sample, b.activations_per_sample), name

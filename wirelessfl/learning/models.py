@@ -191,19 +191,26 @@ def build_model(
     hidden: Sequence[int] = (64,),
     seed: int = 0,
     options: dict | None = None,
+    device: str | None = None,
 ) -> nn.Module:
     """Instantiate the model ``name`` (a built-in, a plugin or a ``module:attribute`` reference,
     plugins.MODELS) with deterministic initial weights: the builder runs under
     ``torch.manual_seed(seed)``, the global generator restored afterwards. Built-ins get
     ``hidden``; a plugin gets ``model.options`` as keyword arguments. A plugin that raises or
-    returns something other than a ``torch.nn.Module`` is one ``UserError`` naming it."""
+    returns something other than a ``torch.nn.Module`` is one ``UserError`` naming it.
+    ``device="meta"``: parameters without storage (shapes only), for counting a model's size
+    before a run without allocating it."""
     builder = MODELS.get(name, "model.name")
     builtin = name in MODEL_NAMES
     kwargs = {"hidden": tuple(hidden)} if builtin else dict(options or {})
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = builder(tuple(input_shape), int(num_classes), **kwargs)
+        if device is None:
+            model = builder(tuple(input_shape), int(num_classes), **kwargs)
+        else:
+            with torch.device(device):
+                model = builder(tuple(input_shape), int(num_classes), **kwargs)
     except UserError:
         raise
     except Exception as err:  # noqa: BLE001 - the plugin's own failure, reported as such

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from wirelessfl.contract.problem import ProblemFacts
 from wirelessfl.energy import profile_model
+from wirelessfl.energy.profiler import ModelProfile
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataFacts
 from wirelessfl.learning.flat_model import FlatModel
@@ -112,12 +113,26 @@ def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:
                             0, classes)
     if not all(shape):
         return ProblemFacts(0, 4, 0, 0)  # files missing or unreadable: the loader says which
-    model = build_model(scenario.model.name, shape, classes, hidden=tuple(scenario.model.hidden),
-                        options=scenario.model.options)
-    prof = profile_model(model, shape)
-    d = sum(v.numel() for v in model.parameters())
+    prof, d = _model_size(scenario, shape, classes)
     return ProblemFacts(d, 4, data.held, data.load, data.on_devices, test, prof.input_size,
                         prof.activations_per_sample, classes)
+
+
+def _model_size(scenario: Scenario, shape: tuple[int, ...], classes: int
+                ) -> tuple[ModelProfile, int]:
+    """The model's profile and d, counted on torch's meta device (shapes, no storage), so a
+    model too large for the machine is sized, and refused, without being allocated; a plugin
+    model that cannot be built there is built on the CPU."""
+    def size(device: str | None) -> tuple[ModelProfile, int]:
+        model = build_model(scenario.model.name, shape, classes,
+                            hidden=tuple(scenario.model.hidden), options=scenario.model.options,
+                            device=device)
+        return profile_model(model, shape), sum(v.numel() for v in model.parameters())
+
+    try:
+        return size("meta")
+    except Exception:  # noqa: BLE001 - a plugin's own code that needs real tensors: the CPU
+        return size(None)  # build gives its true error, if it has one
 
 
 def constants(scenario: Scenario, facts: DataFacts | None) -> set[str]:
