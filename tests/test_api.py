@@ -405,3 +405,26 @@ def test_a_recorded_summary_is_refused_naming_what_it_holds(loader, folder):
     with pytest.raises(UserError, match=r"holds only the .*tables \(.*tuning\.csv\), not its "
                                         r"runs"):
         getattr(wirelessfl, loader)(path)
+
+
+@pytest.mark.parametrize("call, where", [
+    (lambda: wirelessfl.run("quickstart", out=""), "out"),
+    (lambda: wirelessfl.run("quickstart", out=123), "out"),
+    (lambda: wirelessfl.run("quickstart", out=b"runs/x"), "out"),
+    (lambda: wirelessfl.run("quickstart", out="a\0b"), "out"),
+    (lambda: wirelessfl.run("quickstart", progress="yes"), "progress"),
+    (lambda: wirelessfl.run("quickstart", figures=1), "figures"),
+    (lambda: wirelessfl.run("quickstart", threads=True), "threads"),
+    (lambda: wirelessfl.load_run(None), "load_run"),
+    (lambda: wirelessfl.load_run(""), "load_run"),
+    (lambda: wirelessfl.load_sweep(1.5), "load_sweep"),
+    (lambda: wirelessfl.load_tuning(None), "load_tuning"),
+    (lambda: wirelessfl.load_reproduction(3), "load_reproduction"),
+])
+def test_a_bad_folder_or_flag_argument_is_one_user_error(call, where, tmp_path, monkeypatch):
+    """pathlib's TypeError/ValueError never reaches the caller, and an empty path is not the
+    current folder (run(out="") wrote a run into it): nothing is written anywhere."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=rf"^{where}: "):
+        call()
+    assert list(tmp_path.iterdir()) == []

@@ -85,6 +85,28 @@ def load_scenario(source, overrides=(), **values) -> Scenario:
 _TEXT = object()  # marks an override given as "key.path=value" text
 
 
+def _folder(value, what: str) -> Path:
+    """``value`` as a folder path, or a ``UserError`` naming ``what`` (an argument given as a
+    number, bytes, None, empty text or text with a NUL byte: pathlib would raise TypeError or
+    ValueError, and an empty path would be the current folder)."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise UserError(f"{what}: expected a folder path (text or a pathlib.Path), got "
+                        f"{type(value).__name__}")
+    if not value.strip() or "\0" in value:
+        raise UserError(f"{what}: {value!r} is not a folder path; give the folder's name, e.g. "
+                        "'runs/my-run'")
+    return Path(value)
+
+
+def _flag(value, what: str) -> bool:
+    """``value`` as True/False, or a ``UserError`` naming ``what``."""
+    if not isinstance(value, bool):
+        raise UserError(f"{what}: expected True or False, got {value!r}")
+    return value
+
+
 def _assignments(overrides, values: dict) -> list[tuple[str, Any]]:
     """(key, value) in the order given; text overrides as (text, _TEXT)."""
     if isinstance(overrides, str):
@@ -119,8 +141,11 @@ def run(scenario_or_source, out=None, *, overrides=(), progress: bool = False,
     ``Result.warnings``."""
     from wirelessfl.pipeline.runner import run_to_record
 
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)
+                                or threads < 1):
         raise UserError(f"threads: must be a positive number of threads, got {threads!r}")
+    out = _folder(out, "out") if out is not None else None
+    progress, figures = _flag(progress, "progress"), _flag(figures, "figures")
     scenario = load_scenario(scenario_or_source, overrides)
     warnings: list[str] = []
 
@@ -135,7 +160,7 @@ def run(scenario_or_source, out=None, *, overrides=(), progress: bool = False,
                       quiet=not progress)
     try:
         _, table, record = run_to_record(
-            scenario, Path(out) if out is not None else None, warn=warn, threads=threads,
+            scenario, out, warn=warn, threads=threads,
             on_round=bar.update, on_algorithm=bar.start)
     except BaseException:
         bar.abandon()
@@ -260,7 +285,8 @@ class Result(RunRecord):
             write_json,
         )
 
-        out, lock = claim_run_folder(folder)
+        out, lock = claim_run_folder(_folder(folder, "save"))
+        figures = _flag(figures, "figures")
         with lock:
             for name, frame in (("rounds.parquet", self.rounds),
                                 ("devices.parquet", self.devices)):
@@ -279,7 +305,7 @@ def load_run(folder) -> Result:
     ``Result``, checked as ``wirelessfl report`` checks it (results/records.read_run)."""
     from wirelessfl.results.records import read_run
 
-    return Result(read_run(folder))
+    return Result(read_run(_folder(folder, "load_run")))
 
 
 def load_sweep(folder) -> pd.DataFrame:
@@ -292,7 +318,7 @@ def load_sweep(folder) -> pd.DataFrame:
     from wirelessfl.results.compare import SWEEP_MANIFEST, finished_sweep_runs, table_value
     from wirelessfl.results.records import ROUND_COLUMNS, read_run
 
-    folder = Path(folder)
+    folder = _folder(folder, "load_sweep")
     if not (folder / SWEEP_MANIFEST).is_file():
         raise UserError(f"{folder}: not a sweep folder (no {SWEEP_MANIFEST}); pass the folder "
                         "'wirelessfl sweep' wrote (see its --out)")
@@ -326,7 +352,7 @@ def load_tuning(folder) -> pd.DataFrame:
     beside them."""
     from wirelessfl.tune.study import EVALUATION, MANIFEST, TUNING
 
-    folder = Path(folder)
+    folder = _folder(folder, "load_tuning")
     if not (folder / MANIFEST).is_file():
         raise UserError(f"{folder}: not a tuning study's folder (no {MANIFEST}); pass the folder "
                         "'wirelessfl tune' wrote (see its --out), or the 'tune' folder of a "
@@ -353,7 +379,7 @@ REPRODUCTION_MANIFEST = "reproduce.json"
 def load_reproduction(folder) -> pd.DataFrame:
     """A reproduction's folder (``wirelessfl reproduce``'s) as ``load_tuning`` of its tuning
     study (``tune/``); the verdicts are claims.csv beside it."""
-    folder = Path(folder)
+    folder = _folder(folder, "load_reproduction")
     if not (folder / REPRODUCTION_MANIFEST).is_file():
         raise UserError(f"{folder}: not a reproduction's folder (no {REPRODUCTION_MANIFEST}); "
                         "pass the folder 'wirelessfl reproduce' wrote (reproduced/NAME)")
