@@ -565,3 +565,32 @@ def test_keyboard_interrupt_in_an_algorithm_keeps_the_interrupted_path(recorded,
     code, _, err = _cli(capsys, "run", recorded[1], "--out", out, "--quiet", "--no-report")
     assert code == 130 and "interrupted" in err
     assert read_run(out).manifest["algorithms"]["fedsgd"]["status"] == "interrupted"
+
+
+def test_an_atomic_write_reaches_the_disk_before_and_after_its_rename(tmp_path, monkeypatch):
+    """The file's bytes are flushed before the rename makes them the file, and the folder's
+    entry after it (issue 34: no fsync before the renames the resume promise rests on)."""
+    import os
+
+    from wirelessfl.results import records
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(records.os, "fsync", fsync)
+    monkeypatch.setattr(records.os, "replace", replace)
+    target = tmp_path / "manifest.json"
+    records.write_json(target, {"status": "complete"})
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["fsync", "replace", "fsync"], events
+    assert events[0][1] != str(target) and events[0][1].startswith(str(tmp_path))  # the temp
+    assert events[1][1] == str(target) and events[2][1] == str(tmp_path)
+    assert target.read_text() == '{\n  "status": "complete"\n}\n'

@@ -110,6 +110,26 @@ def _new_temp(path: Path) -> Path:
         return tmp
 
 
+def sync(path: Path, folder: bool = False) -> None:
+    """Flush ``path`` (a file, or with ``folder`` a folder's entries) to the disk: a crash or a
+    power cut after an atomic rename then finds the new file whole, which the resume promise
+    rests on (docs/reliability.md). A folder that cannot be opened for it (a platform without
+    directory sync) is left to the system."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        if folder:
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not folder:
+            raise
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: Path, write) -> None:
     """Call ``write(tmp)`` on a new temporary file beside ``path``, then rename it onto ``path``.
 
@@ -124,7 +144,9 @@ def atomic_write(path: Path, write) -> None:
     try:
         tmp = _new_temp(path)
         write(str(tmp))
+        sync(tmp)  # the bytes on disk before the name points at them
         os.replace(tmp, path)
+        sync(path.parent, folder=True)  # the rename itself, before anyone is told it is done
     except OSError as err:
         raise UserError(f"cannot write {os_error_message(err, path)}; the file as it was before "
                         "is kept") from err
@@ -206,6 +228,7 @@ def publish_folder(files: dict[str, bytes], final: Path) -> None:
                 old.unlink()
         else:
             os.replace(staging, final)
+        sync(final.parent, folder=True)
     except OSError as err:
         raise UserError(f"cannot write {os_error_message(err, final)}; the folder as it was "
                         "before is kept") from err
