@@ -245,3 +245,23 @@ def test_data_facts_match_the_loaded_set(tmp_path):
         assert facts.input_shape == ds.input_shape
         assert facts.labels == ds.num_classes
         assert facts.train_samples == len(ds.y_train)
+
+
+def test_idx_images_of_no_pixels_are_one_user_error(tmp_path):
+    """0x0 images ended in a traceback from the model's reshape."""
+    root = make_idx_folder(tmp_path / "fm", gz=False)
+    ytr = labels_for(N_TRAIN)
+    write_idx(root / "train-images-idx3-ubyte", np.zeros((N_TRAIN, 0, 0), np.uint8), gz=False)
+    write_idx(root / "train-labels-idx1-ubyte", ytr, gz=False)
+    with pytest.raises(UserError, match=r"train-images-idx3-ubyte declares images of 0x0 "
+                                        r"pixels; a model needs at least one pixel"):
+        load_dataset(DataConfig(name="fashionmnist", root=str(root)), seed=0)
+
+
+def test_an_empty_test_set_is_one_user_error(tmp_path):
+    """A run on an empty test set ran 'complete' with accuracy 0 (an accuracy of nothing)."""
+    root = make_idx_folder(tmp_path / "fm", gz=False)
+    write_idx(root / "t10k-images-idx3-ubyte", np.zeros((0, ROWS, COLS), np.uint8), gz=False)
+    write_idx(root / "t10k-labels-idx1-ubyte", np.zeros(0, np.uint8), gz=False)
+    with pytest.raises(UserError, match="leaves an empty test set"):
+        load_dataset(DataConfig(name="fashionmnist", root=str(root)), seed=0)

@@ -191,3 +191,18 @@ def test_a_compression_bomb_is_refused_before_it_is_expanded(tmp_path, suffix):
     with pytest.raises(UserError, match=r"bomb.* holds more than .* bytes once decompressed"):
         load_dataset(DataConfig(name="libsvm", root=str(tmp_path), file="bomb"), seed=0)
     assert time.perf_counter() - start < 10
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_a_non_finite_feature_is_one_user_error_naming_the_sample(tmp_path, bad):
+    """It was reported as the algorithm diverging ("lower its learning rate"); the line's text is
+    not quoted (data.root may name any file)."""
+    rows = sample_rows(6, 5)
+    write_libsvm(tmp_path / "a9a", [1, -1] * 3, rows)
+    text = (tmp_path / "a9a").read_text().splitlines()
+    text[3] += f" 9:{bad}"
+    (tmp_path / "a9a").write_text("\n".join(text) + "\n")
+    with pytest.raises(UserError, match=r"a9a: sample 4 \(counting from 1\) holds a NaN or an "
+                                        r"infinite value") as err:
+        load_dataset(DataConfig(name="libsvm", root=str(tmp_path), file="a9a"), seed=0)
+    assert f"9:{bad}" not in str(err.value)

@@ -219,6 +219,11 @@ def load_dataset(config: DataConfig, seed: int) -> Dataset:
 
     x_train, y_train = _subsample(x_train, y_train, config.max_train_samples, seed, "train")
     x_test, y_test = _subsample(x_test, y_test, config.max_test_samples, seed, "test")
+    for part, ys in (("training", y_train), ("test", y_test)):
+        if len(ys) == 0:  # an accuracy of 0 on nothing would read as a result
+            raise UserError(f"data: dataset '{config.name}' leaves an empty {part} set (after "
+                            "data.classes, the test split and the caps); give it samples, e.g. a "
+                            "larger data.test_fraction or other data files")
     return Dataset(config.name, np.ascontiguousarray(x_train, np.float32), y_train.astype(np.int64),
                    np.ascontiguousarray(x_test, np.float32), y_test.astype(np.int64),
                    num_classes, tuple(x_train.shape[1:]))
@@ -455,6 +460,11 @@ def _idx_shapes(paths: dict[str, Path], name: str) -> dict[str, list[int]]:
             raise UserError(f"{paths[images]} has {dims[images][0]} images but {paths[labels]} "
                             f"has {dims[labels][0]} labels; replace them with a matching pair")
     train, test = dims["train-images-idx3-ubyte"][1:], dims["t10k-images-idx3-ubyte"][1:]
+    if not all(train) or not all(test):
+        empty = "train" if not all(train) else "t10k"
+        raise UserError(f"{paths[f'{empty}-images-idx3-ubyte']} declares images of "
+                        f"{'x'.join(map(str, dims[f'{empty}-images-idx3-ubyte'][1:]))} pixels; "
+                        "a model needs at least one pixel: replace it with the original file")
     if train != test:
         raise UserError(f"{_IDX_TITLES.get(name, name)} train images are {tuple(train)} pixels but "
                         f"test images are {tuple(test)}; in {paths['train-images-idx3-ubyte'].parent}"
@@ -641,9 +651,17 @@ def read_libsvm_dataset(root: str | None, file: str, test_file: str | None = Non
         raise UserError(f"{paths[0]}: {rows} samples x {features} features would take "
                         f"{rows * features * 4 / 2**30:.1f} GiB dense (float32), more than "
                         f"{LIBSVM_MAX_DENSE_BYTES / 2**30:.0f} GiB; use a smaller LIBSVM set")
-    for path, y in zip(paths, ys):
+    for path, x, y in zip(paths, xs, ys):
         if len(y) == 0:
             raise UserError(f"{path} holds no samples; replace it with a LIBSVM file that has some")
+        bad = ~np.isfinite(x.data)
+        if bad.any() or not np.isfinite(y).all():
+            # a NaN feature would only show later as the algorithm "diverging"
+            row = (int(np.searchsorted(x.indptr, np.flatnonzero(bad)[0], side="right")) if
+                   bad.any() else int(np.flatnonzero(~np.isfinite(y))[0]) + 1)
+            raise UserError(f"{path}: sample {row} (counting from 1) holds a NaN or an "
+                            "infinite value; a classifier cannot learn from it: remove or fix "
+                            "such values in the file")
     values = np.unique(np.concatenate(ys))
     if len(values) < 2:
         raise UserError(f"{paths[0]} has a single label ({values[0]:g}); a classifier needs at "
