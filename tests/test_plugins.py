@@ -184,8 +184,11 @@ def _rescan() -> None:
 @pytest.fixture
 def installed(plugin_folder, monkeypatch):
     """``mypkg`` installed: on sys.path here and on PYTHONPATH for processes started from here
-    (sweep workers), entry points read again; everything undone afterwards."""
+    (sweep workers), entry points read again, and references allowed (the opt-in,
+    docs/plugins.md; tests/test_hostile_references.py checks the refusal); everything undone
+    afterwards."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(plugin_folder), str(ROOT)]))
+    monkeypatch.setenv("WIRELESSFL_ALLOW_REFERENCES", "1")
     sys.path.insert(0, str(plugin_folder))
     _rescan()
     yield plugin_folder
@@ -414,14 +417,17 @@ def test_a_bad_plugin_is_one_error_line(installed, tmp_path, capsys, key, value,
 
 
 def test_tutorial_runs_from_the_examples_folder(tmp_path):
-    """docs/plugins.md's tutorial, as written: ``wirelessfl run my-algorithm.yaml`` in
-    examples/ (shortened); FedAvgM with momentum 0 is FedAvg, to the last bit."""
+    """docs/plugins.md's tutorial, as written: ``wirelessfl run my-algorithm.yaml
+    --allow-references`` in examples/ (shortened); FedAvgM with momentum 0 is FedAvg, to the
+    last bit."""
     examples = ROOT / "examples"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("WIRELESSFL_ALLOW_REFERENCES", None)  # the flag alone opts in
     short = ["--set", "algorithms.FedAvgM.rounds=4", "--set", "algorithms.FedAvg.rounds=4",
              "--set", "algorithms.FedAvgM.momentum=0", "--set", "algorithms.FedAvgM.lr=0.2"]
     done = subprocess.run([sys.executable, "-m", "wirelessfl", "run", "my-algorithm.yaml",
-                           "--out", str(tmp_path / "run"), "--no-report", "--quiet", *short],
+                           "--allow-references", "--out", str(tmp_path / "run"), "--no-report",
+                           "--quiet", *short],
                           cwd=examples, env=env, capture_output=True, text=True, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr
@@ -429,7 +435,8 @@ def test_tutorial_runs_from_the_examples_folder(tmp_path):
     pd.testing.assert_frame_equal(rounds.loc["FedAvgM"], rounds.loc["FedAvg"])
     assert "FedAvgM" in done.stdout
     docs = (ROOT / "docs" / "plugins.md").read_text()
-    assert "wirelessfl run my-algorithm.yaml" in docs and "examples/my_algorithm.py" in docs
+    assert "wirelessfl run my-algorithm.yaml --allow-references" in docs
+    assert "examples/my_algorithm.py" in docs
 
 
 def test_a_module_whose_own_import_fails_is_not_called_missing(tmp_path, monkeypatch):

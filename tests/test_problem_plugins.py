@@ -28,6 +28,12 @@ RELIABLE = {"profile": "seed002-pinned", "uplink": {"delivery_probability": 1.0}
 LR, STEPS, ROUNDS, SCALE = 0.1, 2, 6, 2.0
 
 
+@pytest.fixture(autouse=True)
+def _references_allowed(monkeypatch):
+    """The problem is named by reference here, which needs the opt-in (docs/plugins.md)."""
+    monkeypatch.setenv("WIRELESSFL_ALLOW_REFERENCES", "1")
+
+
 def plugin_doc(problem: dict, **changes) -> dict:
     doc = small_doc(channel=RELIABLE, quantization_bits=32, problem=problem,
                     algorithms=[{"name": "fedavg", "rounds": ROUNDS, "eval_every": 1, "lr": LR,

@@ -1,8 +1,9 @@
 """wirelessfl: federated learning over simulated wireless cells, timed in seconds and costed in joules.
 
 The Python API (docs/api.md) is the names in ``__all__``: load a scenario, run it (in memory or
-into a run folder), load runs, sweeps, tuning studies and reproductions, register plugins. Each
-name is imported on first use (PEP 562 ``__getattr__``), so that ``import wirelessfl`` stays fast
+into a run folder), load runs, sweeps, tuning studies and reproductions, register plugins, allow
+``module:attribute`` references in scenarios (``allow_references``: refused otherwise, since
+resolving one runs its module's code). Each name is imported on first use (PEP 562 ``__getattr__``), so that ``import wirelessfl`` stays fast
 and imports neither torch nor pandas until a name that needs them is used. The plugin functions
 ``register_<kind>`` are made for every registry in wirelessfl/plugins.py, so a new kind of
 plugin gets its own without an edit here.
@@ -27,6 +28,7 @@ _NAMES = {
     "Scenario": "wirelessfl.scenario.schema",
     "Algorithm": "wirelessfl.algorithms.base",
     "AlgorithmParams": "wirelessfl.algorithms.base",
+    "allow_references": "wirelessfl.plugins",
 }
 _REGISTER = "register_"
 

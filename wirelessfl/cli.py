@@ -6,6 +6,7 @@ Bad input ends in one ``error: ...`` line on stderr and exit code 2, never a tra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from datetime import datetime
@@ -76,8 +77,13 @@ def _cmd_run(args) -> int:
         if args.scenario or args.set or args.out:
             raise UserError("--resume RUN_DIR takes the scenario, overrides and folder from the "
                             "run's manifest; give no SCENARIO, --set or --out with it")
+        from wirelessfl.pipeline.fingerprint import check_manifest_fingerprint
+
         out = Path(args.resume)
         record = read_run(out)
+        # The manifest as written must be the one the run started with before any name in it
+        # is resolved: a manifest edited to name other code is refused unread.
+        check_manifest_fingerprint(out, record.manifest)
         scenario = scenario_from_document(record.manifest.get("scenario"),
                                           str(out / "manifest.json"))
         done = {k for k, v in record.manifest.get("algorithms", {}).items()
@@ -589,6 +595,16 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
                         help="no progress (neither the bar nor, in logs, the progress lines)")
 
 
+def _add_reference_option(parser: argparse.ArgumentParser) -> None:
+    """--allow-references of the commands that read a file naming parts (plugins.py): without
+    it a name written as module:attribute is refused, since importing it runs its code."""
+    parser.add_argument("--allow-references", action="store_true",
+                        help="allow module:attribute names (e.g. my_algorithm:FedAvgM) in the "
+                             "files read: each is imported, which runs its code, so give it only "
+                             "for files you trust; also WIRELESSFL_ALLOW_REFERENCES=1 "
+                             "(docs/plugins.md)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wirelessfl",
@@ -617,6 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="finish an interrupted or killed run: keeps the algorithms it recorded, "
                           "continues the one that was running from its last checkpoint (or its "
                           "start) and runs the others; results identical to an uninterrupted run")
+    _add_reference_option(run)
     run.set_defaults(func=_cmd_run)
 
     sw = sub.add_parser("sweep", help="run a sweep file (a grid over scenario keys x seeds) "
@@ -627,6 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_executor_options(sw)
     sw.add_argument("--no-compare", action="store_true",
                     help="do not print the comparison table at the end")
+    _add_reference_option(sw)
     sw.set_defaults(func=_cmd_sweep)
 
     tn = sub.add_parser("tune", help="tune every algorithm of a scenario (grid search on tuning "
@@ -635,6 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     tn.add_argument("--out", help="study folder (default: tunes/<name>); re-running into the "
                                   "same folder skips finished runs")
     _add_executor_options(tn)
+    _add_reference_option(tn)
     tn.set_defaults(func=_cmd_tune)
 
     rp = sub.add_parser("reproduce", help="run a paper's experiment shipped in reproductions/ "
@@ -644,6 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", help="folder (default: reproduced/<name>); re-running skips "
                                   "finished runs")
     _add_executor_options(rp)
+    _add_reference_option(rp)
     rp.set_defaults(func=_cmd_reproduce)
 
     cx = sub.add_parser("crossover", help="where a method (DZOFL) beats the other tuned "
@@ -662,6 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check a scenario file without running it")
     val.add_argument("scenario")
     val.add_argument("--set", action="append", metavar="KEY.PATH=VALUE")
+    _add_reference_option(val)
     val.set_defaults(func=_cmd_validate)
 
     rep = sub.add_parser("report", help="summary table and figures from a saved run or sweep")
@@ -696,6 +717,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--per-layer", action="store_true",
                       help="also print MACs, parameters and activations of every layer")
     prof.add_argument("--json", action="store_true", help="one JSON object (with the layers)")
+    _add_reference_option(prof)
     prof.set_defaults(func=_cmd_profile)
 
     en = sub.add_parser("energy", help="seed-002 energy model (eqs. 5-10) for counts you give")
@@ -706,6 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
     en.add_argument("--input-size", type=float, required=True, help="x_in, input values read")
     en.add_argument("--bits", type=int, help="forward precision M (default 16)")
     en.add_argument("--json", action="store_true")
+    _add_reference_option(en)
     en.set_defaults(func=_cmd_energy)
 
     ln = sub.add_parser("link", help="link budget of one device: SNR, delivery, airtime, energy")
@@ -716,6 +739,7 @@ def build_parser() -> argparse.ArgumentParser:
     ln.add_argument("--los", choices=["los", "nlos"],
                     help="3GPP profiles: LOS state (default: the more likely one at --distance)")
     ln.add_argument("--json", action="store_true")
+    _add_reference_option(ln)
     ln.set_defaults(func=_cmd_link)
     return parser
 
@@ -741,7 +765,8 @@ def _dispatch(argv: list[str] | None) -> int:
         print("error: --batch must be a positive integer", file=sys.stderr)
         return EXIT_USER_ERROR
     try:
-        return args.func(args)
+        with _reference_setting(args):
+            return args.func(args)
     except UserError as err:
         return _error(str(err))
     except KeyboardInterrupt:
@@ -760,6 +785,16 @@ def _dispatch(argv: list[str] | None) -> int:
     except RecursionError:
         return _error("the input is nested too deeply to process (Python's recursion limit): "
                       "flatten the file or value given")
+
+
+def _reference_setting(args) -> contextlib.AbstractContextManager:
+    """References allowed for the command with --allow-references (put back after it, for a
+    caller of ``main`` in the same process); otherwise the environment variable decides."""
+    if not getattr(args, "allow_references", False):
+        return contextlib.nullcontext()
+    from wirelessfl.plugins import allow_references
+
+    return allow_references()
 
 
 def _error(message: str) -> int:

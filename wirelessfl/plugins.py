@@ -10,28 +10,40 @@ has one ``Registry`` here, and a name resolves, in this order, to
 3. an entry point of the group ``wirelessfl.<kind>`` in any installed distribution (a user's own
    package declares ``[project.entry-points."wirelessfl.algorithms"] myalgo = "mypkg.algo:MyAlgo"``);
 4. a ``module:attribute`` reference written in the scenario itself (``name: mypkg.algo:MyAlgo``),
-   imported from ``sys.path`` with the current folder on it, as ``python -m`` would.
+   imported from ``sys.path`` with the current folder on it, as ``python -m`` would; only where
+   references are allowed (below).
 
 What a name resolves to is checked for its kind (an algorithm must be an ``Algorithm`` subclass,
 ...) before it is used, and every failure (not installed, import error, wrong kind) is one
-``UserError`` naming the key and the fix. Nothing in a scenario file is executed: a reference names
-a module that is already installed or beside the user's files, exactly as an entry point does.
+``UserError`` naming the key and the fix.
+
+A reference is refused unless the user allowed references (``--allow-references``, the
+environment variable ``WIRELESSFL_ALLOW_REFERENCES=1``, or ``allow_references()`` from Python):
+importing a module runs its top-level code, and a name in a data file (a scenario, a sweep,
+tune or reproduction file, a run folder's manifest) must not choose code to run. The refusal is
+decided from the text of the name alone, before anything is imported, and before the cache of
+resolved names is asked (a reference resolved while references were allowed is refused again
+once they are not). Built-in parts, parts registered in-process and entry points of installed distributions stay on:
+the user chose that code by installing or registering it, not a file.
 
 Sweep and tuning workers (local processes, Dask workers) resolve names the same way; parts
 registered in-process are re-imported there by module (``Registry.modules``), which is why such a
-part must live in an importable module, not in ``__main__``.
+part must live in an importable module, not in ``__main__``. Whether references are allowed
+travels with each task (``worker_plugins``), so a worker follows the command that sent it, not
+its own environment.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import re
 import sys
 from collections.abc import Callable, Collection
 from importlib import metadata
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Self, get_args
 
 from wirelessfl.errors import UserError
 
@@ -43,6 +55,68 @@ _REFERENCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 def is_reference(name: str) -> bool:
     """True when ``name`` is a ``module:attribute`` reference rather than a registered name."""
     return isinstance(name, str) and bool(_REFERENCE.match(name))
+
+
+# The environment variable that allows references in a process (and in the processes it
+# starts that read it): 1 (or true, yes, on) allows, 0 (false, no, off) or unset refuses.
+ALLOW_REFERENCES_ENV = "WIRELESSFL_ALLOW_REFERENCES"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+# Set by ``allow_references`` (the CLI's --allow-references, the Python API, a sweep worker from
+# its task); None: the environment variable decides.
+_allowed: bool | None = None
+
+
+def references_allowed() -> bool:
+    """Whether a ``module:attribute`` reference may be imported in this process now: what
+    ``allow_references`` set last, else the environment variable ``WIRELESSFL_ALLOW_REFERENCES``
+    (an unreadable value is a ``UserError``: a typo must not allow, nor silently refuse)."""
+    if _allowed is not None:
+        return _allowed
+    value = os.environ.get(ALLOW_REFERENCES_ENV, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise UserError(f"{ALLOW_REFERENCES_ENV}={value[:20]!r}: expected 1 (allow module:attribute "
+                    "references) or 0 (refuse them)")
+
+
+class _ReferenceSetting:
+    """What ``allow_references`` returns: the setting is already in force; as a context manager
+    it puts the previous one back on exit."""
+
+    def __init__(self, before: bool | None):
+        self._before = before
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _allowed
+        _allowed = self._before
+
+
+def allow_references(allowed: bool = True) -> _ReferenceSetting:
+    """Allow (or, with ``allowed=False``, refuse) ``module:attribute`` references in the names
+    scenarios give, for this process from now on, whatever the environment variable says; or,
+    as ``with allow_references(): ...``, for that block only. The Python API's way to say what
+    ``--allow-references`` says: only for files whose references you trust, since resolving one
+    imports the module it names and so runs its code."""
+    global _allowed
+    setting = _ReferenceSetting(_allowed)
+    _allowed = bool(allowed)
+    return setting
+
+
+def refuse_reference(name: str, where: str) -> None:
+    """A ``UserError`` at ``where`` unless references are allowed: raised on the name's text,
+    before anything is imported."""
+    if not references_allowed():
+        raise UserError(f"{where}: {name!r} is a module:attribute reference, which would import "
+                        "and run that module's code; allow references with --allow-references "
+                        f"(or {ALLOW_REFERENCES_ENV}=1, or wirelessfl.allow_references() in "
+                        "Python), or install the part as an entry point or register it "
+                        "(docs/plugins.md)")
 
 
 def import_reference(reference: str, where: str) -> Any:
@@ -188,8 +262,11 @@ class Registry:
 
     # -- looking up ----------------------------------------------------------------------
     def get(self, name: str, where: str | None = None) -> Any:
-        """The part called ``name``; a ``UserError`` at ``where`` (with a did-you-mean) if none."""
+        """The part called ``name``; a ``UserError`` at ``where`` (with a did-you-mean) if none,
+        and for a reference where references are not allowed (``refuse_reference``)."""
         where = where or f"{self.noun}.name"
+        if is_reference(name) and not self._is_listed(name):
+            refuse_reference(name, where)  # before the cache: an earlier allowance does not last
         if name in self._loaded:
             return self._loaded[name]
         if name in self._builtins:
@@ -214,6 +291,12 @@ class Registry:
             raise UserError(f"{where}: {name!r} {problem}")
         self._loaded[name] = obj
         return obj
+
+    def _is_listed(self, name: str) -> bool:
+        """True for a name the user chose by installing or registering (a built-in, a part
+        registered in-process, an entry point), rather than by writing it in a file."""
+        return (name in self._builtins or name in self._registered
+                or name in self.entry_points())
 
     def __contains__(self, name: str) -> bool:
         try:
@@ -437,8 +520,9 @@ for _registry in (MODELS, DATASETS, FADING, COMPUTE, PROBLEMS):
 def import_worker_modules(modules: list[str], path: list[str] = ()) -> None:
     """In a sweep or tuning worker: put the parent's plugin folders (``worker_plugins``'s
     ``path``) on ``sys.path``, after what is installed, then import the modules whose parts the
-    parent registered in-process, so that the worker resolves the same names, references
-    included, whatever its own current folder (a Dask worker's is not the user's)."""
+    parent registered in-process (code the parent's user ran, not a file's), so that the worker
+    resolves the same names, references included (where the task allows them: sweep/worker.py),
+    whatever its own current folder (a Dask worker's is not the user's)."""
     for folder in path:
         if folder not in sys.path:
             sys.path.append(folder)
@@ -448,9 +532,9 @@ def import_worker_modules(modules: list[str], path: list[str] = ()) -> None:
 
 def worker_plugins() -> dict:
     """What a sweep task carries so that its worker resolves the parent's names: the modules of
-    parts registered in-process, and the folders to import from: the current one (where
-    ``import_reference`` looks) and each registered module's (a notebook may have put it on
-    ``sys.path`` by hand)."""
+    parts registered in-process, the folders to import from (the current one, where
+    ``import_reference`` looks, and each registered module's: a notebook may have put it on
+    ``sys.path`` by hand), and whether references are allowed here (``references``)."""
     modules = registered_modules()
     path = [str(Path.cwd())]
     for name in modules:
@@ -459,7 +543,7 @@ def worker_plugins() -> dict:
             depth = name.count(".") + (Path(file).name == "__init__.py")
             folder = str(Path(file).resolve().parents[depth])
             path += [folder] if folder not in path else []
-    return {"modules": modules, "path": path}
+    return {"modules": modules, "path": path, "references": references_allowed()}
 
 
 def is_plugin_class(cls: type) -> bool:

@@ -39,6 +39,28 @@ def algorithm_fingerprint(scenario: Scenario, params: AlgorithmParams) -> str:
                              "algorithm": params.model_dump(mode="json")})
 
 
+def check_manifest_fingerprint(folder, manifest: dict) -> None:
+    """Raise a UserError when ``manifest``'s scenario document, as written, does not match the
+    fingerprint recorded when the run started: checked on the plain data, before the document
+    is validated, so that no name in an edited manifest is resolved (a part's module imported)
+    first. A manifest without a fingerprint (an older wirelessfl) passes here; ``check_resumable``
+    warns about it once the scenario is read."""
+    recorded = manifest.get(MANIFEST_KEY)
+    if recorded is None:
+        return
+    document = manifest.get("scenario")
+    seed = document.get("seed") if isinstance(document, dict) else None
+    if recorded != canonical_sha256({"scenario": document, "seed": seed}):
+        raise UserError(_edited(folder))
+
+
+def _edited(folder) -> str:
+    return (f"{folder}/manifest.json: its scenario no longer matches the fingerprint recorded "
+            f"when the run started ({MANIFEST_KEY}): it was edited (or written by another "
+            "wirelessfl version), and the algorithms recorded there ran with the original "
+            "parameters; restore the manifest, or run the edited scenario into a new folder")
+
+
 def check_resumable(folder, manifest: dict, scenario: Scenario) -> str | None:
     """Raise a UserError when ``manifest``'s scenario (parsed as ``scenario``) no longer matches
     the fingerprint recorded when the run started. Returns a warning for a folder written before
@@ -49,9 +71,5 @@ def check_resumable(folder, manifest: dict, scenario: Scenario) -> str | None:
                 "an older wirelessfl); resuming without checking that its scenario is the one "
                 "the recorded algorithms ran")
     if recorded != scenario_fingerprint(scenario):
-        raise UserError(
-            f"{folder}/manifest.json: its scenario no longer matches the fingerprint recorded "
-            f"when the run started ({MANIFEST_KEY}): it was edited (or written by another "
-            "wirelessfl version), and the algorithms recorded there ran with the original "
-            "parameters; restore the manifest, or run the edited scenario into a new folder")
+        raise UserError(_edited(folder))
     return None

@@ -131,7 +131,8 @@ def format_validation_error(err: ValidationError, source: str, prefix: tuple = (
         if foreign is not None:
             where = f"{source}: {format_path(foreign[0])}: profile file {foreign[1]}: " \
                     f"{format_path(foreign[2])}"
-        elif e["type"] not in ("extra_forbidden", "missing") and not isinstance(got, dict | list):
+        elif e["type"] not in ("extra_forbidden", "missing") and not isinstance(got, dict | list) \
+                and not (isinstance(got, str) and repr(got) in msg):  # a quoted name, said once
             shown = repr(got)
             msg += f" (got {shown if len(shown) <= 80 else shown[:77] + '...'})"
         lines.append(f"{where}: {msg}")

@@ -40,7 +40,7 @@ def run_point(task: dict) -> dict:
     setting = threads.configure(wanted.get("requested"), wanted.get("used"), wanted.get("busy"))
     from wirelessfl.errors import UserError
     from wirelessfl.pipeline.runner import run_scenario
-    from wirelessfl.plugins import import_worker_modules
+    from wirelessfl.plugins import allow_references, import_worker_modules
     from wirelessfl.results.records import folder_files
     from wirelessfl.scenario.loader import scenario_from_document
 
@@ -48,16 +48,20 @@ def run_point(task: dict) -> dict:
     result = {"run_id": task["run_id"], "host": socket.gethostname(), "pid": os.getpid(),
               "module": PACKAGE_FILE, "files": {}}
     warnings: list[str] = []
+    plugins = task.get("plugins") or {}
+    # References are allowed exactly when the command that sent the task allowed them: this
+    # worker's own environment (a Dask worker's, on another machine) says nothing of that.
+    allowed = plugins.get("references") is True
     try:
-        plugins = task.get("plugins") or {}
-        import_worker_modules(plugins.get("modules", []), plugins.get("path", []))
-        scenario = scenario_from_document(task["scenario"], task["source"])
-        with tempfile.TemporaryDirectory(prefix="wirelessfl-sweep-") as tmp:
-            out = Path(tmp) / "run"
-            status, _ = run_scenario(scenario, out, warn=warnings.append,
-                                     extra={"sweep": task["sweep"]},
-                                     threads=setting.requested)
-            result["files"] = folder_files(out)
+        with allow_references(allowed):
+            import_worker_modules(plugins.get("modules", []), plugins.get("path", []))
+            scenario = scenario_from_document(task["scenario"], task["source"])
+            with tempfile.TemporaryDirectory(prefix="wirelessfl-sweep-") as tmp:
+                out = Path(tmp) / "run"
+                status, _ = run_scenario(scenario, out, warn=warnings.append,
+                                         extra={"sweep": task["sweep"]},
+                                         threads=setting.requested)
+                result["files"] = folder_files(out)
         result.update(status=status, message="; ".join(warnings))
     except UserError as err:
         result.update(status="failed", message=" ".join(str(err).split()))
