@@ -7,11 +7,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from wirelessfl.report.colours import algorithm_colours
+from wirelessfl.report.colours import algorithm_colours, scenario_entries
 from wirelessfl.report.plots import literal, new_figure, save_figure
+
+# A tuned numeric parameter with at most this many values gets a tick at each of them [D]
+# (an integer parameter such as local_steps would otherwise read 1.0, 1.5, 2.0, ...).
+MAX_VALUE_TICKS = 8
 
 
 def _slug(text: str) -> str:
@@ -66,9 +71,14 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
                        color="#dd8452", edgecolor="black", zorder=3, label="chosen")
         if _log_axis(info):
             ax.set_xscale("log")
-        if not numeric:
+        if not numeric:  # categorical: the values by name at 0, 1, ...
             ax.set_xticks(range(len(info["values"])))
             ax.set_xticklabels([literal(v) for v in info["values"]])
+            ax.set_xlim(-0.5, len(info["values"]) - 0.5)
+        elif len(info["values"]) <= MAX_VALUE_TICKS:  # the values tried, as written
+            values = sorted(set(info["values"]))
+            ax.set_xticks(values, [f"{v:g}" for v in values])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         if log_y:
             ax.set_yscale("log")
         ax.set_xlabel(param)
@@ -82,7 +92,9 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
 def draw_tuning(tune, table: pd.DataFrame, out_dir: Path) -> list[Path]:
     """``tune_<label>.png`` for every tuned algorithm of ``tune`` (a wirelessfl.tune.spec.Tune)."""
     paths = []
-    colours = algorithm_colours(tune.labels, tune.spaces)
+    entries = [{"name": e} if isinstance(e, str) else e for e in tune.base.get("algorithms", [])]
+    colours = algorithm_colours(scenario_entries({"scenario": {"algorithms": entries}}),
+                                tune.labels, tune.spaces)
     for label, spaces in tune.spaces.items():
         rows = table[table.algorithm == label]
         if rows.empty:
