@@ -103,6 +103,7 @@ def accuracy_bands(comp: Comparison, column: str, xlabel: str) -> Figure:
         if len(target):
             ax.axhline(target.iloc[0], color="grey", linestyle="--", linewidth=1)
         log_scale(ax, "x")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no crowded labels
         ax.set_xlabel(xlabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.set_title(", ".join(f"{_short(k)} = {_value(v)}" for k, v in zip(keys, values))
@@ -113,7 +114,14 @@ def accuracy_bands(comp: Comparison, column: str, xlabel: str) -> Figure:
         ax.tick_params(labelbottom=True)
     for ax in list(axes.flat)[len(facets):]:
         ax.set_visible(False)
-    axes.flat[0].legend(fontsize="small", loc="best")  # where it covers the fewest points
+    # beside the panels, not in one: the curves and bands fill a panel's corners (the legend
+    # of six labels covered half of one); every panel's entries, each label once
+    entries = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    axes[0, -1].legend(entries.values(), entries.keys(), fontsize="small", loc="upper left",
+                       bbox_to_anchor=(1.02, 1.0))
     fig.suptitle("mean over seeds, band: 95 % confidence interval (t) of the accuracy, "
                  "clipped to [0, 1]"
                  + (f"; dashed: target {target.iloc[0]:g}" if len(target) else ""),
@@ -209,9 +217,13 @@ def pareto_front(comp: Comparison) -> Figure:
     fig = new_figure((11.0, 5.2), 110)
     ax = fig.subplots()
     for algorithm, group in table.groupby("algorithm", sort=False):
-        ax.errorbar(group.energy_j, group.final_accuracy,
+        accuracy = group.final_accuracy.to_numpy(dtype=float)
+        half = np.nan_to_num(group.final_accuracy_ci95.to_numpy(dtype=float))
+        # an accuracy's interval drawn within [0, 1], as the bands of accuracy_bands
+        below, above = np.clip(accuracy - half, 0, 1), np.clip(accuracy + half, 0, 1)
+        ax.errorbar(group.energy_j, accuracy,
                     xerr=np.nan_to_num(group.energy_j_ci95.to_numpy(dtype=float)),
-                    yerr=np.nan_to_num(group.final_accuracy_ci95.to_numpy(dtype=float)),
+                    yerr=np.nan_to_num(np.vstack([accuracy - below, above - accuracy])),
                     fmt="o", color=colours[algorithm], capsize=2, label=algorithm, alpha=0.85)
     columns = [table[c].to_numpy(dtype=float) for c in
                ("energy_j", "final_accuracy", "energy_j_ci95", "final_accuracy_ci95")]
@@ -241,7 +253,9 @@ def pareto_front(comp: Comparison) -> Figure:
     ax.set_ylabel("final test accuracy, mean over seeds")
     ax.set_title("energy / accuracy across configurations (bars: 95 % CI)", fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small", loc="best")  # where it covers the fewest points
+    # below the axes: the points and their bars may fill any corner, the front's list holds
+    # the right
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     return finish(fig)
 
 

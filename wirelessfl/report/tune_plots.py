@@ -59,16 +59,19 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
 
         ax.scatter(xs(scored), scored.value_mean, s=22, color=colour, alpha=0.8,
                    label="configurations")
+        # the marks other than the algorithm's points are black and grey, never a colour: an
+        # orange star or a red cross would read as FedSGD or FedProx (report/colours.py)
         if len(missed):
             ax.scatter(xs(missed), np.full(len(missed), ceiling), s=30, marker="x",
-                       color="#c44e52", label="missed target or unhealthy")
+                       color="0.35", label="missed target or unhealthy")
         chosen = rows[rows.chosen]
         if len(chosen) and len(scored.index.intersection(chosen.index)):
-            ax.scatter(xs(chosen), chosen.value_mean, s=160, marker="*", color="#dd8452",
-                       edgecolor="black", linewidths=0.6, zorder=3, label="chosen")
+            ax.scatter(xs(chosen), chosen.value_mean, s=180, marker="*", color=colour,
+                       edgecolor="black", linewidths=0.8, zorder=3, label="chosen")
         elif len(chosen):
-            ax.scatter(xs(chosen), np.full(len(chosen), ceiling), s=160, marker="*",
-                       color="#dd8452", edgecolor="black", zorder=3, label="chosen")
+            ax.scatter(xs(chosen), np.full(len(chosen), ceiling), s=180, marker="*",
+                       color=colour, edgecolor="black", linewidths=0.8, zorder=3,
+                       label="chosen")
         if _log_axis(info):
             ax.set_xscale("log")
         if not numeric:  # categorical: the values by name at 0, 1, ...
@@ -84,7 +87,7 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
         ax.set_xlabel(param)
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel(f"{title}\n(mean over tuning seeds)")
-    axes[0][0].legend(fontsize="small")
+    axes[0][0].legend(fontsize="small", loc="best")  # where it covers the fewest points
     fig.suptitle(f"{label}: tuning", fontsize="medium")
     return save_figure(fig, path, 110)
 
