@@ -43,7 +43,7 @@ BREAKDOWN = [("energy_compute_forward_j", "compute (forward)"),
 # in a pastel; an algorithm is a line or a point, which needs a saturated colour; so a pastel
 # bar never reads as an algorithm, and an algorithm's coloured tick label or hatch never reads
 # as a kind (tab10's first five, which the kinds took before, were the first five algorithms'
-# colours: "uplink" was FedAvg's green). Each is at least 19 CIEDE2000 units from every
+# colours: "uplink" was FedAvg's green). Each is at least 18 CIEDE2000 units from every
 # algorithm colour and 15 from the other kinds (tests/test_report_view.py). Compute: cool
 # tints (forward blue, backward lavender); radio: uplink peach, downlink mint; idle: rose. The
 # base station's transmit energy is grey and hatched.
@@ -609,7 +609,8 @@ def device_energy(record) -> Figure | None:
             bottom += share
             spent[column] |= bool((share > 0).any())
         keys.append(matplotlib.patches.Patch(facecolor="white", edgecolor=colour, hatch=hatch,
-                                             linewidth=1.2, label=f"bars: {algorithm}"))
+                                             linewidth=1.2,
+                                             label=textwrap.fill(f"bars: {algorithm}", 28)))
     energies = devices.energy_j[devices.energy_j > 0]
     if len(energies) and energies.max() / energies.min() > 100:
         ax.set_yscale("log")
