@@ -1,6 +1,6 @@
 """Ship the top-level catalogs inside the wheel as ``wirelessfl/_catalog/<name>/*.yaml``.
 
-The catalogs are data that users edit at the top of a checkout (DESIGN.md, section 1); a
+The catalogs are data that users edit at the top of a checkout (docs/architecture.md); a
 non-editable install must still find them, so they are mapped into the package here.
 """
 

@@ -17,7 +17,7 @@ import pytest
 
 from wirelessfl.cli import main
 from wirelessfl.report import plots
-from wirelessfl.report.colours import PALETTE
+from wirelessfl.report.colours import FIXED, PALETTE
 from wirelessfl.report.compare_plots import (
     accuracy_bands,
     energy_to_target,
@@ -104,11 +104,12 @@ def _label_colours(fig) -> dict[str, set[str]]:
 
 
 def test_an_algorithm_has_one_colour_in_every_figure_of_a_run_and_of_a_comparison():
-    """Rounds list C, A, B and devices B, C, A; the scenario lists A, B, C: A is the palette's
-    first colour, B the second, C the third, in every figure that draws algorithms (each figure
-    used to take its own table's order, so the same label changed colour between figures)."""
+    """Rounds list C, A, B and devices B, C, A; the scenario lists A, B, C, three labels of
+    FedAvg: A has FedAvg's colour, B and C the palette's first two colours no label holds
+    (report/colours.py), in every figure that draws algorithms (each figure used to take its
+    own table's order, so the same label changed colour between figures)."""
     record = _record()
-    want = {"A": PALETTE[0], "B": PALETTE[1], "C": PALETTE[2]}
+    want = {"A": FIXED["fedavg"], "B": PALETTE[0], "C": PALETTE[1]}
     drawn = 0
     for name, figure in plots.FIGURES.items():
         fig = figure(record)

@@ -1,7 +1,7 @@
 """What crosses the air (Payload) and what a device computes (Cost): the algorithm <-> engine contract.
 
 An algorithm declares sizes and work explicitly; the engine's radio and energy models turn them
-into seconds and joules, so every algorithm is costed by the same code (DESIGN.md, section 3).
+into seconds and joules, so every algorithm is costed by the same code (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A torch model used functionally through one flat parameter vector theta [d]: the form in
 which every problem on a model computes, so perturbations, quantisation and aggregation are
-plain tensor algebra (DESIGN.md, section 5)."""
+plain tensor algebra (docs/architecture.md, `learning/`)."""
 
 from __future__ import annotations
 

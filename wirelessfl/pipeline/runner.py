@@ -27,6 +27,7 @@ from wirelessfl.pipeline.build import World, build_world
 from wirelessfl.pipeline.checkpoint import CHECKPOINT_NAME, read_checkpoint, refuse_legacy
 from wirelessfl.pipeline.fingerprint import MANIFEST_KEY, check_resumable, scenario_fingerprint
 from wirelessfl.pipeline.memory import check_memory_from_scenario
+from wirelessfl.pipeline.notes import small_share_warning
 from wirelessfl.pipeline.preflight import check_runnable
 from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.results.health import manifest_entry
@@ -101,6 +102,9 @@ def run_to_record(scenario: Scenario, out: Path | None, *,
     check_runnable(scenario, checkpoint_every, warn)  # before anything is built or written
     check_memory_from_scenario(scenario)  # before anything large is loaded or built
     world = build_world(scenario)
+    short = small_share_warning(world)  # known once the data is split, before any round
+    if short is not None:
+        warn(f"warning: {short}")
     if on_world is not None:
         on_world(world)
     if resume:

@@ -1,4 +1,4 @@
-"""The batched multi-device evaluator every algorithm computes with (DESIGN.md, section 5).
+"""The batched multi-device evaluator every algorithm computes with (docs/architecture.md).
 
 Parameters are one flat vector theta [d] (or a stack [n, d] for per-device models), so
 perturbations, quantisation and aggregation are plain tensor algebra. Three kinds of work:

@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from wirelessfl.report.colours import algorithm_colours, scenario_labels
-from wirelessfl.report.plots import finish, log_scale, new_figure, write_png
+from wirelessfl.report.colours import algorithm_colours, scenario_entries
+from wirelessfl.report.plots import finish, literal, log_scale, new_figure, write_png
 from wirelessfl.results.compare import Comparison, mean_ci
 from wirelessfl.results.records import output_folder
+from wirelessfl.tune.spec import UNTUNED_SUFFIX
+
+# A numeric swept key with at most this many values gets a tick at each of them [D].
+MAX_VALUE_TICKS = 8
 
 
 def _value(v) -> str:
@@ -33,9 +39,12 @@ def _label(row, keys: list[str]) -> str:
 
 
 def _algorithm_colours(comp: Comparison) -> dict[str, str]:
-    """The per-run figures' colours (report/colours.py): the scenarios' order of algorithms."""
-    return algorithm_colours(*(scenario_labels(r.manifest) for r in comp.records),
-                             comp.runs.algorithm)
+    """The per-run figures' colours (report/colours.py): the scenarios' entries in turn, a
+    tuning study's untuned settings (labels ending in UNTUNED_SUFFIX) after the tuned ones, so
+    the tuned label keeps its algorithm's colour, as in the study's tuning figures."""
+    entries = [e for r in comp.records for e in scenario_entries(r.manifest)]
+    entries.sort(key=lambda e: e[0].endswith(UNTUNED_SUFFIX))  # stable: the order otherwise
+    return algorithm_colours(entries, comp.runs.algorithm)
 
 
 def _banded_curve(comp: Comparison, algorithm: str, config: str, column: str):
@@ -86,11 +95,15 @@ def accuracy_bands(comp: Comparison, column: str, xlabel: str) -> Figure:
                                             for k in comp.keys if k.startswith("algorithm."))
             ax.plot(x[keep], y[keep], color=colour, marker=".", markersize=3,
                     label=f"{label} ({row.seeds} seeds)")
-            ax.fill_between(x[keep], (y - half)[keep], (y + half)[keep], color=colour, alpha=0.2,
+            # an accuracy lies in [0, 1]: a t interval over two seeds reaches far past both
+            # ends (t = 12.7), which would stretch the axis from -0.5 to 1.6
+            ax.fill_between(x[keep], np.clip(y - half, 0.0, 1.0)[keep],
+                            np.clip(y + half, 0.0, 1.0)[keep], color=colour, alpha=0.2,
                             linewidth=0)
         if len(target):
             ax.axhline(target.iloc[0], color="grey", linestyle="--", linewidth=1)
         log_scale(ax, "x")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no crowded labels
         ax.set_xlabel(xlabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.set_title(", ".join(f"{_short(k)} = {_value(v)}" for k, v in zip(keys, values))
@@ -101,8 +114,16 @@ def accuracy_bands(comp: Comparison, column: str, xlabel: str) -> Figure:
         ax.tick_params(labelbottom=True)
     for ax in list(axes.flat)[len(facets):]:
         ax.set_visible(False)
-    axes.flat[0].legend(fontsize="small", loc="lower right")
-    fig.suptitle("mean over seeds, band: 95 % confidence interval (t) of the accuracy"
+    # beside the panels, not in one: the curves and bands fill a panel's corners (the legend
+    # of six labels covered half of one); every panel's entries, each label once
+    entries = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    axes[0, -1].legend(entries.values(), entries.keys(), fontsize="small", loc="upper left",
+                       bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("mean over seeds, band: 95 % confidence interval (t) of the accuracy, "
+                 "clipped to [0, 1]"
                  + (f"; dashed: target {target.iloc[0]:g}" if len(target) else ""),
                  fontsize="medium")
     return finish(fig)
@@ -119,7 +140,9 @@ def _matches(runs: pd.DataFrame, keys: list[str], row) -> pd.Series:
 def energy_to_target(comp: Comparison) -> Figure:
     """Energy to the target against each numeric swept key (one panel per key), a line per
     algorithm and value of the other keys; 95 % error bars over the seeds that reached it,
-    open markers where only some seeds did (k/n written beside)."""
+    open markers where only some seeds did (k/n written beside). Without a numeric key, one
+    point per configuration on a categorical axis whose ticks name the configurations (not
+    positions 0, 0.5, 1, ...); a numeric key with few values has its ticks at those values."""
     table = comp.table
     numeric = [k for k in comp.keys if pd.api.types.is_numeric_dtype(table[k])
                and not k.startswith("algorithm.")]
@@ -135,7 +158,8 @@ def energy_to_target(comp: Comparison) -> Figure:
         else:
             lines = list(table.groupby(["algorithm", *others], sort=False)) if others else \
                 list(table.groupby("algorithm", sort=False))
-        variants = list(dict.fromkeys(str(n[1:]) for n, _ in lines)) if others else []
+        variants = list(dict.fromkeys(str(n[1:]) for n, _ in lines)) \
+            if others and key is not None else []
         for i, (name, group) in enumerate(lines):
             algorithm = name[0] if isinstance(name, tuple) else name
             group = group.sort_values(key) if key else group
@@ -143,7 +167,7 @@ def energy_to_target(comp: Comparison) -> Figure:
             y = group.energy_to_target_j.to_numpy(dtype=float)
             err = np.nan_to_num(group.energy_to_target_j_ci95.to_numpy(dtype=float))
             label = algorithm + ("" if not others else " (" + _label(group.iloc[0], others) + ")")
-            style = styles[variants.index(str(name[1:])) % len(styles)] if others else "-"
+            style = styles[variants.index(str(name[1:])) % len(styles)] if variants else "-"
             ax.errorbar(x, y, yerr=err, color=colours[algorithm], linestyle=style, capsize=3,
                         label=label)
             full = (group.reached == group.seeds).to_numpy(dtype=bool)
@@ -158,10 +182,28 @@ def energy_to_target(comp: Comparison) -> Figure:
         ax.set_xlabel(key or "configuration")
         ax.set_ylabel("energy to target accuracy [J] (all devices)")
         ax.grid(True, which="both", alpha=0.3)
+        if key is None:  # categorical: the configurations by name, in their colours
+            _name_ticks(ax, [(name, _label(group.iloc[0], others) if others else name)
+                             for name, group in lines], colours)
+            continue
+        values = np.unique(table[key].to_numpy(dtype=float))
+        if len(values) <= MAX_VALUE_TICKS:  # a few swept values: ticks at them, as written
+            ax.set_xticks(values, [_value(v) for v in values])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     fig.suptitle("energy to target: mean ± 95 % CI over the seeds that reached it; open marker "
                  "and k/n: only k of n seeds reached it; missing: none did", fontsize="medium")
     return finish(fig)
+
+
+def _name_ticks(ax, names: list[tuple[str, str]], colours: dict[str, str]) -> None:
+    """Ticks 0, 1, ... of a categorical axis named (algorithm, label): the label, wrapped and
+    slanted, in the algorithm's colour."""
+    ax.set_xticks(range(len(names)), [textwrap.fill(literal(label), 28) for _, label in names],
+                  rotation=20, ha="right", fontsize="small")
+    ax.set_xlim(-0.5, len(names) - 0.5)
+    for tick, (algorithm, _) in zip(ax.get_xticklabels(), names):
+        tick.set_color(colours[algorithm])
 
 
 def pareto_front(comp: Comparison) -> Figure:
@@ -175,9 +217,13 @@ def pareto_front(comp: Comparison) -> Figure:
     fig = new_figure((11.0, 5.2), 110)
     ax = fig.subplots()
     for algorithm, group in table.groupby("algorithm", sort=False):
-        ax.errorbar(group.energy_j, group.final_accuracy,
+        accuracy = group.final_accuracy.to_numpy(dtype=float)
+        half = np.nan_to_num(group.final_accuracy_ci95.to_numpy(dtype=float))
+        # an accuracy's interval drawn within [0, 1], as the bands of accuracy_bands
+        below, above = np.clip(accuracy - half, 0, 1), np.clip(accuracy + half, 0, 1)
+        ax.errorbar(group.energy_j, accuracy,
                     xerr=np.nan_to_num(group.energy_j_ci95.to_numpy(dtype=float)),
-                    yerr=np.nan_to_num(group.final_accuracy_ci95.to_numpy(dtype=float)),
+                    yerr=np.nan_to_num(np.vstack([accuracy - below, above - accuracy])),
                     fmt="o", color=colours[algorithm], capsize=2, label=algorithm, alpha=0.85)
     columns = [table[c].to_numpy(dtype=float) for c in
                ("energy_j", "final_accuracy", "energy_j_ci95", "final_accuracy_ci95")]
@@ -207,7 +253,9 @@ def pareto_front(comp: Comparison) -> Figure:
     ax.set_ylabel("final test accuracy, mean over seeds")
     ax.set_title("energy / accuracy across configurations (bars: 95 % CI)", fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small", loc="lower right")
+    # below the axes: the points and their bars may fill any corner, the front's list holds
+    # the right
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     return finish(fig)
 
 

@@ -21,17 +21,23 @@ import yaml
 from wirelessfl.results.compare import Comparison, comparison_cells
 from wirelessfl.results.records import write_file
 
+# The tables fit a 1,280 px window [D] (a laptop screen; checked with headless Chromium, the
+# run summary's 20 columns at 1,230 px): a smaller font and padding, headers that wrap at
+# their spaces, labels in the first column that wrap (a long label is one cell, not the
+# table's width); numbers never wrap. A table wider still (a sweep over many keys) scrolls
+# inside its own box, the page does not.
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif; margin: 0 auto;
        max-width: 1400px; padding: 1.5em 2em 4em; color: #1d1d1f; line-height: 1.45; }
 h1 { font-size: 1.6em; margin-bottom: 0.2em; }
 h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
 .meta { color: #555; font-size: 0.92em; }
-.scroll { overflow-x: auto; }
-table { border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0; }
-th, td { border: 1px solid #d5d5d5; padding: 0.28em 0.6em; text-align: right; white-space: nowrap; }
-th { background: #f3f3f5; white-space: normal; }
+.scroll { overflow-x: auto; max-width: 100%; }
+table { border-collapse: collapse; font-size: 0.8em; margin: 0.6em 0; }
+th, td { border: 1px solid #d5d5d5; padding: 0.22em 0.4em; text-align: right; white-space: nowrap; }
+th { background: #f3f3f5; white-space: normal; vertical-align: bottom; }
 td:first-child, th:first-child { text-align: left; }
+td:first-child { white-space: normal; overflow-wrap: anywhere; min-width: 6em; max-width: 16em; }
 tr:nth-child(even) td { background: #fafafa; }
 tr.failed td { background: #fde8e8; } td.message { text-align: left; white-space: normal;
   min-width: 24em; }

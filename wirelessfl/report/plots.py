@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
+import matplotlib.patches
 import matplotlib.text
 import matplotlib.ticker
 import numpy as np
@@ -27,6 +28,7 @@ from matplotlib.figure import Figure
 
 from wirelessfl.report.colours import run_colours
 from wirelessfl.results.records import output_folder, write_file
+from wirelessfl.results.summary import describe_target, reached_mask
 
 # Never LaTeX, whatever a user's matplotlibrc says: a label would be handed to TeX as markup.
 matplotlib.rcParams["text.usetex"] = False
@@ -35,11 +37,22 @@ BREAKDOWN = [("energy_compute_forward_j", "compute (forward)"),
              ("energy_compute_backward_j", "compute (backward)"),
              ("energy_uplink_j", "uplink"), ("energy_downlink_j", "downlink"),
              ("energy_idle_j", "idle")]
-# One colour per kind of energy, the same in the breakdown and the per-round figure (tab10's
-# first five [D]); the base station's transmit energy is grey and hatched.
-KIND_COLOURS = {"energy_compute_forward_j": "#1f77b4", "energy_compute_backward_j": "#ff7f0e",
-                "energy_compute_j": "#1f77b4", "energy_uplink_j": "#2ca02c",
-                "energy_downlink_j": "#d62728", "energy_idle_j": "#9467bd"}
+# One colour per kind of energy, the same in the breakdown, the per-round figure and the
+# device figure's time split [D]: pastel tints, none of them an algorithm's colour
+# (report/colours.py FIXED: tab10 and darker saturated colours). A kind is an area, which reads
+# in a pastel; an algorithm is a line or a point, which needs a saturated colour; so a pastel
+# bar never reads as an algorithm, and an algorithm's coloured tick label or hatch never reads
+# as a kind (tab10's first five, which the kinds took before, were the first five algorithms'
+# colours: "uplink" was FedAvg's green). Each is at least 18 CIEDE2000 units from every
+# algorithm colour and 15 from the other kinds (tests/test_report_view.py). Compute: cool
+# tints (forward blue, backward lavender); radio: uplink peach, downlink mint; idle: rose. The
+# base station's transmit energy is grey and hatched.
+KIND_COLOURS = {"energy_compute_forward_j": "#a2bffe", "energy_compute_backward_j": "#dfc5fe",
+                "energy_compute_j": "#a2bffe", "energy_uplink_j": "#fdcdac",
+                "energy_downlink_j": "#90e4c1", "energy_idle_j": "#fdc1c5"}
+# Bars of stacked pastel kinds are drawn with thin edges of this grey, so two tints that meet
+# stay apart [D].
+KIND_EDGE = "0.45"
 STATION = ("energy_bs_j", "base station (transmit)")
 STATION_STYLE = {"color": "0.75", "hatch": "//", "edgecolor": "0.35"}
 # Devices up to which the label histogram draws one bar per device and class (gaps between
@@ -54,6 +67,16 @@ MAX_COLUMNS = 2000
 POINT_DEVICES = 2_000
 TIME_SPLIT = [("compute_s", "compute"), ("uplink_s", "uplink"), ("downlink_s", "downlink"),
               ("idle_s", "idle")]
+# The time split's colours: those of the matching kinds of energy.
+TIME_COLOURS = {"compute_s": KIND_COLOURS["energy_compute_j"],
+                "uplink_s": KIND_COLOURS["energy_uplink_j"],
+                "downlink_s": KIND_COLOURS["energy_downlink_j"],
+                "idle_s": KIND_COLOURS["energy_idle_j"]}
+# Where a figure tells algorithms apart by more than colour (the device figure's points and
+# bars), the a-th algorithm of the run takes the a-th marker and hatch, cycling [D]: a reader
+# who cannot tell two colours apart, or a grey print, still can.
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "h"]
+HATCHES = ["", "//", "..", "xx", "\\\\", "++", "oo", "--", "||", "**"]
 
 
 def literal(text) -> str:
@@ -89,6 +112,12 @@ def finish(fig: Figure, rect=(0, 0, 1, 1)) -> Figure:
             break
         fig.tight_layout(rect=rect)
     return fig
+
+
+def whole_numbers() -> matplotlib.ticker.Locator:
+    """Ticks at whole numbers only, for an axis of counts (rounds, device ids): a device 0.5 or
+    a round 2.5 does not exist."""
+    return matplotlib.ticker.MaxNLocator(nbins="auto", integer=True)
 
 
 def log_scale(axes, which: str) -> None:
@@ -255,47 +284,83 @@ def optimization_progress(record) -> Figure | None:
 
 
 def energy_breakdown(record) -> Figure | None:
-    """Stacked bars of each algorithm's total energy by kind, at its last round, in the
-    scenario's order of algorithms: the devices' kinds, then the base station's transmit energy
-    (hatched, its share of the system's energy written above the bar) where the run recorded
-    it. The bars' labels are wrapped to the bar's width and written in the algorithm's colour;
-    the legend stands beside the axes, never over a bar."""
+    """Stacked bars of each algorithm's energy by kind, in the scenario's order of algorithms:
+    the devices' kinds, then the base station's transmit energy (hatched, its share of the
+    system's energy written above the bar) where the run recorded it.
+
+    Two budgets compare differently [D]: the algorithms of a run stop after their own numbers
+    of rounds, so their totals are not a comparison of the methods. Where some algorithm
+    reached the run's target, the left panel is the energy to the target (at the first
+    evaluated round that met it; "not reached" where one did not), the right the whole run,
+    titled with each algorithm's rounds when they differ; else the whole run alone, so
+    titled. A kind that is zero in every bar (no idle power, no backward pass) is left out of
+    the bars and the legend. The bars' labels are wrapped to the bar's width and written in
+    the algorithm's colour; the legend stands beside the axes, never over a bar."""
     colours = run_colours(record)
-    last = record.rounds.sort_values("round", kind="stable").groupby("algorithm", sort=False).tail(1)
-    last = last.set_index("algorithm").loc[[a for a in colours if a in set(last.algorithm)]]
-    fig = new_figure((max(6.4, 2.4 + 1.1 * len(last)), 4.2), 120)
-    ax = fig.subplots()
-    x = np.arange(len(last))
-    bottom = np.zeros(len(last))
-    kinds = energy_kinds(last)
-    for column, label in kinds:
-        if column == STATION[0]:
-            continue
-        values = last[column].fillna(0.0).to_numpy(dtype=float)
-        ax.bar(x, values, bottom=bottom, label=label, color=KIND_COLOURS[column])
-        bottom = bottom + values
-    who = "all devices"
-    if STATION in kinds:
-        station = last[STATION[0]].fillna(0.0).to_numpy(dtype=float)
-        ax.bar(x, station, bottom=bottom, label=STATION[1], **STATION_STYLE)
-        for at, devices, bs in zip(x, bottom, station):
-            total = devices + bs
-            ax.annotate(f"BS {100 * bs / total:.1f}%" if total else "", (at, total),
-                        ha="center", va="bottom", fontsize="x-small")
-        bottom = bottom + station
-        who = "devices + base station"
-    # about the characters of a small font that fit in one bar's share of the width [D]
-    chars = max(6, int(fig.get_figwidth() * 72 * 0.7 / max(len(last), 1) / 6))
-    ax.set_xticks(x, [textwrap.fill(literal(name), chars) for name in last.index],
-                  fontsize="small")
-    for tick, name in zip(ax.get_xticklabels(), last.index):
-        tick.set_color(colours[name])
-    ax.set_ylabel(f"energy over the whole run [J]\n({who})")
-    ax.set_yscale("log" if bottom.max(initial=0) / max(bottom.min(initial=1), 1e-30) > 100
-                  else "linear")
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    ax.set_title("energy by kind")
+    rounds = record.rounds.sort_values("round", kind="stable")
+    order = [a for a in colours if a in set(rounds.algorithm)]
+    last = rounds.groupby("algorithm", sort=False).tail(1).set_index("algorithm").loc[order]
+    accuracy, gap = _target(record, "target_accuracy"), _target(record, "target_suboptimality")
+    at_target = rounds[reached_mask(rounds, accuracy, gap)].groupby(
+        "algorithm", sort=False).head(1).set_index("algorithm")
+    at_target = at_target.reindex([a for a in order if a in at_target.index])
+    budgets = last["round"].astype(int)
+    differ = budgets.nunique() > 1
+    whole = ("over the whole run: budgets differ, rounds " + ", ".join(
+        f"{a} {n:,}" for a, n in budgets.items()) if differ
+        else f"over the whole run ({budgets.iloc[0]:,} rounds each)")
+    panels = [(last, whole, "energy over the whole run [J]")]
+    if len(at_target):
+        goal = describe_target(accuracy, gap)
+        panels.insert(0, (at_target, f"to {goal} (first evaluated round that met it)",
+                          "energy to the target [J]"))
+    kinds = [k for k in energy_kinds(last)
+             if any((p[k[0]].fillna(0.0) > 0).any() for p, _, _ in panels)]
+    width = max(6.4, 2.4 + 1.1 * len(order)) if len(panels) == 1 else \
+        max(11.0, 3.6 + 2.0 * len(order))
+    fig = new_figure((width, 4.4), 120)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (rows, title, ylabel) in zip(axes, panels):
+        _stacked_kinds(ax, rows, order, kinds, colours, fig.get_figwidth() / len(panels))
+        who = "devices + base station" if STATION in kinds else "all devices"
+        ax.set_ylabel(f"{ylabel}\n({who})")
+        ax.set_title(title, fontsize="medium")
+    axes[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("energy by kind", fontsize="medium")
     return finish(fig)
+
+
+def _stacked_kinds(ax, rows: pd.DataFrame, order: list[str], kinds: list[tuple[str, str]],
+                   colours: dict[str, str], inches: float) -> None:
+    """One stacked bar per algorithm of ``order`` (``rows`` indexed by algorithm, the ones it
+    lacks marked "not reached"): the ``kinds``, the base station's last and hatched."""
+    x = np.arange(len(order))
+    present = np.array([a in rows.index for a in order])
+    rows = rows.reindex(order)
+    bottom = np.zeros(len(order))
+    for column, label in kinds:
+        values = rows[column].fillna(0.0).to_numpy(dtype=float)
+        style = STATION_STYLE if column == STATION[0] else \
+            {"color": KIND_COLOURS[column], "edgecolor": KIND_EDGE, "linewidth": 0.4}
+        ax.bar(x, values, bottom=bottom, label=label, **style)
+        if column == STATION[0]:
+            for at, devices, bs in zip(x, bottom, values):
+                total = devices + bs
+                ax.annotate(f"BS {100 * bs / total:.1f}%" if total else "", (at, total),
+                            ha="center", va="bottom", fontsize="x-small")
+        bottom = bottom + values
+    for at in x[~present]:
+        ax.annotate("not\nreached", (at, 0), xytext=(0, 4), textcoords="offset points",
+                    ha="center", va="bottom", fontsize="x-small", color="0.3")
+    # about the characters of a small font that fit in one bar's share of the width [D]
+    chars = max(6, int(inches * 72 * 0.7 / max(len(order), 1) / 6))
+    ax.set_xticks(x, [textwrap.fill(literal(name), chars) for name in order],
+                  fontsize="small")
+    for tick, name in zip(ax.get_xticklabels(), order):
+        tick.set_color(colours[name])
+    drawn = bottom[present]
+    ax.set_yscale("log" if len(drawn) and drawn.min() > 0 and drawn.max() / drawn.min() > 100
+                  else "linear")
 
 
 def energy_kinds(rounds) -> list[tuple[str, str]]:
@@ -316,7 +381,8 @@ def energy_per_round(record) -> Figure | None:
     consecutive rows divided by the rounds between them (the mean per round when eval_every >
     1). None when no algorithm has two recorded rounds."""
     rounds = record.rounds
-    kinds = energy_kinds(rounds)
+    # a kind the run never spent (no idle power, no backward pass) is no band and no legend entry
+    kinds = [k for k in energy_kinds(rounds) if (rounds[k[0]].fillna(0.0) != 0).any()]
     groups = []
     for algorithm, group in rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round", kind="stable").drop_duplicates("round", keep="last")
@@ -343,6 +409,7 @@ def energy_per_round(record) -> Figure | None:
             bottom = bottom + per_round
         ax.set_title(algorithm, color=colours[algorithm], fontsize="medium")
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(whole_numbers())
         ax.set_xlim(edges[0], edges[-1])
         ax.grid(True, axis="y", alpha=0.3)
     for ax in axes[:, 0]:
@@ -398,6 +465,7 @@ def label_histogram(record) -> Figure | None:
     ax.set_ylabel("training samples" if per_step == 1 else
                   f"training samples (mean of {per_step} consecutive devices)")
     ax.set_xlim(-0.6, num_devices - 0.4)
+    ax.xaxis.set_major_locator(whole_numbers())
     if num_classes <= 20:
         ax.legend(title="class", fontsize="small", ncol=1 if num_classes <= 10 else 2,
                   loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -414,17 +482,39 @@ def label_histogram(record) -> Figure | None:
     return finish(fig)
 
 
+def has_batteries(manifest: dict) -> bool:
+    """True when the run's scenario gives some device a battery: a ``battery_j`` set in its
+    energy profile or in one of its population's classes (the manifest's resolved scenario)."""
+    scenario = manifest.get("scenario") or {}
+    stack = [scenario.get("energy"), scenario.get("population")]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            value = node.get("battery_j")
+            if isinstance(value, int | float) and not isinstance(value, bool) \
+                    and np.isfinite(value) and value > 0:
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def network_lifetime(record) -> Figure | None:
     """Devices with energy left (dashed, right axis) and test accuracy (solid) against simulated
-    time and against cumulative energy. A run without accuracy (a quadratic) draws the devices
-    alone, on the left axis, and only when some device's battery ran out: a flat line at N
-    devices would be an empty figure [D]. None for a run recorded before ``alive_devices``."""
+    time and against cumulative energy. Only for a run in which some device has a battery
+    (``has_batteries``, or a battery that ran out in the tables): without one every device
+    lives to the end, a flat line at N, and the accuracy is accuracy_vs_time's [D]. A run
+    without accuracy (a quadratic) draws the devices alone, on the left axis, and only when
+    some device's battery ran out. None for a run recorded before ``alive_devices``."""
     rounds = record.rounds
     if "alive_devices" not in rounds:
         return None
     rounds = rounds.sort_values("round", kind="stable")
     depleted = {a: int(g.alive_devices.iloc[0] - g.alive_devices.min())
                 for a, g in rounds.groupby("algorithm", sort=False)}
+    if not has_batteries(record.manifest) and not any(depleted.values()):
+        return None
     accuracy = np.isfinite(rounds.test_accuracy.to_numpy(dtype=float)).any()
     if not accuracy and not any(depleted.values()):
         return None
@@ -448,7 +538,11 @@ def network_lifetime(record) -> Figure | None:
         alive_ax.set_ylabel("devices with energy left (dashed)")
         alive_ax.set_ylim(0, (n or rounds.alive_devices.max()) * 1.05)
         ax.grid(True, alpha=0.3)
-    axes[0].legend(loc="lower right", fontsize="small")
+    # beside the panels: inside, a legend would cover the curves of one of two y axes (its
+    # 'best' place sees only its own axes' lines)
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[1].legend(handles, labels, fontsize="small", loc="upper left",
+                   bbox_to_anchor=(1.16 if accuracy else 1.02, 1.0))
     fig.suptitle("network lifetime: devices whose battery ran out, by algorithm: "
                  + ", ".join(f"{a} {k}" for a, k in depleted.items()), fontsize="medium")
     return finish(fig)
@@ -457,8 +551,10 @@ def network_lifetime(record) -> Figure | None:
 def device_energy(record) -> Figure | None:
     """Left: each device's energy over the run by device class and algorithm (box plus one
     point per device). Right: where each class's time went (compute, uplink, downlink, idle),
-    as a share of the time its devices were alive. None for a run recorded before the
-    per-device class and time columns existed."""
+    as a share of the time its devices were alive. Algorithms differ in colour and in more
+    (``MARKERS``, ``HATCHES``): each has its own point marker, and its time bars their own
+    hatch, drawn in its colour (an edge colour alone did not tell them apart). None for a run
+    recorded before the per-device class and time columns existed."""
     devices = record.devices
     needed = {"device_class", "energy_j", "depleted_at_s", *(c for c, _ in TIME_SPLIT)}
     if devices.empty or not needed <= set(devices.columns):
@@ -478,33 +574,43 @@ def device_energy(record) -> Figure | None:
     ax, time_ax = fig.subplots(1, 2)
     rng = np.random.default_rng(0)  # jitter of the points only
     colours = run_colours(record)
+    keys = []  # the time split's legend entries of the algorithms
+    spent = dict.fromkeys(TIME_COLOURS, False)  # states some class spent time in
     for a, algorithm in enumerate(algorithms):
         colour = colours[algorithm]
+        marker, hatch = MARKERS[a % len(MARKERS)], HATCHES[a % len(HATCHES)]
         rows = devices[devices.algorithm == algorithm]
         positions = np.arange(len(classes)) + (a - (len(algorithms) - 1) / 2) * width
         data = [rows.energy_j[rows.device_class == c].to_numpy() for c in classes]
         box = ax.boxplot(data, positions=positions, widths=width * 0.8, showfliers=False,
-                         patch_artist=True)
+                         patch_artist=True, medianprops={"color": colour})
         for patch in box["boxes"]:
             patch.set(facecolor=colour, alpha=0.25, edgecolor=colour)
         for x, c in zip(positions, classes):
             of_class = rows[rows.device_class == c]
             jitter = x + rng.uniform(-0.3, 0.3, len(of_class)) * width
             out = of_class.depleted_at_s.notna().to_numpy()
-            ax.scatter(jitter[~out], of_class.energy_j[~out], s=9, color=colour, alpha=0.8,
+            ax.scatter(jitter[~out], of_class.energy_j[~out], s=16, color=colour, alpha=0.8,
+                       marker=marker, linewidths=0,
                        label=algorithm if x == positions[0] else None)
             ax.scatter(jitter[out], of_class.energy_j[out], s=28, color="black", marker="x",
                        linewidths=0.8,
                        label=f"{algorithm}: battery ran out" if out.any() else None)
-        # time split per class (stacked shares of alive time), hatched by algorithm
+        # time split per class (stacked shares of alive time), hatched by algorithm in its
+        # colour
         times = _class_times(rows, summaries[algorithm], classes)
         alive_s = np.maximum(times.sum(axis=1).to_numpy(), 1e-300)
         bottom = np.zeros(len(classes))
-        for (column, label), shade in zip(TIME_SPLIT, ("#4c72b0", "#dd8452", "#55a868", "#c7c7c7")):
+        for column, label in TIME_SPLIT:
             share = times[column].to_numpy() / alive_s
-            time_ax.bar(positions, share, bottom=bottom, width=width * 0.9, color=shade,
-                        edgecolor=colour, linewidth=1.2, label=label if a == 0 else None)
+            time_ax.bar(positions, share, bottom=bottom, width=width * 0.9,
+                        color=TIME_COLOURS[column], edgecolor=colour, linewidth=1.2,
+                        hatch=hatch)
             bottom += share
+            spent[column] |= bool((share > 0).any())
+        keys.append(matplotlib.patches.Patch(facecolor="white", edgecolor=colour, hatch=hatch,
+                                             linewidth=1.2,
+                                             label=textwrap.fill(f"bars: {algorithm}", 28)))
     energies = devices.energy_j[devices.energy_j > 0]
     if len(energies) and energies.max() / energies.min() > 100:
         ax.set_yscale("log")
@@ -527,7 +633,11 @@ def device_energy(record) -> Figure | None:
     time_ax.set_title("where each class's time went (bars: " + ", ".join(algorithms) + ")"
                       + ("" if summary is None else "\n(summed over every device)"),
                       fontsize="medium")
-    time_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    states = [matplotlib.patches.Patch(facecolor=TIME_COLOURS[column], edgecolor=KIND_EDGE,
+                                       linewidth=0.4, label=label)
+              for column, label in TIME_SPLIT if spent[column]]  # none of zero height
+    time_ax.legend(handles=states + keys, fontsize="small", loc="upper left",
+                   bbox_to_anchor=(1.0, 1.0))
     return finish(fig)
 
 
@@ -580,7 +690,7 @@ def device_accuracy(record) -> Figure | None:
         names.append(algorithm)
         values = np.asarray(group.device_accuracy.iloc[-1], dtype=float)
         box = ax.boxplot([values[np.isfinite(values)]], positions=[a], widths=0.6,
-                         showfliers=False, patch_artist=True)
+                         showfliers=False, patch_artist=True, medianprops={"color": colour})
         for patch in box["boxes"]:
             patch.set(facecolor=colour, alpha=0.25, edgecolor=colour)
         size, alpha = 12, 0.8

@@ -7,11 +7,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from wirelessfl.report.colours import algorithm_colours
+from wirelessfl.report.colours import algorithm_colours, scenario_entries
 from wirelessfl.report.plots import literal, new_figure, save_figure
+
+# A tuned numeric parameter with at most this many values gets a tick at each of them [D]
+# (an integer parameter such as local_steps would otherwise read 1.0, 1.5, 2.0, ...).
+MAX_VALUE_TICKS = 8
 
 
 def _slug(text: str) -> str:
@@ -54,27 +59,35 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
 
         ax.scatter(xs(scored), scored.value_mean, s=22, color=colour, alpha=0.8,
                    label="configurations")
+        # the marks other than the algorithm's points are black and grey, never a colour: an
+        # orange star or a red cross would read as FedSGD or FedProx (report/colours.py)
         if len(missed):
             ax.scatter(xs(missed), np.full(len(missed), ceiling), s=30, marker="x",
-                       color="#c44e52", label="missed target or unhealthy")
+                       color="0.35", label="missed target or unhealthy")
         chosen = rows[rows.chosen]
         if len(chosen) and len(scored.index.intersection(chosen.index)):
-            ax.scatter(xs(chosen), chosen.value_mean, s=160, marker="*", color="#dd8452",
-                       edgecolor="black", linewidths=0.6, zorder=3, label="chosen")
+            ax.scatter(xs(chosen), chosen.value_mean, s=180, marker="*", color=colour,
+                       edgecolor="black", linewidths=0.8, zorder=3, label="chosen")
         elif len(chosen):
-            ax.scatter(xs(chosen), np.full(len(chosen), ceiling), s=160, marker="*",
-                       color="#dd8452", edgecolor="black", zorder=3, label="chosen")
+            ax.scatter(xs(chosen), np.full(len(chosen), ceiling), s=180, marker="*",
+                       color=colour, edgecolor="black", linewidths=0.8, zorder=3,
+                       label="chosen")
         if _log_axis(info):
             ax.set_xscale("log")
-        if not numeric:
+        if not numeric:  # categorical: the values by name at 0, 1, ...
             ax.set_xticks(range(len(info["values"])))
             ax.set_xticklabels([literal(v) for v in info["values"]])
+            ax.set_xlim(-0.5, len(info["values"]) - 0.5)
+        elif len(info["values"]) <= MAX_VALUE_TICKS:  # the values tried, as written
+            values = sorted(set(info["values"]))
+            ax.set_xticks(values, [f"{v:g}" for v in values])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         if log_y:
             ax.set_yscale("log")
         ax.set_xlabel(param)
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel(f"{title}\n(mean over tuning seeds)")
-    axes[0][0].legend(fontsize="small")
+    axes[0][0].legend(fontsize="small", loc="best")  # where it covers the fewest points
     fig.suptitle(f"{label}: tuning", fontsize="medium")
     return save_figure(fig, path, 110)
 
@@ -82,7 +95,9 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
 def draw_tuning(tune, table: pd.DataFrame, out_dir: Path) -> list[Path]:
     """``tune_<label>.png`` for every tuned algorithm of ``tune`` (a wirelessfl.tune.spec.Tune)."""
     paths = []
-    colours = algorithm_colours(tune.labels, tune.spaces)
+    entries = [{"name": e} if isinstance(e, str) else e for e in tune.base.get("algorithms", [])]
+    colours = algorithm_colours(scenario_entries({"scenario": {"algorithms": entries}}),
+                                tune.labels, tune.spaces)
     for label, spaces in tune.spaces.items():
         rows = table[table.algorithm == label]
         if rows.empty:

@@ -1,5 +1,5 @@
 """The health verdict of one algorithm's run, from its recorded rows and its status
-(docs/results.md, "How to read the health columns"; DESIGN.md section 7).
+(docs/results.md, "How to read the health columns").
 
 A run is unhealthy when it diverged or failed (an exception stopped it), when more than
 ``max_clipped_share`` of the quantised values it sent clipped at a fixed quantiser range's ends,

@@ -28,8 +28,9 @@ target on any evaluation seed is "not reached" everywhere, as in the study's ver
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -227,6 +228,21 @@ def study_runs(folder: Path) -> list[Path]:
                     "'wirelessfl reproduce --out' wrote")
 
 
+def study_names(folder: Path) -> dict[str, str]:
+    """Label -> algorithm name of every evaluation run's algorithms, from their manifests (a
+    manifest that cannot be read names nothing: run_costs says what is wrong with it)."""
+    names: dict[str, str] = {}
+    for run in study_runs(folder):
+        try:
+            scenario = json.loads((run / "manifest.json").read_text()).get("scenario") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        for entry in scenario.get("algorithms") or []:
+            if isinstance(entry, dict) and entry.get("name"):
+                names.setdefault(str(entry.get("label") or entry["name"]), str(entry["name"]))
+    return names
+
+
 def study_costs(folder: Path) -> tuple[dict[str, Cost | None], dict[str, int]]:
     """Tuned label -> seed-mean cost (None if some seed missed the target), and the seed count
     per label; untuned settings are left out."""
@@ -276,6 +292,9 @@ class Crossover:
     boundary: dict[str, tuple[np.ndarray, np.ndarray]]  # baseline -> time (Theta*, side) [R]
     theta0: float
     rate0: float
+    # label -> algorithm name (the runs' scenario entries): the figure's colours, which follow
+    # the algorithm (report/colours.py); empty when not read
+    names: dict[str, str] = field(default_factory=dict)
 
 
 def compute(costs: dict[str, Cost | None], seeds: dict[str, int], method: str,
@@ -376,7 +395,8 @@ def run_crossover(folder: Path, out: Path, method: str = "DZOFL",
         if not 0 < lo < hi:
             raise UserError(f"{flag} needs 0 < LO < HI; got {lo:g} {hi:g}")
         axes.append(np.geomspace(lo, hi, points))
-    result = compute(costs, seeds, method, axes[0], axes[1])
+    result = replace(compute(costs, seeds, method, axes[0], axes[1]),
+                     names=study_names(folder))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "crossover_grid.csv", grid_table(result))

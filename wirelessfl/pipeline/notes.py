@@ -1,0 +1,149 @@
+"""What a researcher should know about a run before reading its numbers, from the built world
+alone (nothing simulated): the lines ``wirelessfl run`` prints beside its tables.
+
+* ``small_share_warning``: devices that hold no more training samples than an algorithm's
+  ``batch_size`` (1,000 devices on digits hold one or two each): their minibatch is all of
+  their data, the same set at every step (learning/minibatch.py, full local batches), so
+  "minibatch SGD" there is full local gradient descent. A ``warning:`` line before the run
+  (pipeline/runner.py).
+* ``same_slots_note``: an algorithm whose packets take the same whole slots on air at every
+  bit width from lo to hi around its own (DZOFL's 16-bit scalar and an 8-bit one both fit one
+  NR slot at the seed-002 cell's 4 Mbit/s): changing its bits changes neither its airtime nor
+  its radio energy, which a reader comparing 8 and 16 bits would otherwise take for a result.
+  A ``note:`` line after the tables (cli.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from wirelessfl.algorithms.base import AlgorithmParams
+from wirelessfl.channel.link import airtime_s, capacity_bps
+from wirelessfl.energy.compute import check_bits
+from wirelessfl.errors import UserError
+from wirelessfl.plugins import algorithm_class
+
+# The bit widths an algorithm may send (AlgorithmParams.bits: 1 to 32).
+BIT_WIDTHS = range(1, 33)
+
+
+def small_share_warning(world) -> str | None:
+    """One line naming the algorithms whose ``batch_size`` is at least the training samples
+    some device holds, with how many devices and the smallest share; None when every device
+    holds more (or the problem has no per-device samples). An algorithm on exact local
+    gradients (``full_batch``) draws no minibatch and is left out."""
+    shards = getattr(world, "shards", None)
+    if shards is None or not len(shards):
+        return None
+    sizes = np.asarray(shards.sizes)
+    short: dict[int, list[str]] = {}
+    for params in world.scenario.algorithms:
+        if getattr(params, "full_batch", False):
+            continue
+        b = int(params.batch_size)
+        if (sizes <= b).any():
+            short.setdefault(b, []).append(params.display_name)
+    if not short:
+        return None
+    count = int((sizes <= max(short)).sum())  # short of the largest batch
+    who = "; ".join(f"{', '.join(names)} (batch_size {size})" for size, names in short.items())
+    low, middle = int(sizes.min()), int(np.median(sizes))
+    return (f"{count:,} of {len(sizes):,} devices hold no more training samples than the "
+            f"minibatch of {who}: smallest share {low:,}, median {middle:,}. On those devices "
+            "a minibatch is the device's whole data, the same samples at every step (full "
+            "local batches, docs/algorithms.md): their steps are full local gradient steps, "
+            "not stochastic ones; for minibatches, give the devices more samples than "
+            "batch_size (fewer devices) or lower batch_size")
+
+
+def _payload_options(cls: type, params: AlgorithmParams, world) -> dict:
+    """Keyword arguments of ``cls.declared_payloads`` beyond (d, bits, participants), by name:
+    from the algorithm's parameters (ZO-HFL's ``payload``), else from the problem (FedNest's
+    ``blocks``); one found in neither keeps its default."""
+    found = {}
+    for key in inspect.signature(cls.declared_payloads).parameters:
+        if key in ("d", "bits", "participants"):
+            continue
+        if key in type(params).model_fields:
+            found[key] = getattr(params, key)
+        elif hasattr(world.evaluator, key):
+            found[key] = getattr(world.evaluator, key)
+    return found
+
+
+def _slots(world, params: AlgorithmParams, bits: int, up_rate: np.ndarray,
+           down_rate: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Whole slots of one uplink packet per device and one downlink packet at each device's
+    rate when ``params``' algorithm sends ``bits``-bit values; None when it cannot say."""
+    cls = algorithm_class(params.name)
+    channel = world.scenario.channel
+    try:
+        up, down = cls.declared_payloads(world.evaluator.d, bits,
+                                         participants=world.num_devices,
+                                         **_payload_options(cls, params, world))
+    except Exception:  # noqa: BLE001 - a plugin's declaration: no note rather than no run
+        return None
+    slot = channel.slot_s  # the engine's airtime (channel/link.py), counted in slots
+    return (np.rint(airtime_s(up.bits + channel.uplink.header_bits, up_rate, slot) / slot),
+            np.rint(airtime_s(down.bits + channel.downlink.header_bits, down_rate, slot) / slot))
+
+
+def _allowed(world, bits: int) -> bool:
+    """Every device's energy profile prices ``bits``-bit passes (energy/compute.py)."""
+    try:
+        for profile in world.class_profiles:
+            check_bits(profile, bits)
+    except UserError:
+        return False
+    return True
+
+
+def same_slots_note(world) -> str | None:
+    """One line naming the algorithms whose uplink and downlink packets take, on every device,
+    the same number of slots at each bit width from lo to hi (lo < hi, around the width they
+    send), with that range and those slots; None when there is none. Only where rates do not
+    depend on the fading (uplink modes fixed, pinned and mcs; the downlink's rates come from
+    the mean SNR): in adaptive mode a deep fade stretches a packet over more slots, by an
+    amount that grows with its bits."""
+    channel = world.scenario.channel
+    if channel.uplink.mode == "adaptive" or world.evaluator is None:
+        return None
+    up_rate = world.uplink().rate_at(np.ones(world.num_devices))
+    down = channel.downlink
+    # a broadcast goes at its worst receiver's rate, a unicast at each receiver's: both are
+    # some device's mean-SNR rate
+    down_rate = down.efficiency * capacity_bps(world.cell.downlink_mean_snr, down.bandwidth_hz)
+    said = []
+    for params in world.scenario.algorithms:
+        own = int(params.bits)
+        at_own = _slots(world, params, own, up_rate, down_rate)
+        if at_own is None:
+            continue
+        same = [w for w in BIT_WIDTHS if _allowed(world, w)]
+        lo = hi = own
+        for step, edge in ((-1, "lo"), (1, "hi")):
+            width = own + step
+            while width in same:
+                slots = _slots(world, params, width, up_rate, down_rate)
+                if slots is None or not all(np.array_equal(a, b) for a, b in zip(slots, at_own)):
+                    break
+                lo, hi = (width, hi) if edge == "lo" else (lo, width)
+                width += step
+        if lo < hi:
+            up_slots, down_slots = (_range(s) for s in at_own)
+            said.append(f"{params.display_name} ({own} bits; the same slots, {up_slots} up "
+                        f"and {down_slots} down per packet, at any width from {lo} to {hi})")
+    if not said:
+        return None
+    return ("the bit width changes nothing on air for " + ", ".join(said)
+            + f" ({channel.slot_s * 1e3:g} ms slots): airtime and radio energy are the same "
+            "at those widths; only the compute energy (priced at M bits) and the "
+            "quantisation error change")
+
+
+def _range(slots: np.ndarray) -> str:
+    """'3' when every device needs 3 slots, '2-4' when they differ."""
+    low, high = int(slots.min()), int(slots.max())
+    return f"{low}" if low == high else f"{low}-{high}"
