@@ -49,6 +49,7 @@ def load_scenario(source, overrides=(), **values) -> Scenario:
     from wirelessfl.scenario.loader import (
         apply_override,
         check_shape,
+        override_path,
         read_scenario_document,
         resolved_document,
         scenario_from_document,
@@ -71,15 +72,17 @@ def load_scenario(source, overrides=(), **values) -> Scenario:
     else:
         raise UserError(f"load_scenario: expected a scenario name, a path, a dict or a Scenario, "
                         f"got {type(source).__name__}")
+    sets = []  # what errors name a bad value by, as the CLI names a bad --set
     if assignments and isinstance(doc, dict):  # a non-mapping is refused below, as by the CLI
         check_shape(doc, where)  # before the copy, which would recurse as deep as the doc
         doc = copy.deepcopy(doc)
         for key, value in assignments:
             if value is _TEXT:
-                apply_override(doc, key)
+                sets.append((override_path(apply_override(doc, key)), f"--set {key}"))
             else:
-                set_key(doc, str(key), value, origin="overrides: ")
-    return scenario_from_document(doc, where, (), base_dir)
+                path = set_key(doc, str(key), value, origin="overrides: ")
+                sets.append((override_path(path), f"overrides: {key}={value!r}"))
+    return scenario_from_document(doc, where, (), base_dir, tuple(sets))
 
 
 _TEXT = object()  # marks an override given as "key.path=value" text

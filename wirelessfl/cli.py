@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import sys
 from datetime import datetime
@@ -89,9 +90,11 @@ def _cmd_run(args) -> int:
                                           str(out / "manifest.json"))
         done = {k for k, v in record.manifest.get("algorithms", {}).items()
                 if v.get("status") in FINISHED}
+        stale_html = (out / "report.html").is_file()  # written of the unfinished run
     elif not args.scenario:
         raise UserError("give a SCENARIO to run (e.g. quickstart), or --resume RUN_DIR")
     else:
+        stale_html = False
         scenario = load_scenario(args.scenario, args.set or [])
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
@@ -135,10 +138,31 @@ def _cmd_run(args) -> int:
     if len(scenario.algorithms) > 1:
         print("note: each algorithm ran at the scenario's own setting (untuned); name a winner "
               "only from tuned runs: wirelessfl tune (docs/tuning.md)", file=sys.stderr)
-    if not args.no_report:
-        for path in draw_report(read_run(out)):
-            print(f"wrote {path}", file=sys.stderr)
+    figures = [] if args.no_report else draw_report(read_run(out))
+    for path in figures:
+        print(f"wrote {path}", file=sys.stderr)
+    if stale_html:
+        _renew_html(out, table, figures, args.no_report)
     return 0
+
+
+def _renew_html(out: Path, table, figures: list[Path], no_report: bool) -> None:
+    """A run folder's report.html (``wirelessfl report --html``) written before ``--resume``
+    finished the run describes the interrupted run: it is written again (or, with --no-report,
+    which draws no figures, removed) so that no page in the folder says "interrupted" of a run
+    that completed."""
+    from wirelessfl.report.html import run_html
+    from wirelessfl.results.records import read_run
+    from wirelessfl.results.summary import summary_cells
+
+    page = out / "report.html"
+    if no_report:
+        page.unlink(missing_ok=True)
+        print(f"removed {page}, which described the interrupted run; write it again with: "
+              f"wirelessfl report {out} --html", file=sys.stderr)
+        return
+    print(f"wrote {run_html(read_run(out), summary_cells(table), figures, page, table)}",
+          file=sys.stderr)
 
 
 def _cmd_sweep(args) -> int:
@@ -293,10 +317,11 @@ def _cmd_validate(args) -> int:
         plan = tuning_plan(tune)  # builds and checks every configuration's scenario
         any_choice = {label: grid[0].values for label, grid in tune.grids.items()}
         evaluations = evaluation_plan(tune, any_choice)
-        _check_runs([(f"search {values}", scenario) for values, scenario, *_ in plan]
-                    + [(f"evaluation of {setting['algorithm']}", scenario)
-                       for _, scenario, _, setting in evaluations], tune.path)
-        print(f"{args.scenario}: valid tune file over '{tune.spec.scenario}' (objective "
+        warned = _check_runs([(f"search {values}", scenario) for values, scenario, *_ in plan]
+                             + [(f"evaluation of {setting['algorithm']}", scenario)
+                                for _, scenario, _, setting in evaluations], tune.path)
+        print(f"{args.scenario}: valid tune file{_with_warnings(warned)} over "
+              f"'{tune.spec.scenario}' (objective "
               f"{tune.spec.objective}; {len(plan)} tuning runs: "
               + ", ".join(f"{label} {len(grid)} configurations" for label, grid in
                           tune.grids.items())
@@ -309,8 +334,10 @@ def _cmd_validate(args) -> int:
         if args.set:
             raise UserError(f"--set: {args.scenario} is a sweep file; put overrides in its 'set'")
         sweep = load_sweep(args.scenario)
-        _check_runs([(f"point {p.run_id}", p.scenario) for p in sweep.points], sweep.path)
-        print(f"{args.scenario}: valid sweep over '{sweep.spec.scenario}' ({len(sweep.points)} "
+        warned = _check_runs([(f"point {p.run_id}", p.scenario) for p in sweep.points],
+                             sweep.path)
+        print(f"{args.scenario}: valid sweep{_with_warnings(warned)} over "
+              f"'{sweep.spec.scenario}' ({len(sweep.points)} "
               f"runs: {len(sweep.points) // len(sweep.spec.seeds)} points x "
               f"{len(sweep.spec.seeds)} seeds; keys: {', '.join(sweep.keys)})")
         return 0
@@ -321,21 +348,30 @@ def _cmd_validate(args) -> int:
         warnings = check_runnable(scenario)
         check_memory_from_scenario(scenario)  # what run checks next, before loading anything
     except UserError as err:
-        raise UserError(f"{path}: {err}") from None
+        given = "".join(f" --set {s}" for s in args.set or [])
+        raise UserError(f"{path}{' with' + given if given else ''}: {err}") from None
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     names = ", ".join(p.display_name for p in scenario.algorithms)
     classes = scenario.population.classes
     energy = (f"energy '{scenario.energy.name}'" if classes is None else "device classes "
               + ", ".join(f"'{name}' {c.fraction:g}" for name, c in classes.items()))
-    print(f"{args.scenario}: valid ({scenario.population.num_devices} devices, channel "
-          f"'{scenario.channel.name}', {energy}, algorithms: {names})")
+    print(f"{args.scenario}: valid{_with_warnings(len(warnings))} "
+          f"({scenario.population.num_devices} devices, channel '{scenario.channel.name}', "
+          f"{energy}, algorithms: {names})")
     return 0
 
 
-def _check_runs(runs: list[tuple[str, dict]], source: Path) -> None:
+def _with_warnings(count: int) -> str:
+    """', with N warnings' after 'valid' when there were any: a plain 'valid' under warning
+    lines reads as if they did not matter (they are printed above, on stderr)."""
+    return f", with {count} warning{'s' if count != 1 else ''}" if count else ""
+
+
+def _check_runs(runs: list[tuple[str, dict]], source: Path) -> int:
     """``check_runnable`` on every run's resolved scenario of a sweep or tune file (once per
-    distinct scenario, seeds aside); an error names the run, warnings are printed once."""
+    distinct scenario, seeds aside); an error names the run, warnings are printed once and
+    counted (the count is returned)."""
     from wirelessfl.pipeline.preflight import check_runnable
     from wirelessfl.scenario.loader import scenario_from_document
 
@@ -354,6 +390,7 @@ def _check_runs(runs: list[tuple[str, dict]], source: Path) -> None:
             if line not in warned:
                 warned.add(line)
                 print(f"warning: {line}", file=sys.stderr)
+    return len(warned)
 
 
 def _cmd_report(args) -> int:
@@ -368,6 +405,9 @@ def _cmd_report(args) -> int:
     n = record.manifest.get("scenario", {}).get("population", {}).get("num_devices", 1)
     targets = record.target_accuracy, record.target_suboptimality
     table = summarize(record.rounds, targets[0], n, targets[1], manifest=record.manifest)
+    unfinished = _unfinished(record, folder)
+    if unfinished:
+        print(f"warning: {unfinished}", file=sys.stderr)
     print(format_summary(table, *targets))
     print("health:\n" + "\n".join(f"  {line}" for line in health_lines(table, False)))
     figures = draw_report(record, args.out)
@@ -379,6 +419,37 @@ def _cmd_report(args) -> int:
         out = Path(args.out or folder) / "report.html"
         print(f"wrote {run_html(record, summary_cells(table), figures, out, table)}")
     return 0
+
+
+def _unfinished(record, folder: Path) -> str | None:
+    """The line saying that the run in ``folder`` did not finish, where it stopped and how to
+    finish it (its tables and figures show only the rounds recorded so far); None for a run
+    that finished (complete, or partial: an algorithm diverged or failed and the rest ran)."""
+    from wirelessfl.results.records import FINISHED
+
+    manifest = record.manifest
+    status = manifest.get("status")
+    if status in ("complete", "partial"):
+        return None
+    entries = manifest.get("algorithms", {})
+    planned = [a.get("label") or a.get("name") for a in manifest["scenario"].get("algorithms", [])]
+    stopped = next((label for label, entry in entries.items()
+                    if entry.get("status") not in FINISHED), None)
+    if stopped is None:  # killed: the running algorithm has no entry yet
+        stopped = next((label for label in planned if label not in entries), None)
+    finish = f"finish it with: wirelessfl run --resume {folder}"
+    if stopped is None:
+        return f"{folder}: the run did not finish (status '{status}'); {finish}"
+    rounds = record.rounds["round"][record.rounds["algorithm"] == stopped]
+    total = next((a.get("rounds") for a in manifest["scenario"].get("algorithms", [])
+                  if (a.get("label") or a.get("name")) == stopped), None)
+    of = f"of {total}; " if isinstance(total, int) else ""
+    where = (f"after round {int(rounds.max())} of {stopped} ({of}the summary and figures show "
+             "the rounds recorded so far)" if rounds.notna().any()
+             else f"before {stopped} recorded a round")
+    how = {"interrupted": "was interrupted", "failed": "failed (out of memory)"}.get(
+        status, "did not finish (killed, or still running)")
+    return f"{folder}: the run {how} {where}; {finish}"
 
 
 def _compare(dirs: list[Path], out: Path, html: bool) -> int:
@@ -555,18 +626,32 @@ def _cmd_link(args) -> int:
     from wirelessfl.channel import Cell, ChannelConfig
     from wirelessfl.channel.analysis import MC_SAMPLES, budget_method, link_budget
     from wirelessfl.scenario import catalog
-    from wirelessfl.scenario.loader import format_validation_error
+    from wirelessfl.scenario.loader import apply_override, check_values, format_validation_error
 
     if not args.distance > 0:
         raise UserError(f"--distance: must be a positive distance in metres, got {args.distance}")
     if args.bits < 0:
         raise UserError(f"--bits: must be a non-negative number of payload bits, got {args.bits}")
-    doc = catalog.load_mapping("channels", args.profile, "link")
+    doc = copy.deepcopy(catalog.load_mapping("channels", args.profile, "link"))
+    source = f"channel profile '{args.profile}'"
+    # The profile's keys (uplink.tx_power_dbm), or as a scenario's --set names them
+    # (channel.uplink.tx_power_dbm), so one --set serves run, validate and link [D].
+    sets = tuple((apply_override(doc, assignment.removeprefix("channel.")), f"--set {assignment}")
+                 for assignment in args.set or [])
     try:
         config = ChannelConfig.model_validate(doc)
     except ValidationError as err:
-        message = format_validation_error(err, f"channel profile '{args.profile}'")
+        message = format_validation_error(err, source, model=ChannelConfig, raw=doc, sets=sets)
         raise UserError(message.replace("\n", "; ")) from None
+    check_values(doc, config, source, sets=sets)
+    low, high = config.min_distance_m, config.cell_radius_m
+    if not low <= args.distance <= high:  # a budget no device of a scenario on it gets
+        fix = (f"cell_radius_m={args.distance:g}" if args.distance > high
+               else f"min_distance_m={args.distance:g}")
+        print(f"warning: --distance {args.distance:g} m is outside the cell of {source} "
+              f"(devices are placed from min_distance_m {low:g} m to cell_radius_m {high:g} m), "
+              f"so no device of a scenario on it is there; to include it, --set {fix}",
+              file=sys.stderr)
     los = None if args.los is None else args.los == "los"
     result = link_budget(config, args.distance, args.bits, los=los)
     if args.json:
@@ -742,6 +827,9 @@ def build_parser() -> argparse.ArgumentParser:
     ln.add_argument("--distance", type=float, required=True, help="ground distance to the base "
                                                                   "station [m]")
     ln.add_argument("--bits", type=int, required=True, help="payload bits of the packet")
+    ln.add_argument("--set", action="append", metavar="KEY.PATH=VALUE",
+                    help="override a key of the profile, e.g. --set uplink.tx_power_dbm=10 "
+                         "(or channel.uplink.tx_power_dbm=10, as run and validate name it)")
     ln.add_argument("--los", choices=["los", "nlos"],
                     help="3GPP profiles: LOS state (default: the more likely one at --distance)")
     ln.add_argument("--json", action="store_true")
@@ -766,7 +854,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # what parse_args refuses; a --set written as two words is said so
+        split = _split_set(argv)
+        if split is not None:
+            return _error(split)
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "batch", 1) is not None and getattr(args, "batch", 1) <= 0:
         print("error: --batch must be a positive integer", file=sys.stderr)
         return EXIT_USER_ERROR
@@ -801,6 +895,39 @@ def _reference_setting(args) -> contextlib.AbstractContextManager:
     from wirelessfl.plugins import allow_references
 
     return allow_references()
+
+
+def _split_set(argv: list[str]) -> str | None:
+    """The message for a ``--set`` written as several words (``--set KEY VALUE``, ``--set KEY=
+    VALUE``, ``--set KEY = VALUE``), where argparse would only call the rest an unrecognized
+    argument; or None."""
+    for i, word in enumerate(argv):
+        if word == "--set" and i + 2 < len(argv):
+            key, words = argv[i + 1], argv[i + 2:i + 4]
+        elif word.startswith("--set=") and i + 1 < len(argv):
+            key, words = word.removeprefix("--set="), argv[i + 1:i + 3]
+        else:
+            continue
+        value = words[0]
+        if not key or key.startswith("-") or not _a_value(value) \
+                or not "".join(words).isprintable() or not key.isprintable():
+            continue
+        if "=" not in key and value == "=" and len(words) > 1:
+            given, fixed = f"{key} = {words[1]}", f"{key}={words[1]}"
+        elif "=" not in key:
+            given, fixed = f"{key} {value}", f"{key}={value.removeprefix('=')}"
+        elif key.endswith("=") and key.count("=") == 1:
+            given, fixed = f"{key} {value}", f"{key}{value}"
+        else:
+            continue
+        return (f"--set {given}: a --set is one word, KEY.PATH=VALUE with no spaces around "
+                f"'='; write --set {fixed} (quote it if the value holds spaces)")
+    return None
+
+
+def _a_value(word: str) -> bool:
+    """``word`` reads as a value, not as an option (a negative number is a value)."""
+    return not word.startswith("-") or word[1:2].isdigit() or word[1:2] == "."
 
 
 def _error(message: str) -> int:

@@ -203,28 +203,59 @@ PLAUSIBLE = [
     ("access_energy_j", "J", 1e-16, 1e-6, "1e-12 for 1 pJ"),
     ("mac_energy_j", "J", 1e-16, 1e-6, "1e-12 for 1 pJ"),
     ("slot_s", "s", 1e-6, 1, "1e-3 for 1 ms"),
-    ("deadline_s", "s", 1e-5, 1e5, "0.1 for 100 ms"),
+    # [D] 10 s: an upload phase (the base station's wait for one round's uploads) of more than
+    # 10 s is far beyond every shipped profile's (20 ms) and the slots and frames the specs
+    # cite; deadline_s: 20 was 20 ms written in seconds.
+    ("deadline_s", "s", 1e-5, 10, "0.1 for 100 ms"),
     ("coherence_time_s", "s", 1e-5, 1e4, "0.01 for 10 ms"),
     ("throughput_macs_per_s", "MAC/s", 1e3, 1e17, "1e12 for 1 TMAC/s"),
 ]
 
 
+# Unit names spelt out in the warnings (a bare "s" is easily read past).
+UNIT_NAMES = {"s": "seconds", "m": "metres", "J": "joules", "W": "watts", "Hz": "Hz"}
+# A time in seconds above its plausible range was most often written in milliseconds [D].
+SMALLER_UNIT = {"s": ("ms", 1e-3)}
+# Battery capacities as sold, in mAh [D]: a phone's is 3,000-5,000, a tablet's up to 10,000,
+# and they are quoted in round hundreds. A battery_j that is a multiple of 500 in this range
+# (battery_j: 4000) was most likely such a capacity: 4000 mAh at 3.7 V is 53,280 J. Budgets in
+# joules converted from a capacity (C x 3.6 x V: 2,430 J for a 225 mAh coin cell) are rarely
+# so round. A warning only: a budget of exactly 4 kJ stays legal.
+MAH_LIKE = (500, 10_000, 500)
+TYPICAL_VOLTS = 3.7  # a lithium-ion cell's nominal voltage, for the conversion shown
+
+
 def plausibility_warnings(scenario: Scenario) -> list[str]:
     """One line per value with a unit outside its plausible range, naming the field, the unit
     and an example: 'channel.uplink.bandwidth_hz = 2 Hz: bandwidths are in Hz, e.g. 1e6 for
-    1 MHz'. Each field is named once (the first offending value of a list)."""
+    1 MHz'; and a ``battery_j`` that looks like a capacity in mAh (``MAH_LIKE``). Each field is
+    named once (the first offending value of a list)."""
     out, seen = [], set()
     for path, value in _numbers(scenario, ()):
         field = next((str(p) for p in reversed(path) if isinstance(p, str)), "")
         if field in seen:
             continue
+        shown = ".".join(str(p) for p in path)
         for suffix, unit, low, high, example in PLAUSIBLE:
             if field.endswith(suffix) and not low <= value <= high:
                 seen.add(field)
-                shown = ".".join(str(p) for p in path)
+                meant = ""
+                if value > high and unit in SMALLER_UNIT:
+                    smaller, factor = SMALLER_UNIT[unit]
+                    meant = f" (for {value:g} {smaller} write {value * factor:g})"
                 out.append(f"{shown} = {value:g} {unit} is outside the plausible {low:g} to "
-                           f"{high:g} {unit}: {field} is in {unit}, e.g. {example}")
+                           f"{high:g} {unit}: {field} is in {UNIT_NAMES.get(unit, unit)}"
+                           f"{meant}, e.g. {example}")
                 break
+        else:
+            low, high, step = MAH_LIKE
+            if field == "battery_j" and low <= value <= high and value % step == 0:
+                seen.add(field)
+                joules = value * 3.6 * TYPICAL_VOLTS
+                out.append(f"{shown} = {value:g} J looks like a battery capacity in mAh: "
+                           f"battery_j is in joules, and C mAh at V volts is C x 3.6 x V J "
+                           f"({value:g} mAh at {TYPICAL_VOLTS:g} V is {joules:,.0f} J); keep "
+                           f"{value:g} if joules were meant")
     return out
 
 

@@ -3,7 +3,8 @@
 Steps: parse safely -> apply overrides -> resolve the channel and energy profiles from the catalogs
 (inline fields override the profile's, deeply), and the energy profile of each device class
 (``population.classes``) -> validate each algorithm against its own typed parameters -> validate
-the whole. Every error names the file and the key path.
+the whole. Every error names the file and the key path, or the ``--set`` that gave the value
+(``_where``); an unknown key names the valid key it was most likely meant to be (keys.py).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from wirelessfl.errors import UserError
-from wirelessfl.plugins import algorithm_class, is_reference
+from wirelessfl.plugins import algorithm_class, is_reference, problem_spec
 from wirelessfl.scenario import catalog, names, safe_yaml
+from wirelessfl.scenario.keys import keys_at, suggest_key
+from wirelessfl.scenario.problem_section import ProblemConfig
 from wirelessfl.scenario.schema import Scenario
 
 PROFILE_SECTIONS = {"channel": "channels", "energy": "energy"}
@@ -60,12 +63,14 @@ FLOAT32_MAX = 3.4028234663852886e38
 INT64_MAX = 2**63 - 1
 
 
-def check_values(raw: object, value: object, source: str, prefix: tuple = ()) -> None:
+def check_values(raw: object, value: object, source: str, prefix: tuple = (),
+                 sets: Sets = ()) -> None:
     """What pydantic's lax types let through, refused with the key path: a YAML boolean taken as
     a number (``num_devices: true`` is 1), a float or exponent string taken as an integer
     (``num_devices: 1e9``), a float beyond float32's range (``lr: 1e300``), an integer beyond
     int64's. ``raw`` is the document as written, ``value`` what it validated into (a model, or
-    lists, dicts and scalars of them); walked together, iteratively."""
+    lists, dicts and scalars of them); walked together, iteratively. ``sets``: the ``--set``
+    overrides applied (``_where``)."""
     stack = [(raw, value, tuple(prefix))]
     while stack:
         raw, value, path = stack.pop()
@@ -84,17 +89,17 @@ def check_values(raw: object, value: object, source: str, prefix: tuple = ()) ->
         elif isinstance(value, bool) or raw is _ABSENT and not isinstance(value, float):
             continue
         elif isinstance(raw, bool):
-            raise UserError(f"{source}: {format_path(path)}: expects a number, got the YAML "
+            raise UserError(f"{_where(source, path, sets)}: expects a number, got the YAML "
                             f"boolean {str(raw).lower()}; write a number")
         elif isinstance(value, int) and not isinstance(raw, int) and raw is not _ABSENT:
             hint = f"write {value}" if abs(value) <= INT64_MAX else "write an integer"
-            raise UserError(f"{source}: {format_path(path)}: expects an integer, got {raw!r}; "
+            raise UserError(f"{_where(source, path, sets)}: expects an integer, got {raw!r}; "
                             f"{hint} (digits only: YAML reads 1e9 as text)")
         elif isinstance(value, int) and abs(value) > INT64_MAX:
-            raise UserError(f"{source}: {format_path(path)}: an integer of {len(str(abs(value)))} "
+            raise UserError(f"{_where(source, path, sets)}: an integer of {len(str(abs(value)))} "
                             f"digits is beyond the largest a run can hold ({INT64_MAX})")
         elif isinstance(value, float) and abs(value) > FLOAT32_MAX:
-            raise UserError(f"{source}: {format_path(path)}: {value:g} is beyond float32's range "
+            raise UserError(f"{_where(source, path, sets)}: {value:g} is beyond float32's range "
                             f"(|x| <= {FLOAT32_MAX:.3g}), which the run computes in; give a "
                             "value of a sensible size")
 
@@ -110,24 +115,50 @@ def format_path(loc) -> str:
     return out or "(top level)"
 
 
+# The overrides applied to a document: (the key path each one wrote, as the validated document
+# has it (``override_path``), e.g. ('algorithms', 0, 'rounds') for algorithms.DZOFL.rounds; the
+# override as errors name it, e.g. '--set algorithms.DZOFL.rounds=0').
+Sets = tuple[tuple[tuple, str], ...]
+
+
+def _where(source: str, loc: tuple, sets: Sets = ()) -> str:
+    """Where a problem at the key path ``loc`` is reported: the ``--set`` that wrote the value
+    there (its path is ``loc`` or above it, or below it: a section's own check), else the file;
+    then the key path, as the validated document has it (``algorithms.DZOFL.rounds`` is
+    ``algorithms[0].rounds``). A bad value given on the command line is the command line's
+    mistake, not the file's [D]."""
+    loc = tuple(loc)
+    for path, given in reversed(sets):  # the last override of a key is the one that holds
+        if loc[:len(path)] == path or (loc and path[:len(loc)] == loc):
+            shown = given if given.isprintable() else repr(given)
+            shown = shown if len(shown) <= 86 else shown[:83] + "..."
+            return f"{shown}: {format_path(loc)}"
+    return f"{source}: {format_path(loc)}"
+
+
 def format_validation_error(err: ValidationError, source: str, prefix: tuple = (),
-                            origins: list[tuple[tuple, Path, dict]] = ()) -> str:
+                            origins: list[tuple[tuple, Path, dict]] = (),
+                            model: type[BaseModel] | None = None, raw: object = None,
+                            sets: Sets = ()) -> str:
     """One line per problem: 'source: key.path: what is wrong (got X)'. ``origins``: (key path,
     profile file, the scenario's inline fields) of each section read from a profile file; a
     problem with a value from such a file names that file and the key in it, and never quotes
-    the value (a profile name may point at any file on the machine)."""
+    the value (a profile name may point at any file on the machine). ``model`` and ``raw``: the
+    class validated and the document given to it, so an unknown key gets the valid key it was
+    most likely meant to be. ``sets``: the ``--set`` overrides applied (``_where``)."""
     lines = []
     for e in err.errors():
-        loc = tuple(prefix) + tuple(p for p in e["loc"] if p not in ("function-after",))
+        own = tuple(p for p in e["loc"] if p not in ("function-after",))
+        loc = tuple(prefix) + own
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key; remove it or check its spelling"
+            msg = _unknown_key(own, model, raw)
         elif e["type"] == "missing":
             msg = "required key is missing; add it"
         got = e.get("input")
         if e["type"] in ("int_parsing", "int_from_float"):
             msg += f"; write {_integer_hint(got)}"
-        where, foreign = f"{source}: {format_path(loc)}", _foreign_file(loc, origins)
+        where, foreign = _where(source, loc, sets), _foreign_file(loc, origins)
         if foreign is not None:
             where = f"{source}: {format_path(foreign[0])}: profile file {foreign[1]}: " \
                     f"{format_path(foreign[2])}"
@@ -137,6 +168,36 @@ def format_validation_error(err: ValidationError, source: str, prefix: tuple = (
             msg += f" (got {shown if len(shown) <= 80 else shown[:77] + '...'})"
         lines.append(f"{where}: {msg}")
     return "\n".join(lines[:5]) + (f"\n... and {len(lines) - 5} more" if len(lines) > 5 else "")
+
+
+def _unknown_key(loc: tuple, model: type[BaseModel] | None, raw: object) -> str:
+    """The message of the unknown key at ``loc`` (relative to ``model``): the valid key it was
+    most likely meant to be, when one is close (keys.py), else how to fix it."""
+    key = loc[-1] if loc else None
+    if model is not None and isinstance(key, str):
+        close = suggest_key(key, keys_at(model, loc[:-1], raw, _section_classes))
+        if close is not None:
+            return f"unknown key; did you mean '{close}'?"
+    return "unknown key; remove it or check its spelling"
+
+
+def _section_classes(cls: type[BaseModel], raw: object) -> list[type[BaseModel]]:
+    """The classes a mapping typed as ``cls`` validates as, picked by its content: a problem
+    section by its ``name`` (the problem's own Config), a section with compute-model subclasses
+    (energy profiles) by its ``model``; else ``cls``."""
+    if not isinstance(raw, dict):
+        return [cls]
+    if issubclass(cls, ProblemConfig):
+        name = raw.get("name", "classification")
+        try:
+            return [problem_spec(name).Config] if isinstance(name, str) else [cls]
+        except UserError:
+            return [cls]
+    field = cls.model_fields.get("model")
+    tag = raw.get("model", field.default if field is not None else None)
+    chosen = [sub for sub in cls.__subclasses__() if isinstance(tag, str)
+              and "model" in sub.model_fields and sub.model_fields["model"].default == tag]
+    return chosen or [cls]
 
 
 def _foreign_file(loc: tuple, origins) -> tuple[tuple, Path, tuple] | None:
@@ -166,40 +227,44 @@ def _integer_hint(got) -> str:
     return "a whole number in digits, e.g. 100"
 
 
-def apply_override(doc: dict, assignment: str) -> None:
+def apply_override(doc: dict, assignment: str) -> tuple:
     """Apply ``key.path=value`` to a raw scenario document in place; the value is parsed as YAML
-    (``1e-3``, ``true``, ``[1, 2]``). See :func:`set_key` for how the path is followed."""
+    (``1e-3``, ``true``, ``[1, 2]``). See :func:`set_key` for how the path is followed; returns
+    the key path written."""
     key, sep, text = assignment.partition("=")
     if not sep or not key.strip():
         raise UserError(f"--set {assignment!r}: expected key.path=value, e.g. "
                         "--set channel.uplink.tx_power_dbm=10")
-    set_key(doc, key.strip(), _parse_value(text, f"--set {key.strip()}"))
+    return set_key(doc, key.strip(), _parse_value(text, f"--set {key.strip()}"))
 
 
-def set_key(doc: dict, key: str, value, origin: str = "--set ") -> None:
-    """Set the dotted ``key`` of a raw scenario document to ``value`` in place.
+def set_key(doc: dict, key: str, value, origin: str = "--set ") -> tuple:
+    """Set the dotted ``key`` of a raw scenario document to ``value`` in place; returns the key
+    path written, lists by position (what validation errors name).
 
     Segments index mappings by key and lists by position or by an entry's name/label
     (``algorithms.dzofl.rounds``). A profile named by a string (``channel: seed002-cell``) is
     opened up to ``{profile: ...}``. Errors start with ``origin`` and the path so far.
     """
     parts = key.split(".")
-    node = doc
+    node, path = doc, ()
     for depth, part in enumerate(parts):
         last = depth == len(parts) - 1
         where = ".".join(parts[: depth + 1])
         if isinstance(node, list):
             index = _list_index(node, part, f"{origin}{where}")
+            path += (index % len(node),)
             if last:
                 node[index] = value
-                return
+                return path
             node = node[index]
             continue
         if not isinstance(node, dict):
             raise UserError(f"{origin}{key}: '{'.'.join(parts[:depth])}' is not a mapping")
+        path += (part,)
         if last:
             node[part] = value
-            return
+            return path
         child = node.get(part)
         if isinstance(child, str) and part in PROFILE_SECTIONS:
             child = node[part] = {"profile": child}
@@ -245,8 +310,8 @@ def _list_index(items: list, part: str, where: str) -> int:
     raise UserError(f"{where}: no entry named '{part}'")
 
 
-def _resolve_profile(doc: dict, section: str, source: str, base_dir: Path | None
-                     ) -> tuple[tuple, Path, dict] | None:
+def _resolve_profile(doc: dict, section: str, source: str, base_dir: Path | None,
+                     sets: Sets = ()) -> tuple[tuple, Path, dict] | None:
     """Replace ``doc[section]`` by its profile with the inline fields applied; returns the
     section's origin for error messages (``format_validation_error``), None when inline only."""
     raw = doc.get(section)
@@ -258,16 +323,17 @@ def _resolve_profile(doc: dict, section: str, source: str, base_dir: Path | None
     if isinstance(raw, str):
         raw = {"profile": raw}
     if not isinstance(raw, dict):
-        raise UserError(f"{source}: {section}: expected a profile name or a mapping, "
-                        f"got {type(raw).__name__}")
+        raise UserError(f"{_where(source, (section,), sets)}: expected a profile name or a "
+                        f"mapping, got {type(raw).__name__}")
     inline = dict(raw)
     name = inline.pop("profile", None)
     if name is None:
         doc[section] = inline
         return None
     if not isinstance(name, str):
-        raise UserError(f"{source}: {section}.profile: expected a profile name, got {name!r}")
-    where = f"{source}: {section}.profile"
+        raise UserError(f"{_where(source, (section, 'profile'), sets)}: expected a profile "
+                        f"name, got {name!r}")
+    where = _where(source, (section, "profile"), sets)
     base = catalog.load_mapping(kind, name, where, base_dir)
     doc[section] = _deep_merge(base, inline)
     return (section,), catalog.find(kind, name, where, base_dir), inline
@@ -277,7 +343,7 @@ def _is_fraction(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _resolve_classes(doc: dict, source: str, base_dir: Path | None
+def _resolve_classes(doc: dict, source: str, base_dir: Path | None, sets: Sets = ()
                      ) -> list[tuple[tuple, Path, dict]]:
     """``population.classes``: each entry ``NAME: fraction`` or ``NAME: {fraction, profile?,
     <fields>}`` becomes ``{fraction, energy: <profile NAME (or profile:) from the catalog with
@@ -289,7 +355,7 @@ def _resolve_classes(doc: dict, source: str, base_dir: Path | None
         return []
     resolved, origins = {}, []
     for name, entry in classes.items():
-        where = f"{source}: population.classes.{name}"
+        where = _where(source, ("population", "classes", name), sets)
         if _is_fraction(entry):
             entry = {"fraction": entry}
         if not isinstance(entry, dict):
@@ -323,7 +389,7 @@ def _deep_merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def _validate_algorithms(doc: dict, source: str) -> list:
+def _validate_algorithms(doc: dict, source: str, sets: Sets = ()) -> list:
     raw = doc.get("algorithms")
     if not isinstance(raw, list) or not raw:
         raise UserError(f"{source}: algorithms: give a list of at least one algorithm, e.g. "
@@ -335,13 +401,16 @@ def _validate_algorithms(doc: dict, source: str) -> list:
         if isinstance(entry, str):
             entry = {"name": entry}
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise UserError(f"{where}.name: each algorithm needs a 'name' (see 'wirelessfl list')")
-        cls = algorithm_class(entry["name"], where=f"{where}.name")
+            raise UserError(f"{_where(source, ('algorithms', i, 'name'), sets)}: each algorithm "
+                            "needs a 'name' (see 'wirelessfl list')")
+        cls = algorithm_class(entry["name"], where=_where(source, ("algorithms", i, "name"), sets))
         try:
             p = cls.Params.model_validate(entry)
         except ValidationError as err:
-            raise UserError(format_validation_error(err, source, ("algorithms", i))) from None
-        check_values(entry, p, source, ("algorithms", i))
+            raise UserError(format_validation_error(err, source, ("algorithms", i),
+                                                    model=cls.Params, raw=entry,
+                                                    sets=sets)) from None
+        check_values(entry, p, source, ("algorithms", i), sets)
         if p.label is None and is_reference(p.name):
             # A reference names code, not a method: tables, plots and folders show the class's
             # own ``name`` (what an entry point would usually be called) instead.
@@ -359,29 +428,46 @@ def _validate_algorithms(doc: dict, source: str) -> list:
 
 
 def scenario_from_document(doc: object, source: str, overrides: list[str] = (),
-                           base_dir: Path | None = None) -> Scenario:
-    """Validate a parsed YAML document (after overrides) into a resolved Scenario."""
+                           base_dir: Path | None = None, sets: Sets = ()) -> Scenario:
+    """Validate a parsed YAML document (after ``overrides``, ``--set`` text) into a resolved
+    Scenario. ``sets``: overrides the caller applied to ``doc`` already (the Python API's), so
+    that errors name them as they name ``overrides``."""
     if not isinstance(doc, dict):
         raise UserError(f"{source}: a scenario must be a mapping of keys (channel, energy, "
                         f"algorithms, ...), got {type(doc).__name__}")
     check_shape(doc, source)
     doc = copy.deepcopy(doc)
-    for assignment in overrides:
-        apply_override(doc, assignment)
+    sets = tuple(sets) + tuple((override_path(apply_override(doc, assignment)),
+                                f"--set {assignment}") for assignment in overrides)
     if overrides:
         check_shape(doc, source)
-    origins = [_resolve_profile(doc, section, source, base_dir) for section in PROFILE_SECTIONS]
-    origins = [o for o in origins if o is not None] + _resolve_classes(doc, source, base_dir)
-    doc["algorithms"] = _validate_algorithms(doc, source)
+    origins = [_resolve_profile(doc, section, source, base_dir, sets)
+               for section in PROFILE_SECTIONS]
+    origins = [o for o in origins if o is not None] + _resolve_classes(doc, source, base_dir,
+                                                                       sets)
+    doc["algorithms"] = _validate_algorithms(doc, source, sets)
     try:
         scenario = Scenario.model_validate(doc)
     except ValidationError as err:
-        raise UserError(format_validation_error(err, source, origins=origins)) from None
-    check_values(doc, scenario, source)
+        raise UserError(format_validation_error(err, source, origins=origins, model=Scenario,
+                                                raw=doc, sets=sets)) from None
+    check_values(doc, scenario, source, sets=sets)
     _check_labels(scenario, source)
     if not scenario.name:
         scenario.name = names.safe_name(Path(source).stem)
     return scenario
+
+
+def override_path(path: tuple) -> tuple:
+    """The key path an override wrote, as the validated document has it: a device class's
+    profile fields move under its ``energy`` (``_resolve_classes``), a class's ``profile`` names
+    the whole class."""
+    if path[:2] == ("population", "classes") and len(path) > 3:
+        if path[3] == "profile":
+            return path[:3]
+        if path[3] not in ("fraction", "energy"):
+            return path[:3] + ("energy",) + path[3:]
+    return path
 
 
 def _check_labels(scenario: Scenario, source: str) -> None:
