@@ -117,6 +117,11 @@ class MemoryEstimate:
     # the worst algorithm's round temporaries shrink with engine.max_chunk_mb (False: they span
     # all N devices, the drift-corrected family's quantised uploads)
     chunked: bool = True
+    # of the records, the rounds rows (every algorithm's evaluations, each a rounds.parquet row
+    # with its devices' accuracies), and the algorithm that records the most of them
+    rounds_bytes: int = 0
+    most_rows: str = ""
+    most_rows_index: int = 0
 
     @property
     def total(self) -> int:
@@ -243,8 +248,11 @@ def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstima
             + total_rows * ROUND_ROW_BYTES)
     end = max(written, read)
     params, copies, state, compute, chunked = worst
+    most = max(range(algorithms), key=lambda i: evaluations(scenario.algorithms[i]))
     est = MemoryEstimate(worst=params.display_name, state_arrays=copies, num_devices=n, d=d,
-                         itemsize=size, chunked=chunked)
+                         itemsize=size, chunked=chunked,
+                         rounds_bytes=total_rows * (accuracy + ROUND_ROW_BYTES),
+                         most_rows=scenario.algorithms[most].display_name, most_rows_index=most)
     if facts.load_bytes > facts.data_bytes + population + max(round_peak, end):
         # loading the data is the peak: nothing else is held yet
         est.parts = {"fixed": fixed, "data": facts.load_bytes, "population": 0, "state": 0,
@@ -292,6 +300,12 @@ def check_memory_from_scenario(scenario) -> MemoryEstimate:
     elif largest in ("state", "compute"):
         hint = (f"fewer devices (population.num_devices), a smaller model, or run "
                 f"'{est.worst}' on a larger machine")
+    elif largest == "records" and 2 * est.rounds_bytes >= est.parts["records"]:
+        # mostly rounds rows: an algorithm evaluated a great many times, not many devices
+        i, params = est.most_rows_index, scenario.algorithms[est.most_rows_index]
+        hint = (f"fewer rounds or a larger eval_every for '{est.most_rows}' (algorithms.{i}: "
+                f"rounds {params.rounds:,}, eval_every {params.eval_every:,}, "
+                f"{evaluations(params):,} evaluations recorded, each a rounds.parquet row)")
     else:  # per-device arrays and records
         hint = "fewer devices (population.num_devices) or a larger machine"
     # the vectors the state holds (state_rows: N per array for dense state, fewer for state
