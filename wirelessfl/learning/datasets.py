@@ -422,8 +422,25 @@ def data_facts(config: DataConfig) -> DataFacts:
     else:
         shape, labels, total = (BUILTIN_SHAPES[config.name], BUILTIN_CLASSES[config.name],
                                 BUILTIN_SAMPLES[config.name])
-    train = total - math.ceil(config.test_fraction * total)  # sklearn's train_test_split
-    return DataFacts(shape, labels, _at_most(train, config.max_train_samples))
+    test = math.ceil(config.test_fraction * total)  # sklearn's train_test_split
+    _check_split(config.test_fraction, total, test, labels)
+    return DataFacts(shape, labels, _at_most(total - test, config.max_train_samples))
+
+
+def _check_split(test_fraction: float, total: int, test: int, labels: int) -> None:
+    """The stratified split (``_split``) needs at least one sample of every label on each side
+    (scikit-learn's StratifiedShuffleSplit), which the sizes alone tell."""
+    if min(test, total - test) < labels:
+        # the fractions that work, in thousandths: ceil(f total) >= labels needs
+        # f > (labels - 1) / total; ceil(f total) <= total - labels needs f <= that / total
+        low = math.floor(1000 * (labels - 1) / total) + 1
+        high = math.floor(1000 * (total - labels) / total)
+        fix = (f"set data.test_fraction between {low / 1000:g} and {high / 1000:g}, or use more "
+               "samples" if low <= high else f"use at least {2 * labels} samples")
+        raise UserError(f"data.test_fraction={test_fraction} cannot split {total} samples with "
+                        f"stratification: it leaves {total - test} training and {test} test "
+                        f"samples, and each side needs one sample of each of the {labels} "
+                        f"labels; {fix}")
 
 
 def _at_most(count: int, limit: int | None) -> int:

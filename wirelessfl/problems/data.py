@@ -59,7 +59,10 @@ def selected_classes(scenario: Scenario, facts: DataFacts | None) -> int | None:
 
 def check_partition(scenario: Scenario, facts: DataFacts | None) -> None:
     """What would stop the split (learning/partition.py), known before loading: more classes per
-    device than the set has, or ``samples_per_device`` below what the scheme gives a device.
+    device than the set has, ``rare_classes`` naming labels the set does not have (the labels
+    after the label selection: ``data.classes`` renumbers its labels 0..k-1,
+    ``positive_classes`` makes them 0 and 1), or ``samples_per_device`` below what the scheme
+    gives a device.
 
     A population larger than the training set allows (N x the fewest samples a device may hold
     > the samples on devices) is not refused: every device then draws its samples from the whole
@@ -75,6 +78,12 @@ def check_partition(scenario: Scenario, facts: DataFacts | None) -> None:
             and config.classes_per_device > classes:
         raise UserError(f"partition.classes_per_device={config.classes_per_device} exceeds the "
                         f"{classes} classes in the training set; lower it")
+    unknown = sorted({int(c) for c in config.rare_classes or ()
+                      if classes is not None and not 0 <= c < classes})
+    if unknown:
+        raise UserError(f"partition.rare_classes lists {unknown}, which the training set does not "
+                        f"hold; its labels are {list(range(classes))}: list labels below "
+                        f"{classes} or drop the key")
 
 
 def server_keeps_data(scenario: Scenario, facts: DataFacts | None) -> bool:
