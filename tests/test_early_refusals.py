@@ -8,13 +8,24 @@ data set cannot hold."""
 
 from __future__ import annotations
 
+import importlib
+import time
+import tracemalloc
+
 import pytest
+import yaml
 
 from tests.conftest import cli
 from wirelessfl.errors import UserError
 from wirelessfl.pipeline.memory import check_memory_from_scenario
 from wirelessfl.pipeline.preflight import check_runnable
 from wirelessfl.scenario.loader import load_scenario
+from wirelessfl.sweep.spec import MAX_RUNS
+
+# eight swept keys of the quickstart scenario, ten values each: 10^8 points
+HUGE_KEYS = ["channel.uplink.tx_power_dbm", "population.num_devices", "quantization_bits",
+             "target_accuracy", "channel.uplink.bandwidth_hz", "energy.throughput_macs_per_s",
+             "algorithms.FedSGD.lr", "algorithms.FedAvg.lr"]
 
 
 def _one_error(code: int, out: str, err: str, *fragments: str) -> None:
@@ -23,6 +34,159 @@ def _one_error(code: int, out: str, err: str, *fragments: str) -> None:
     assert "Traceback" not in err
     for fragment in fragments:
         assert fragment in err, err
+
+
+def _write(tmp_path, name: str, doc: dict):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+# ---- 1. a sweep grid's size is counted before any point is built -------------------------------
+@pytest.mark.parametrize("command", ["validate", "sweep"])
+def test_a_grid_of_a_hundred_million_points_is_refused_at_once_in_little_memory(
+        tmp_path, capsys, command):
+    """Before: `validate` on such a file (98 KB) grew to 22.5 GB and was killed. Now the product
+    of the lists' lengths is refused before the base scenario is even read."""
+    grid = {key: [v + 1 for v in range(10)] for key in HUGE_KEYS}
+    path = _write(tmp_path, "huge.yaml", {"scenario": "quickstart", "grid": grid,
+                                          "seeds": [0, 1, 2]})
+    out = tmp_path / "out"
+    extra = ["--out", out, "--quiet"] if command == "sweep" else []
+    for module in ("wirelessfl.pipeline.preflight", "wirelessfl.sweep.study"):
+        importlib.import_module(module)  # what the commands import first: not counted below
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        code, stdout, err = cli(capsys, command, path, *extra)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    elapsed = time.perf_counter() - start
+    _one_error(code, stdout, err, f"{path}: grid: 10 x 10 x 10 x 10 x 10 x 10 x 10 x 10 values",
+               "100,000,000 points x 3 seeds = 300,000,000 runs",
+               f"more than the {MAX_RUNS:,} a study file may hold", "use fewer values per key")
+    assert peak < 20 * 2**20, f"{peak / 2**20:.1f} MiB"  # measured: about 1 MiB
+    assert elapsed < 10, elapsed  # measured: well under a second
+    assert not out.exists()
+
+
+def test_listed_points_times_seeds_are_capped_too(tmp_path, capsys):
+    points = [{"channel.uplink.tx_power_dbm": float(i)} for i in range(101)]
+    path = _write(tmp_path, "many.yaml", {"scenario": "quickstart", "points": points,
+                                          "seeds": list(range(200))})
+    _one_error(*cli(capsys, "validate", path), "points: 101 points x 200 seeds = 20,200 runs",
+               "list fewer points or seeds")
+
+
+def test_a_tune_grid_is_counted_before_it_is_built(tmp_path, capsys):
+    """Five ranges of 1,000 values each are 10^15 configurations: the count is refused without
+    building them (before, the list of configurations was built first, then counted)."""
+    search = {"FedSGD": {p: {"log": [0.01, 1.0], "num": 1000}
+                         for p in ("lr", "batch_size", "rounds", "eval_every", "bits")}}
+    path = _write(tmp_path, "huge-tune.yaml", {
+        "scenario": "quickstart", "objective": "energy_to_target", "tuning_seeds": [1],
+        "evaluation_seeds": [2, 3], "search": search})
+    start = time.perf_counter()
+    _one_error(*cli(capsys, "tune", path, "--out", tmp_path / "out"),
+               f"{path}: search.FedSGD: 898 x 898 x 898 x 898 x 898 values",
+               f"more than the {MAX_RUNS:,}", "use fewer values (num) per parameter")
+    assert time.perf_counter() - start < 10
+    assert not (tmp_path / "out").exists()
+
+
+# ---- 2. tune and reproduce check every run before the first starts ----------------------------
+BASE = {"name": "msa-on-digits", "seed": 0, "channel": "seed002-cell",
+        "energy": "seed002-accelerator", "population": {"num_devices": 4},
+        "data": {"name": "digits"}, "model": {"name": "logistic"}, "quantization_bits": 16,
+        "target_accuracy": 0.5,
+        "algorithms": [{"name": "fedsgd", "label": "FedSGD", "rounds": 2, "eval_every": 1,
+                        "lr": 0.5},
+                       {"name": "fedmsa", "label": "FedMSA", "rounds": 2, "eval_every": 1,
+                        "local_steps": 2}]}
+TUNE = {"scenario": "base.yaml", "objective": "final_accuracy", "tuning_seeds": [1],
+        "evaluation_seeds": [2, 3], "search": {"FedSGD": {"lr": [0.1, 0.5]}}}
+
+
+@pytest.mark.parametrize("command", ["validate", "tune"])
+def test_a_study_with_a_refused_run_is_refused_before_any_run(tmp_path, capsys, command):
+    """FedMSA on a classifier: before, `tune` ran the whole study (every FedMSA run failed and
+    was ranked unhealthy), then exit 1; `validate` refused it. Now both refuse it, the same
+    line, before anything is written."""
+    _write(tmp_path, "base.yaml", BASE)
+    path = _write(tmp_path, "tune.yaml", TUNE)
+    out = tmp_path / "out"
+    extra = ["--out", out, "--workers", "1", "--quiet"] if command == "tune" else []
+    _one_error(*cli(capsys, command, path, *extra),
+               f"{path}: evaluation of FedMSA (untuned): ", "fedmsa needs a multi-sequence "
+               "problem")
+    assert not out.exists()
+
+
+def test_a_study_whose_runs_do_not_fit_is_refused_before_any_run(tmp_path, capsys):
+    """The memory estimate of every distinct scenario, as `run` makes it, before the first run:
+    the configuration that would not fit is named, and so is its cause (the rounds)."""
+    _write(tmp_path, "base.yaml", {**BASE, "algorithms": BASE["algorithms"][:1]})
+    path = _write(tmp_path, "tune.yaml", {
+        **TUNE, "search": {"FedSGD": {"rounds": [2, 1_000_000_000_000]}}})
+    out = tmp_path / "out"
+    _one_error(*cli(capsys, "tune", path, "--out", out, "--workers", "1", "--quiet"),
+               f"{path}: search {{'algorithm': 'FedSGD', 'rounds': 1000000000000}}: "
+               "msa-on-digits: this run needs about", "use fewer rounds or a larger eval_every "
+               "for 'FedSGD'")
+    assert not out.exists()
+
+
+# ---- 3. validate recognises every study file by its shape ---------------------------------------
+def _reproduction(tmp_path, tune: dict) -> object:
+    _write(tmp_path, "base.yaml", {**BASE, "algorithms": BASE["algorithms"][:1]})
+    _write(tmp_path, "tune.yaml", tune)
+    return _write(tmp_path, "repro.yaml", {
+        "title": "t", "paper": "p", "tune": "tune.yaml",
+        "claims": [{"id": "c", "statement": "s", "where": "w", "metric": "final_accuracy",
+                    "algorithm": "FedSGD", "above": 0.1}]})
+
+
+def test_validate_checks_a_reproduction_file_as_one(tmp_path, capsys):
+    """Before: 'channel: required key is missing' (read as a scenario)."""
+    path = _reproduction(tmp_path, TUNE)
+    code, out, err = cli(capsys, "validate", path)
+    assert code == 0, err
+    assert out.startswith(f"{path}: valid reproduction (1 claims) with tune file tune.yaml over "
+                          "'base.yaml' (objective final_accuracy; 2 tuning runs"), out
+
+
+def test_validate_runs_a_reproductions_pre_run_checks(tmp_path, capsys):
+    path = _reproduction(tmp_path, {**TUNE, "set": {"data.classes": [0, 12]}})
+    _one_error(*cli(capsys, "validate", path), "tune.yaml: search {'algorithm': 'FedSGD', 'lr': "
+               "0.1}: data.classes lists label(s) [12] that dataset 'digits' does not have")
+
+
+def test_a_shipped_reproduction_validates_by_name(capsys):
+    code, out, err = cli(capsys, "validate", "seed002")
+    assert code == 0, err
+    assert out.startswith("seed002: valid reproduction (8 claims) with tune file "
+                          "seed002-tune.yaml over 'seed002-digits28'"), out
+
+
+@pytest.mark.parametrize("command, given, kind, reader", [
+    ("run", "reproductions/seed002.yaml", "a reproduction file", "reproduce"),
+    ("tune", "reproductions/seed002.yaml", "a reproduction file", "reproduce"),
+    ("sweep", "quickstart-tune", "a tune file", "tune"),
+    ("reproduce", "scenarios/sweep-power.yaml", "a sweep file", "sweep"),
+    ("sweep", "quickstart", "a scenario", "run"),
+    ("tune", "quickstart", "a scenario", "run"),
+])
+def test_a_file_given_to_the_wrong_command_names_the_right_one(capsys, tmp_path, command, given,
+                                                                kind, reader):
+    _one_error(*cli(capsys, command, given, "--out", tmp_path / "out"), f"this is {kind}",
+               f"run it with 'wirelessfl {reader} {given}'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_set_on_a_reproduction_file_says_where_overrides_go(capsys):
+    _one_error(*cli(capsys, "validate", "seed002", "--set", "seed=1"),
+               "--set: seed002 is a reproduction file; put overrides in its tune file's 'set'")
 
 
 # ---- 6. what the data set cannot hold is refused by validate, not by the run --------------------

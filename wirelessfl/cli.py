@@ -297,46 +297,53 @@ def _cmd_crossover(args) -> int:
           file=sys.stderr)
     return 0
 
+
 def _cmd_validate(args) -> int:
-    """Everything ``run`` (or ``sweep``, ``tune``) checks before it starts, with nothing run:
-    the file, then every run's scenario through pipeline/preflight.py; plausibility warnings as
+    """Everything ``run`` (or ``sweep``, ``tune``, ``reproduce``) checks before it starts, with
+    nothing run: the file, recognised by its shape, then every run's scenario through
+    pipeline/preflight.py (``check_runnable`` and the memory estimate); plausibility warnings as
     ``warning:`` lines on stderr."""
-    from wirelessfl.pipeline.preflight import check_runnable
+    from wirelessfl.pipeline.preflight import check_runnable, check_runs
     from wirelessfl.scenario import catalog
-    from wirelessfl.scenario.loader import is_sweep_document, is_tune_document, load_scenario
+    from wirelessfl.scenario.loader import file_kind, load_scenario
 
-    path = catalog.find("scenarios", args.scenario, "scenario")
+    path = _validated_file(args.scenario)
     doc = catalog.read_yaml(path, "scenario")
-    if is_tune_document(doc):
-        from wirelessfl.tune.spec import load_tune
-        from wirelessfl.tune.study import evaluation_plan, tuning_plan
+    kind = file_kind(doc)
+    if kind in ("tune", "sweep", "reproduction") and args.set:
+        where = "its tune file's 'set'" if kind == "reproduction" else "its 'set'"
+        raise UserError(f"--set: {args.scenario} is a {kind} file; put overrides in {where}")
+    if kind in ("tune", "reproduction"):
+        from wirelessfl.tune.study import check_study
 
-        if args.set:
-            raise UserError(f"--set: {args.scenario} is a tune file; put overrides in its 'set'")
-        tune = load_tune(args.scenario)
-        plan = tuning_plan(tune)  # builds and checks every configuration's scenario
-        any_choice = {label: grid[0].values for label, grid in tune.grids.items()}
-        evaluations = evaluation_plan(tune, any_choice)
-        warned = _check_runs([(f"search {values}", scenario) for values, scenario, *_ in plan]
-                             + [(f"evaluation of {setting['algorithm']}", scenario)
-                                for _, scenario, _, setting in evaluations], tune.path)
-        print(f"{args.scenario}: valid tune file{_with_warnings(warned)} over "
-              f"'{tune.spec.scenario}' (objective "
-              f"{tune.spec.objective}; {len(plan)} tuning runs: "
+        if kind == "tune":
+            from wirelessfl.tune.spec import load_tune
+
+            tune, head = load_tune(str(path)), f"{args.scenario}: valid tune file"
+        else:
+            from wirelessfl.tune.reproduce import load_reproduction
+
+            repro = load_reproduction(str(path))
+            tune = repro.tune
+            head = f"{args.scenario}: valid reproduction"
+        warnings, tuning, evaluations = check_study(tune)
+        _print_warnings(warnings)
+        what = (f" ({len(repro.spec.claims)} claims) with tune file {tune.path.name}"
+                if kind == "reproduction" else "")
+        print(f"{head}{_with_warnings(len(warnings))}{what} over '{tune.spec.scenario}' "
+              f"(objective {tune.spec.objective}; {tuning} tuning runs: "
               + ", ".join(f"{label} {len(grid)} configurations" for label, grid in
                           tune.grids.items())
-              + f", x {len(tune.spec.tuning_seeds)} seeds; then {len(evaluations)} evaluation "
-                "runs)")
+              + f", x {len(tune.spec.tuning_seeds)} seeds; then {evaluations} evaluation runs)")
         return 0
-    if is_sweep_document(doc):
+    if kind == "sweep":
         from wirelessfl.sweep.spec import load_sweep
 
-        if args.set:
-            raise UserError(f"--set: {args.scenario} is a sweep file; put overrides in its 'set'")
-        sweep = load_sweep(args.scenario)
-        warned = _check_runs([(f"point {p.run_id}", p.scenario) for p in sweep.points],
-                             sweep.path)
-        print(f"{args.scenario}: valid sweep{_with_warnings(warned)} over "
+        sweep = load_sweep(str(path))
+        warnings = check_runs([(f"point {p.run_id}", p.scenario) for p in sweep.points],
+                              str(sweep.path))
+        _print_warnings(warnings)
+        print(f"{args.scenario}: valid sweep{_with_warnings(len(warnings))} over "
               f"'{sweep.spec.scenario}' ({len(sweep.points)} "
               f"runs: {len(sweep.points) // len(sweep.spec.seeds)} points x "
               f"{len(sweep.spec.seeds)} seeds; keys: {', '.join(sweep.keys)})")
@@ -368,29 +375,23 @@ def _with_warnings(count: int) -> str:
     return f", with {count} warning{'s' if count != 1 else ''}" if count else ""
 
 
-def _check_runs(runs: list[tuple[str, dict]], source: Path) -> int:
-    """``check_runnable`` on every run's resolved scenario of a sweep or tune file (once per
-    distinct scenario, seeds aside); an error names the run, warnings are printed once and
-    counted (the count is returned)."""
-    from wirelessfl.pipeline.preflight import check_runnable
-    from wirelessfl.scenario.loader import scenario_from_document
+def _validated_file(name: str):
+    """The file ``validate`` reads: a path, a scenarios catalog name, or else a shipped
+    reproduction's name (e.g. seed002)."""
+    from wirelessfl.scenario import catalog
 
-    seen, warned = set(), set()
-    for where, document in runs:
-        key = json.dumps({k: v for k, v in document.items() if k != "seed"}, sort_keys=True,
-                         default=str)
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            lines = check_runnable(scenario_from_document(document, str(source)))
-        except UserError as err:
-            raise UserError(f"{source}: {where}: {err}") from None
-        for line in lines:
-            if line not in warned:
-                warned.add(line)
-                print(f"warning: {line}", file=sys.stderr)
-    return len(warned)
+    try:
+        return catalog.find("scenarios", name, "scenario")
+    except UserError:
+        shipped = catalog.entries("reproductions")
+        if name in shipped:
+            return shipped[name]
+        raise
+
+
+def _print_warnings(lines: list[str]) -> None:
+    for line in lines:
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def _cmd_report(args) -> int:

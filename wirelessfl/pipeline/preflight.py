@@ -26,11 +26,18 @@ folder exists. What is checked, and where the same condition is met at run time:
 
 Warnings (returned, not raised): values whose unit makes them implausible (``bandwidth_hz: 2``),
 ``plausibility_warnings``.
+
+``check_runs`` makes the same checks, and the memory estimate, on every run of a study file:
+``wirelessfl validate`` on sweep, tune and reproduction files, and ``tune`` / ``reproduce``
+before their first run (a refused configuration would otherwise be ranked as an unhealthy one).
+A sweep's points are independent: a point refused when it starts is recorded as failed and
+retried by the next sweep, the other points' results kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Callable, Iterable, Iterator
 
 from pydantic import BaseModel
 
@@ -48,8 +55,10 @@ from wirelessfl.energy.compute import check_bits
 from wirelessfl.engine.network import ENGINES
 from wirelessfl.errors import UserError
 from wirelessfl.learning.datasets import DataFacts, data_facts
+from wirelessfl.pipeline.memory import check_memory_from_scenario
 from wirelessfl.plugins import algorithm_class, problem_spec, problems_with
 from wirelessfl.problems.base import ProblemSpec
+from wirelessfl.scenario.loader import scenario_from_document
 from wirelessfl.scenario.schema import Scenario
 
 
@@ -72,6 +81,31 @@ def check_runnable(scenario: Scenario, checkpoint_every: int | None = None,
     if warn is not None:
         for text in warnings:
             warn(f"warning: {text}")
+    return warnings
+
+
+def check_runs(runs: Iterable[tuple[str, dict]], source: str) -> list[str]:
+    """What every run of a study meets first, ``check_runnable`` and the memory estimate
+    (pipeline/memory.py), on each run's resolved scenario document before any run starts: once
+    per distinct scenario, the seed aside (no check reads it). ``runs``: (where, document)
+    pairs; the first refusal is one UserError naming the file and the run (``source: where:
+    ...``). Returns the plausibility warnings, each once. The checks are this machine's (its
+    data folders, its memory): a study sent to a remote Dask scheduler leaves them to each run."""
+    seen: set[str] = set()
+    warnings: list[str] = []
+    for where, document in runs:
+        key = json.dumps({k: v for k, v in document.items() if k != "seed"}, sort_keys=True,
+                         default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            scenario = scenario_from_document(document, str(source))
+            lines = check_runnable(scenario)
+            check_memory_from_scenario(scenario)
+        except UserError as err:
+            raise UserError(f"{source}: {where}: {err}") from None
+        warnings += [line for line in lines if line not in warnings]
     return warnings
 
 

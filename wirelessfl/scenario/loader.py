@@ -493,6 +493,49 @@ def is_tune_document(doc: object) -> bool:
     return isinstance(doc, dict) and isinstance(doc.get("scenario"), str) and "search" in doc
 
 
+def is_reproduction_document(doc: object) -> bool:
+    """A reproduction file names a tune file and lists claims (docs/tuning.md, "Reproductions");
+    it names no scenario."""
+    return (isinstance(doc, dict) and isinstance(doc.get("tune"), str) and "claims" in doc
+            and "scenario" not in doc)
+
+
+def file_kind(doc: object) -> str | None:
+    """What a parsed file is, by its shape: 'tune', 'sweep', 'reproduction', 'scenario' (no base
+    scenario named, algorithms listed), or None where the shape says nothing sure (a damaged
+    file is then reported by the loader that was asked, key by key)."""
+    if is_tune_document(doc):
+        return "tune"
+    if is_sweep_document(doc):
+        return "sweep"
+    if is_reproduction_document(doc):
+        return "reproduction"
+    if isinstance(doc, dict) and "algorithms" in doc and "scenario" not in doc \
+            and "tune" not in doc:
+        return "scenario"
+    return None
+
+
+# kind -> (what the file is, the command that reads it)
+_KINDS = {"scenario": ("a scenario", "run"),
+          "sweep": ("a sweep file (a grid over the scenario '{scenario}')", "sweep"),
+          "tune": ("a tune file (a search over the scenario '{scenario}')", "tune"),
+          "reproduction": ("a reproduction file (claims judged on the tune file '{tune}')",
+                           "reproduce")}
+
+
+def refuse_other_kind(path: Path, doc: object, given: str, wanted: str) -> None:
+    """Refuse, in one line naming the command that reads it, a file of another kind than
+    ``wanted`` ('scenario', 'sweep', 'tune' or 'reproduction') given as ``given``."""
+    kind = file_kind(doc)
+    if kind is None or kind == wanted:
+        return
+    what, command = _KINDS[kind]
+    what = what.format(scenario=doc.get("scenario"), tune=doc.get("tune"))
+    raise UserError(f"{path}: this is {what}, not {_KINDS[wanted][0].split(' (')[0]}; run it "
+                    f"with 'wirelessfl {command} {given}'")
+
+
 def load_scenario(name_or_path: str, overrides: list[str] = ()) -> Scenario:
     """Load a scenario file, or a scenario from the catalog by name (e.g. 'quickstart')."""
     path, doc = read_scenario_document(name_or_path)
@@ -501,17 +544,10 @@ def load_scenario(name_or_path: str, overrides: list[str] = ()) -> Scenario:
 
 def read_scenario_document(name_or_path: str) -> tuple[Path, object]:
     """The file of a scenario (a catalog name or a path) and its parsed document, unvalidated;
-    a sweep or tune file is refused with the command that runs it."""
+    a sweep, tune or reproduction file is refused with the command that runs it."""
     path = catalog.find("scenarios", name_or_path, "scenario")
     doc = catalog.read_yaml(path, "scenario")
-    if is_sweep_document(doc):
-        raise UserError(f"{path}: this is a sweep file (a grid over the scenario "
-                        f"'{doc['scenario']}'), not a scenario; run it with 'wirelessfl sweep "
-                        f"{name_or_path}'")
-    if is_tune_document(doc):
-        raise UserError(f"{path}: this is a tune file (a search over the scenario "
-                        f"'{doc['scenario']}'), not a scenario; run it with 'wirelessfl tune "
-                        f"{name_or_path}'")
+    refuse_other_kind(path, doc, name_or_path, "scenario")
     return path, doc
 
 

@@ -10,6 +10,7 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +24,34 @@ from wirelessfl.scenario.loader import (
     check_shape,
     format_validation_error,
     is_sweep_document,
+    refuse_other_kind,
     resolved_document,
     scenario_from_document,
     set_key,
 )
 from wirelessfl.scenario.names import safe_name, validated_name
+
+# [D] The most runs one study file may expand to, sweep and tune files alike (tune/spec.py reads
+# it): far beyond any study in docs/ (the largest shipped holds 30 runs), and still small enough
+# that validating every run's scenario before anything runs stays within minutes and a few
+# hundred MB (a resolved scenario is about 15 KB held per run). A larger grid is almost always a
+# typo (a value list pasted twice, one key too many); it is refused from the file's counts,
+# before a single point is built, so a 10^8-point grid costs nothing (issue 34).
+MAX_RUNS = 20_000
+
+
+def count_text(count: int) -> str:
+    """A run count for an error line: digits with separators, or a power of ten past 10^15 (a
+    product of many lists can have hundreds of digits)."""
+    return f"{count:,}" if count < 10**15 else f"about 10^{len(str(count)) - 1}"
+
+
+def check_run_count(runs: int, source: str, where: str, how: str, fix: str) -> None:
+    """Refuse (UserError naming ``source`` and ``where``) a study of more than MAX_RUNS runs;
+    ``how`` says how the count arose (e.g. '1,000 points x 3 seeds'), ``fix`` what to cut."""
+    if runs > MAX_RUNS:
+        raise UserError(f"{source}: {where}: {how} = {count_text(runs)} runs, more than the "
+                        f"{MAX_RUNS:,} a study file may hold; {fix}")
 
 
 class SweepFile(BaseModel):
@@ -83,6 +107,26 @@ def _check_shape(spec: SweepFile, source: str) -> None:
         fail("seeds", f"seeds must be non-negative integers (got {min(spec.seeds)})")
     if len(set(spec.seeds)) != len(spec.seeds):
         fail("seeds", "a seed is listed twice; each seed runs once per point")
+
+
+def _check_size(spec: SweepFile, source: str) -> None:
+    """At most MAX_RUNS runs (points x seeds), counted from the lists' lengths: the product of
+    the grid's lengths is computed, never the grid."""
+    seeds = len(spec.seeds)
+    if spec.grid is not None:
+        points = math.prod(len(values) for values in spec.grid.values())
+        longest = max(spec.grid, key=lambda k: len(spec.grid[k]))
+        lengths = " x ".join(str(len(values)) for values in spec.grid.values())
+        how = f"{lengths} values = {count_text(points)} points x {seeds} seeds"
+        fix = (f"use fewer values per key (the longest list: grid.{longest}, "
+               f"{len(spec.grid[longest])} values), fewer keys or fewer seeds, or split the "
+               "study into several sweep files")
+        check_run_count(points * seeds, source, "grid", how, fix)
+    else:
+        how = f"{len(spec.points):,} points x {seeds} seeds"
+        check_run_count(len(spec.points) * seeds, source, "points", how,
+                        "list fewer points or seeds, or split the study into several sweep "
+                        "files")
 
 
 @dataclass(frozen=True)
@@ -142,6 +186,7 @@ def load_sweep(name_or_path: str) -> Sweep:
     doc = catalog.read_yaml(path, "sweep file")
     if isinstance(doc, dict):
         check_shape(doc, source)
+    refuse_other_kind(path, doc, name_or_path, "sweep")
     if not isinstance(doc, dict):
         raise UserError(f"{source}: a sweep file must be a mapping with 'scenario', 'grid' (or "
                         f"'points') and 'seeds', got {type(doc).__name__}")
@@ -150,6 +195,7 @@ def load_sweep(name_or_path: str) -> Sweep:
     except ValidationError as err:
         raise UserError(_one_line(format_validation_error(err, source))) from None
     _check_shape(spec, source)
+    _check_size(spec, source)  # from the counts alone, before any point is built
     base_path = catalog.find("scenarios", spec.scenario, f"{source}: scenario", path.parent)
     base_doc = catalog.read_yaml(base_path, "scenario")
     if is_sweep_document(base_doc):

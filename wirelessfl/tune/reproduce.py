@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from wirelessfl.errors import UserError
 from wirelessfl.results.records import package_versions, write_csv, write_json
 from wirelessfl.scenario import catalog
-from wirelessfl.scenario.loader import format_validation_error
+from wirelessfl.scenario.loader import format_validation_error, refuse_other_kind
 from wirelessfl.scenario.names import safe_name, validated_name
 from wirelessfl.tune.claims import Claim, judge
 from wirelessfl.tune.objectives import OBJECTIVES, score
@@ -86,6 +86,7 @@ def load_reproduction(name_or_path: str) -> Reproduction:
                             f"{', '.join(known) or 'none'} (wirelessfl reproduce --list)")
         path = known[name_or_path]
     doc = catalog.read_yaml(path, "reproduction file")
+    refuse_other_kind(path, doc, name_or_path, "reproduction")
     if not isinstance(doc, dict):
         raise UserError(f"{path}: a reproduction file must be a mapping (title, paper, tune, "
                         "claims)")

@@ -26,15 +26,15 @@ from wirelessfl.scenario.loader import (
     format_validation_error,
     is_sweep_document,
     is_tune_document,
+    refuse_other_kind,
     resolved_document,
     scenario_from_document,
     set_key,
 )
 from wirelessfl.scenario.names import safe_name, validated_name
+from wirelessfl.sweep.spec import check_run_count, count_text
 from wirelessfl.tune.objectives import OBJECTIVES
 
-# A grid this large is almost certainly a mistake (a num: 1000 typo); the error says how to cut it.
-MAX_RUNS = 20_000
 # Keys of an algorithm entry that identify it rather than tune it.
 NOT_TUNABLE = ("name", "label")
 UNTUNED_SUFFIX = " (untuned)"
@@ -206,6 +206,7 @@ def load_tune(name_or_path: str) -> Tune:
     doc = catalog.read_yaml(path, "tune file")
     if isinstance(doc, dict):
         check_shape(doc, source)
+    refuse_other_kind(path, doc, name_or_path, "tune")
     if not is_tune_document(doc):
         raise UserError(f"{source}: not a tune file: a tune file has 'scenario', 'objective' and "
                         "'search' (docs/tuning.md)")
@@ -257,7 +258,7 @@ def load_tune(name_or_path: str) -> Tune:
         _fail(source, "objective", f"'{spec.objective}' needs a classification problem")
 
     tune = Tune(path, spec.name or safe_name(path.stem, "tune"), spec, doc, base, base_path, labels)
-    total = 0
+    so_far = 0  # configurations of the labels searched so far
     for label, params in spec.search.items():
         if label not in labels:
             _fail(source, f"search.{label}", f"no algorithm labelled '{label}' in the scenario; "
@@ -273,11 +274,17 @@ def load_tune(name_or_path: str) -> Tune:
             info["values"] = tried
             spaces[param] = info
             grids.append(tried)
+        # counted from the lists' lengths before the grid is built (sweep/spec.py MAX_RUNS)
+        configurations = math.prod(len(tried) for tried in grids)
+        so_far += configurations
+        before = f" (with the labels before, {count_text(so_far)})" if so_far > configurations \
+            else ""
+        lengths = " x ".join(str(len(tried)) for tried in grids)
+        check_run_count(so_far * len(spec.tuning_seeds), source, f"search.{label}",
+                        f"{lengths} values = {count_text(configurations)} configurations"
+                        f"{before} x {len(spec.tuning_seeds)} tuning seeds",
+                        "use fewer values (num) per parameter or fewer tuning seeds")
         combos = [dict(zip(params, combo)) for combo in itertools.product(*grids)]
-        total += len(combos) * len(spec.tuning_seeds)
-        if total > MAX_RUNS:
-            _fail(source, f"search.{label}", f"the grids need more than {MAX_RUNS:,} tuning "
-                                             "runs; use fewer values (num) per parameter")
         for param, info in spaces.items():  # each parameter alone first: errors name it
             for value in info["values"]:
                 tune.scenario(label, {param: value}, spec.tuning_seeds[0],

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from wirelessfl.pipeline.preflight import check_runs
 from wirelessfl.results.compare import mean_ci
 from wirelessfl.results.records import package_versions, read_run, write_csv, write_json
 from wirelessfl.results.summary import summarize
@@ -102,6 +103,25 @@ def evaluation_plan(tune: Tune, choices: dict[str, dict]) -> list[tuple[dict, di
     return plan
 
 
+def check_study(tune: Tune, plan: list | None = None) -> tuple[list[str], int, int]:
+    """The pre-run checks (pipeline/preflight.py ``check_runs``: ``check_runnable`` and the
+    memory estimate) of every distinct scenario the study will run: each tuning configuration
+    (``plan``, default ``tuning_plan``) and the evaluation's settings (a tuned one is one of the
+    configurations; the untuned ones where they are evaluated). ``run_tune`` calls it before
+    the first run, so a study whose runs would be refused (FedMSA on a classifier, a run that
+    does not fit) is refused whole, in one line, instead of ranking refused runs as unhealthy;
+    ``wirelessfl validate`` calls it on a tune file. Returns (warnings, tuning runs, evaluation
+    runs)."""
+    plan = tuning_plan(tune) if plan is None else plan
+    any_choice = {label: grid[0].values for label, grid in tune.grids.items()}
+    evaluations = evaluation_plan(tune, any_choice)
+    warnings = check_runs([(f"search {values}", scenario) for values, scenario, *_ in plan]
+                          + [(f"evaluation of {setting['algorithm']}", scenario)
+                             for _, scenario, _, setting in evaluations],
+                          str(tune.path))
+    return warnings, len(plan), len(evaluations)
+
+
 def _outcome(folder: Path, entry: dict, label: str, tune: Tune) -> dict:
     """The score and health of one finished (or failed) run of the algorithm ``label``."""
     if entry.get("status") not in ("complete", "partial"):
@@ -137,7 +157,9 @@ def run_tune(tune: Tune, out: Path, executor: str, workers: int, address: str | 
     ``run_sweep`` (e.g. threads)."""
     out = Path(out)
     objective = tune.objective
-    plan = tuning_plan(tune)  # every configuration's scenario is checked before anything runs
+    plan = tuning_plan(tune)  # every configuration's scenario is validated
+    if address is None:  # runs on this machine: both phases' pre-run checks before the first run
+        check_study(tune, plan)
     counts = {TUNING: run_sweep(_phase_sweep(tune, TUNING, [p[:3] for p in plan]),
                                 out / TUNING, executor, workers, address, quiet,
                                 **sweep_options)}
