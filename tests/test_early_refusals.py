@@ -9,6 +9,8 @@ data set cannot hold."""
 from __future__ import annotations
 
 import importlib
+import json
+import shutil
 import time
 import tracemalloc
 
@@ -21,6 +23,7 @@ from wirelessfl.pipeline.memory import check_memory_from_scenario
 from wirelessfl.pipeline.preflight import check_runnable
 from wirelessfl.scenario.loader import load_scenario
 from wirelessfl.sweep.spec import MAX_RUNS
+from wirelessfl.tune.crossover import MAX_POINTS, _setting
 
 # eight swept keys of the quickstart scenario, ten values each: 10^8 points
 HUGE_KEYS = ["channel.uplink.tx_power_dbm", "population.num_devices", "quantization_bits",
@@ -187,6 +190,111 @@ def test_a_file_given_to_the_wrong_command_names_the_right_one(capsys, tmp_path,
 def test_set_on_a_reproduction_file_says_where_overrides_go(capsys):
     _one_error(*cli(capsys, "validate", "seed002", "--set", "seed=1"),
                "--set: seed002 is a reproduction file; put overrides in its tune file's 'set'")
+
+
+# ---- 4. crossover: ranges, points and manifests checked before anything is written ------------
+@pytest.mark.parametrize("args, fragment", [
+    (["--throughput", "1e-300", "1e300"], ("--throughput 1e-300 1e+300 spans 600 decades, "
+                                           "more than the 16")),
+    (["--rate", "1", "1e30"], "--rate 1 1e+30 spans 30 decades"),
+    (["--throughput", "nan", "1"], "--throughput needs 0 < LO < HI, both finite"),
+    (["--rate", "5", "inf"], "--rate needs 0 < LO < HI, both finite"),
+    (["--rate", "-1", "5"], "--rate needs 0 < LO < HI"),
+    (["--points", "3000"], (f"--points 3,000: at most {MAX_POINTS} per axis (3,000 x 3,000 = "
+                            "9,000,000 cells would take about 2.7 GiB")),
+    (["--points", "1"], "--points must be at least 2"),
+])
+def test_crossover_arguments_are_checked_before_the_study_is_read(capsys, tmp_path, args,
+                                                                  fragment):
+    """Before: an OverflowError traceback from matplotlib's log ticker after the CSVs were
+    written (1e-300 to 1e300), and 165 s and 2.9 GB for 3,000 points. The folder does not even
+    exist: the arguments are refused first."""
+    _one_error(*cli(capsys, "crossover", tmp_path / "no-study", "--out", tmp_path / "o", *args),
+               fragment)
+    assert not (tmp_path / "o").exists()
+
+
+def _manifest() -> dict:
+    return {"scenario": {
+        "energy": {"model": "seed002-accelerator", "throughput_macs_per_s": 4e9,
+                   "pa_efficiency": 1.0},
+        "channel": {"slot_s": 1e-3, "uplink": {"mode": "fixed", "rate_bps": 4e6,
+                                               "tx_power_dbm": 23, "header_bits": 0}}}}
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (("energy", "throughput_macs_per_s", "abc"),
+     "scenario.energy.throughput_macs_per_s is \"abc\", not a positive number"),
+    (("uplink", "rate_bps", -4.0), "scenario.channel.uplink.rate_bps is -4.0, not a positive"),
+    (("uplink", "tx_power_dbm", [1, "a"]), "scenario.channel.uplink.tx_power_dbm is [1, \"a\"]"),
+    (("channel", "slot_s", None), "scenario.channel.slot_s is null"),
+    (("energy", "pa_efficiency", True), "scenario.energy.pa_efficiency is true"),
+    (("uplink", "arq", 5), "scenario.channel.uplink.arq is not an object"),
+])
+def test_a_manifest_value_that_is_not_a_number_is_one_error(tmp_path, edit, fragment):
+    manifest = _manifest()
+    section, key, value = edit
+    where = {"energy": manifest["scenario"]["energy"],
+             "channel": manifest["scenario"]["channel"],
+             "uplink": manifest["scenario"]["channel"]["uplink"]}[section]
+    where[key] = value
+    with pytest.raises(UserError) as err:
+        _setting(manifest, tmp_path)
+    text = str(err.value)
+    assert text.startswith(f"{tmp_path / 'manifest.json'}: ") and fragment in text, text
+    assert "the run folder is damaged" in text and "\n" not in text
+    assert _setting(_manifest(), tmp_path)["theta0"] == 4e9  # the undamaged one passes
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """A small quickstart run as the one evaluation run of a study (as tests/test_crossover.py
+    makes it), every method reaching its target."""
+    base = tmp_path_factory.mktemp("early-crossover") / "study"
+    out = base / "evaluation" / "runs" / "s0"
+    args = ["run", "quickstart", "--quiet", "--no-report", "--threads", "1", "--out", str(out),
+            "--set", "population.num_devices=10", "--set", "target_accuracy=0.5",
+            "--set", "algorithms.DZOFL.rounds=300", "--set", "algorithms.DZOFL.eval_every=50",
+            "--set", "algorithms.DZOFL.alpha0=150",
+            "--set", "algorithms.FedSGD.rounds=6", "--set", "algorithms.FedSGD.eval_every=2",
+            "--set", "algorithms.FedAvg.rounds=4", "--set", "algorithms.FedAvg.eval_every=1"]
+    from wirelessfl.cli import main
+
+    assert main(args) == 0
+    return base
+
+
+def test_a_damaged_manifest_is_one_error_line_and_nothing_written(study, capsys, tmp_path):
+    copy = tmp_path / "study"
+    shutil.copytree(study, copy)
+    path = copy / "evaluation" / "runs" / "s0" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["model"]["per_pass"]["DZOFL"]["energy_forward_j"] = "x"
+    path.write_text(json.dumps(manifest))
+    _one_error(*cli(capsys, "crossover", copy, "--out", tmp_path / "o"),
+               "model.per_pass.DZOFL.energy_forward_j is \"x\", not a positive number")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_range_where_the_costs_overflow_is_refused(study, capsys, tmp_path):
+    """Within the span allowed, a throughput near 0 makes compute time overflow to inf."""
+    _one_error(*cli(capsys, "crossover", study, "--out", tmp_path / "o", "--throughput",
+                    "1e-320", "1e-310"), "time or energy to the target overflows at",
+               "give a range nearer the scenario's (4e+09 MAC/s, 4e+06 bit/s)")
+    assert not (tmp_path / "o").exists()
+    code, _, err = cli(capsys, "crossover", study, "--out", tmp_path / "o", "--points", "5",
+                       "--throughput", "1e8", "1e10")
+    assert code == 0 and "Traceback" not in err, err
+
+
+# ---- 5. compare --html is checked before anything is written ----------------------------------
+def test_compare_html_with_two_folders_writes_nothing(study, capsys, tmp_path):
+    """Before: comparison.csv and the figures were written, then --html refused."""
+    out = tmp_path / "cmp"
+    run = study / "evaluation" / "runs" / "s0"
+    _one_error(*cli(capsys, "compare", run, run, "--html", "--out", out),
+               "--html: give one sweep folder")
+    assert not out.exists()
 
 
 # ---- 6. what the data set cannot hold is refused by validate, not by the run --------------------

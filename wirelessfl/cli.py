@@ -460,6 +460,10 @@ def _compare(dirs: list[Path], out: Path, html: bool) -> int:
     from wirelessfl.results.compare import compare_dirs, format_comparison
     from wirelessfl.results.records import output_folder, write_csv
 
+    sweeps = [d for d in dirs if (d / "sweep.json").is_file()]
+    if html and (len(dirs) != 1 or not sweeps):  # refused before anything is written
+        raise UserError("--html: give one sweep folder (or use 'wirelessfl report RUN_DIR "
+                        "--html' for one run)")
     comp = compare_dirs(dirs)
     for warning in comp.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -472,10 +476,6 @@ def _compare(dirs: list[Path], out: Path, html: bool) -> int:
     if html:
         from wirelessfl.report.html import sweep_html
 
-        sweeps = [d for d in dirs if (d / "sweep.json").is_file()]
-        if len(dirs) != 1 or not sweeps:
-            raise UserError("--html: give one sweep folder (or use 'wirelessfl report RUN_DIR "
-                            "--html' for one run)")
         print(f"wrote {sweep_html(sweeps[0], comp, figures, out / 'report.html')}")
     return 0
 

@@ -47,6 +47,19 @@ METRICS = (("time", "time to target [s]"), ("energy", "device energy to target [
            ("system", "system energy to target [J]"))
 # relative tolerance of the check that the split gives the recorded totals back
 FIT_RTOL = 1e-9
+# [D] Grid points per axis at most. The figure's panels are about 550 pixels wide (5 in at
+# 110 dpi, report/crossover_plots.py), so more points add nothing to it, while the grid grows as
+# points^2: measured with three methods, 41 points take 12 s and 430 MB (mostly imports), 501
+# about +4 s and +100 MB, 1,001 +11 s and +400 MB with a 270 MB grid CSV, and 3,000 took 165 s
+# and 2.9 GB (issue 34).
+MAX_POINTS = 501
+# What a grid cell costs with three methods, measured [D]: memory (3,000 points, 2.9 GB) and
+# the grid CSV's bytes (1,001 points, 270 MB); for the refusal's estimate.
+CELL_BYTES, CELL_CSV_BYTES = 320, 270
+# [D] Decades an axis may span at most: the plausible throughputs (1e3 to 1e17 MAC/s) and
+# uplink rates (1e2 to 1e12 bit/s) of pipeline/preflight.py PLAUSIBLE fit with room; 600
+# decades (1e-300 to 1e300) overflowed matplotlib's log ticker.
+MAX_DECADES = 16
 
 
 @dataclass(frozen=True)
@@ -93,21 +106,56 @@ class Cost:
             theta, rate)
 
 
-def _scalar(value, what: str) -> float:
-    if isinstance(value, list | tuple):
-        if len(set(value)) != 1:
+def _scalar(value, what: str, positive: bool = False) -> float:
+    """One number for the whole population (a per-device list must hold one value)."""
+    if isinstance(value, list | tuple) and value:
+        if len({json.dumps(v) for v in value}) != 1:
             raise UserError(f"{what} differs between devices; the crossover needs one device "
                             "model for the whole population")
         value = value[0]
+    return _number(value, what, positive)
+
+
+def _number(value, what: str, positive: bool = False) -> float:
+    """``value`` as a finite float (``positive``: > 0), or one UserError saying the run folder
+    holds something else (a manifest edited or damaged by hand)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (positive and value <= 0):
+        shown = json.dumps(value)[:40] if _jsonable(value) else type(value).__name__
+        raise UserError(f"{what} is {shown}, not a {'positive' if positive else 'finite'} "
+                        "number; the run folder is damaged: restore it from a copy, or run the "
+                        "scenario again")
     return float(value)
 
 
+def _jsonable(value) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _section(mapping: dict, key: str, file: str, path: str = "") -> dict:
+    """``mapping[key]`` as a mapping ({} when absent), or one UserError naming the ``file`` and
+    the key's ``path``."""
+    value = mapping.get(key) if isinstance(mapping, dict) else None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"{file}: {path}{'.' if path else ''}{key} is not an object; the run "
+                        "folder is damaged: restore it from a copy, or run the scenario again")
+    return value
+
+
 def _setting(manifest: dict, where: Path) -> dict:
-    """Theta0, r0 and the channel facts the re-costing needs; refuses settings it cannot
-    re-cost."""
-    scenario = manifest.get("scenario", {})
-    energy, channel = scenario.get("energy", {}), scenario.get("channel", {})
-    up = channel.get("uplink", {})
+    """Theta0, r0 and the channel facts the re-costing needs, each checked to be a number;
+    refuses settings it cannot re-cost."""
+    file = str(where / "manifest.json")
+    scenario = _section(manifest, "scenario", file)
+    energy = _section(scenario, "energy", file, "scenario")
+    channel = _section(scenario, "channel", file, "scenario")
+    up = _section(channel, "uplink", file, "scenario.channel")
     theta0 = energy.get("throughput_macs_per_s")
     if not theta0:
         raise UserError(f"{where}: the energy profile ({energy.get('model')}) has no "
@@ -117,20 +165,29 @@ def _setting(manifest: dict, where: Path) -> dict:
         raise UserError(f"{where}: uplink mode '{up.get('mode')}' has no one rate to vary; the "
                         "crossover needs channel.uplink.mode fixed or pinned (rate_bps)")
     problems = []
-    if (up.get("arq") or {}).get("max_attempts", 1) != 1:
+    if _section(up, "arq", file, "scenario.channel.uplink").get("max_attempts", 1) != 1:
         problems.append("uplink.arq.max_attempts > 1")
-    if (up.get("spectrum") or {}).get("mode", "dedicated") != "dedicated":
+    if _section(up, "spectrum", file, "scenario.channel.uplink").get("mode",
+                                                                     "dedicated") != "dedicated":
         problems.append("a shared uplink spectrum")
     if up.get("deadline_s") is not None:
         problems.append("an upload deadline")
     if problems:
         raise UserError(f"{where}: cannot re-cost a run with {', '.join(problems)}: a phase's "
                         "length is then not one packet's airtime")
-    draw = dbm_to_w(up["tx_power_dbm"]) / energy.get("pa_efficiency", 1.0) \
-        + energy.get("tx_circuit_power_w", 0.0) + up.get("circuit_power_w", 0.0)
-    return {"theta0": float(theta0), "rate0": float(up["rate_bps"]),
-            "slot_s": float(channel["slot_s"]), "header_bits": float(up.get("header_bits", 0)),
-            "tx_draw_w": float(draw)}
+
+    def number(section: dict, key: str, path: str, default=None, positive: bool = False):
+        return _number(section.get(key, default), f"{file}: scenario.{path}.{key}", positive)
+
+    draw = (dbm_to_w(number(up, "tx_power_dbm", "channel.uplink"))
+            / number(energy, "pa_efficiency", "energy", 1.0, positive=True)
+            + number(energy, "tx_circuit_power_w", "energy", 0.0)
+            + number(up, "circuit_power_w", "channel.uplink", 0.0))
+    return {"theta0": number(energy, "throughput_macs_per_s", "energy", positive=True),
+            "rate0": number(up, "rate_bps", "channel.uplink", positive=True),
+            "slot_s": number(channel, "slot_s", "channel", positive=True),
+            "header_bits": number(up, "header_bits", "channel.uplink", 0),
+            "tx_draw_w": _number(draw, f"{file}: the devices' transmit draw")}
 
 
 def row_cost(row: pd.Series, label: str, per_pass: dict, setting: dict, where: str) -> Cost:
@@ -145,8 +202,10 @@ def row_cost(row: pd.Series, label: str, per_pass: dict, setting: dict, where: s
     for kind in ("forward", "backward"):
         spent = float(row[f"energy_compute_{kind}_j"])
         if spent:
-            e = _scalar(per_pass[f"energy_{kind}_j"], f"{label}: energy of a {kind} pass")
-            t = _scalar(per_pass[f"time_{kind}_s"], f"{label}: time of a {kind} pass")
+            e = _scalar(per_pass.get(f"energy_{kind}_j"),
+                        f"{where}: manifest model.per_pass.{label}.energy_{kind}_j", True)
+            t = _scalar(per_pass.get(f"time_{kind}_s"),
+                        f"{where}: manifest model.per_pass.{label}.time_{kind}_s")
             device_s += spent / e * t
     sent, phases = float(row.transmissions), float(row.exchanges)
     bits = float(row.bits_up) / sent if sent else 0.0
@@ -186,7 +245,8 @@ def run_costs(folder: Path, targets=None) -> dict[str, Cost | None]:
     setting = _setting(record.manifest, folder)
     target = (record.target_accuracy, record.target_suboptimality) if targets is None \
         else targets
-    per_pass = record.manifest.get("model", {}).get("per_pass", {})
+    file = str(folder / "manifest.json")
+    per_pass = _section(_section(record.manifest, "model", file), "per_pass", file, "model")
     out = {}
     for label, group in record.rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round")
@@ -194,6 +254,7 @@ def run_costs(folder: Path, targets=None) -> dict[str, Cost | None]:
         if label not in per_pass:
             raise UserError(f"{folder}: manifest has no model.per_pass entry for {label}; "
                             "rerun with this version")
+        _section(per_pass, label, file, "model.per_pass")
         out[label] = (row_cost(reached.iloc[0], label, per_pass[label], setting, str(folder))
                       if len(reached) else None)
     return out
@@ -375,14 +436,60 @@ def at_scenario(result: Crossover) -> dict:
     return out
 
 
+def check_points(points: int) -> None:
+    """2 to MAX_POINTS grid points per axis."""
+    if points < 2:
+        raise UserError(f"--points must be at least 2; got {points}")
+    if points > MAX_POINTS:
+        cells = points * points
+        raise UserError(f"--points {points:,}: at most {MAX_POINTS} per axis ({points:,} x "
+                        f"{points:,} = {cells:,} cells would take about "
+                        f"{cells * CELL_BYTES / 2**30:.1f} GiB of memory and "
+                        f"{cells * CELL_CSV_BYTES / 2**20:,.0f} MiB of grid CSV with three "
+                        "methods, and the figure shows about 550 per axis); use --points "
+                        f"{MAX_POINTS} or fewer, and a narrower --throughput / --rate range to "
+                        "look closer")
+
+
+def check_range(flag: str, lo: float, hi: float) -> None:
+    """A positive, finite range lo < hi of at most MAX_DECADES decades."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or not 0 < lo < hi:
+        raise UserError(f"{flag} needs 0 < LO < HI, both finite; got {lo:g} {hi:g}")
+    decades = math.log10(hi) - math.log10(lo)  # hi / lo may overflow
+    if decades > MAX_DECADES:
+        raise UserError(f"{flag} {lo:g} {hi:g} spans {decades:.0f} decades, more "
+                        f"than the {MAX_DECADES} a crossover grid may span; give a narrower "
+                        "range around the scenario's value (the default is / 100 to x 100)")
+
+
+def _check_finite(costs: dict[str, Cost | None], theta: np.ndarray, rate: np.ndarray) -> None:
+    """Every re-costed metric stays a finite number over each axis (a throughput near 0 makes
+    compute time overflow; a rate near 0 makes a packet's airtime overflow)."""
+    for label, c in costs.items():
+        if c is None:
+            continue
+        with np.errstate(all="ignore"):  # an overflow is the answer here, not a warning
+            along = [("--throughput", c.time_s(theta, c.rate0), theta),
+                     ("--rate", c.system_j(c.theta0, rate), rate),
+                     ("--rate", c.time_s(c.theta0, rate), rate)]
+        for flag, values, axis in along:
+            bad = ~np.isfinite(np.asarray(values, float))
+            if bad.any():
+                raise UserError(f"{flag} {axis[0]:g} {axis[-1]:g}: {label}'s time or energy to "
+                                f"the target overflows at {axis[bad][0]:g}; give a range nearer "
+                                f"the scenario's ({c.theta0:g} MAC/s, {c.rate0:g} bit/s)")
+
+
 def run_crossover(folder: Path, out: Path, method: str = "DZOFL",
                   throughput: tuple[float, float] | None = None,
                   rate: tuple[float, float] | None = None, points: int = 41) -> Crossover:
     """Read the study ``folder``, compute the grid, write crossover_grid.csv,
     crossover_boundary.csv and crossover.json into ``out``; the figure crossover.png is
     report/crossover_plots.py's ``draw_crossover``, called on the returned grid."""
-    if points < 2:
-        raise UserError(f"--points must be at least 2; got {points}")
+    check_points(points)
+    for given, flag in ((throughput, "--throughput"), (rate, "--rate")):
+        if given is not None:  # the ranges given, before the study is read
+            check_range(flag, *given)
     costs, seeds = study_costs(folder)
     ref = next((c for c in costs.values() if c is not None), None)
     if ref is None:
@@ -392,9 +499,9 @@ def run_crossover(folder: Path, out: Path, method: str = "DZOFL",
     for given, centre, flag in ((throughput, ref.theta0, "--throughput"),
                                 (rate, ref.rate0, "--rate")):
         lo, hi = given if given is not None else (centre / 100, centre * 100)
-        if not 0 < lo < hi:
-            raise UserError(f"{flag} needs 0 < LO < HI; got {lo:g} {hi:g}")
+        check_range(flag, lo, hi)
         axes.append(np.geomspace(lo, hi, points))
+    _check_finite(costs, axes[0], axes[1])
     result = replace(compute(costs, seeds, method, axes[0], axes[1]),
                      names=study_names(folder))
     out = Path(out)
