@@ -1,14 +1,117 @@
-"""Shared fixtures: small scenarios that run in well under a second."""
+"""Shared fixtures: small scenarios that run in well under a second; the two tiers of the suite.
+
+``python3 -m pytest`` runs the fast tier; ``python3 -m pytest --slow`` runs everything: also the
+tests marked ``@pytest.mark.slow`` (fresh interpreters, worker processes, Dask clusters, end-to-end
+studies, compression bombs), which the fast tier leaves out and counts in one line at its end."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 from wirelessfl.scenario.loader import scenario_from_document
+
+SLOW_HINT = "run everything with: python3 -m pytest --slow"
+_LEFT_OUT = pytest.StashKey[int]()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the tests marked slow (fresh interpreters, worker processes, "
+                          "Dask clusters, end-to-end studies, compression bombs): the whole "
+                          "suite; with -m slow, only those")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without --slow, the tests marked slow are deselected (and counted)."""
+    if config.getoption("--slow"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+    config.stash[_LEFT_OUT] = len(slow)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    left_out = config.stash.get(_LEFT_OUT, 0)
+    if left_out:
+        terminalreporter.write_line(
+            f"{left_out} slow tests left out (fresh interpreters, worker processes, Dask "
+            f"clusters, end-to-end studies, compression bombs); {SLOW_HINT}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_intra_op_thread():
+    """One intra-op thread for torch and the BLAS libraries, as the package sets for every run
+    (engine/threads.py). Tests that drive the engine directly (build_world, run_algorithm) would
+    otherwise run on torch's default threads until the first command of the session set them,
+    their CPU time depending on the order the tests run in: on 2 busy cores, DZOFL's 1,500
+    quickstart iterations took 21 s of CPU alone, 2.5 s after a command had run."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(1)
+    threadpool_limits(limits=1, user_api="blas")
+
+
+@contextlib.contextmanager
+def runs_in_this_process(before_each=None):
+    """Sweeps, tunes and reproductions on the local executor run their points one after another
+    in this process, through ``run_point`` (what a worker process runs for each point), instead
+    of in 'spawn' worker processes that each start a fresh interpreter and import torch (seconds
+    of CPU each). For tests of what a study does with its runs' results; the executors
+    themselves (worker processes, their deaths and signals, Dask) are tested with real processes
+    in the slow tier (tests/test_sweep.py, tests/test_hostile_procs.py, tests/test_tune.py).
+    ``before_each(k, task)``, when given, is called before the k-th run (from 0)."""
+    from wirelessfl.sweep import executors
+    from wirelessfl.sweep.worker import run_point
+
+    def one_by_one(tasks, workers):
+        for k, task in enumerate(tasks):
+            if before_each is not None:
+                before_each(k, task)
+            yield run_point(task)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(executors, "run_local", one_by_one)
+        yield
+
+
+@pytest.fixture
+def in_process_runs():
+    """``runs_in_this_process`` for one test."""
+    with runs_in_this_process():
+        yield
+
+
+# Where the runs of a study on the local executor execute: in this process, or in worker
+# processes (slow).
+RUNS_WHERE = ["in-process", pytest.param("worker-processes", marks=pytest.mark.slow)]
+
+
+@contextlib.contextmanager
+def runs_at(where: str):
+    """``runs_in_this_process`` for "in-process"; nothing changed for "worker-processes"."""
+    if where == "in-process":
+        with runs_in_this_process():
+            yield
+    else:
+        yield
+
+
+@pytest.fixture(params=RUNS_WHERE)
+def runs_where(request):
+    """The test runs twice: its studies' runs in this process, and (slow) in the local
+    executor's worker processes."""
+    with runs_at(request.param):
+        yield request.param
 
 SMALL = {
     "name": "small",
@@ -77,6 +180,32 @@ def write_yaml(folder: Path, doc, name: str = "scenario.yaml") -> Path:
 def scenario_file(tmp_path):
     """Write a scenario document to a YAML file and return its path."""
     return lambda doc, name="scenario.yaml": write_yaml(tmp_path, doc, name)
+
+
+def _contents(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory):
+    """The small scenario run once for the whole session by `wirelessfl run` without figures,
+    under umask 002 (its files are 0664: tests/test_hostile_outputs.py): (run folder, scenario
+    file). Shared by several modules: never change it (copy it first); the session's end checks
+    that nothing in it changed."""
+    from wirelessfl.cli import main
+
+    root = tmp_path_factory.mktemp("small-run")
+    scenario = write_yaml(root, small_doc(), "small.yaml")
+    previous = os.umask(0o002)
+    try:
+        assert main(["run", str(scenario), "--out", str(root / "run"), "--quiet",
+                     "--no-report"]) == 0
+    finally:
+        os.umask(previous)
+    before = _contents(root)
+    yield root / "run", scenario
+    assert _contents(root) == before, "a test changed the shared small_run folder"
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:

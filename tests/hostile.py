@@ -9,17 +9,26 @@ Usage::
     assert_refused(proc, "lr")                       # exit 2, one error: line naming "lr"
     assert_untouched(tmp_path, before, allowed=[out])
 
-The command runs in a subprocess (``python -m wirelessfl``) so that a crash, a hang or a signal
-is seen as a user would see it.
+``run_cli`` runs the command in a subprocess (``python -m wirelessfl``) so that a crash, a hang
+or a signal is seen as a user would see it; ``run_in_process`` runs the same command through
+``wirelessfl.cli.main`` in this process and returns what the subprocess would (exit code,
+stdout, stderr; an exception that escapes main() is its traceback on stderr and exit code 1, as
+the interpreter would print it), without the seconds a fresh interpreter takes to import torch.
+Most cases use it; a few per module keep a fresh interpreter (``RUNNERS``, marked slow).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
+
+import pytest
 
 EXIT_USER_ERROR = 2
 
@@ -34,6 +43,69 @@ def run_cli(*argv: str, cwd: Path | None = None, timeout: float = 240, stdin: st
     return subprocess.run([sys.executable, "-m", "wirelessfl", *map(str, argv)], check=False,
                           cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           input=stdin, env=full_env)
+
+
+def run_in_process(*argv: str, cwd: Path | None = None, timeout: float = 240,
+                   stdin: str | None = None, env: dict | None = None
+                   ) -> subprocess.CompletedProcess:
+    """``wirelessfl ARGV`` through ``cli.main`` in this process, in ``cwd``, with ``env`` added to
+    the environment and ``stdin`` as its input (``timeout`` is the subprocess's only)."""
+    from wirelessfl.cli import main
+
+    args = [str(a) for a in argv]
+    out, err = io.StringIO(), io.StringIO()
+    previous_env = {key: os.environ.get(key) for key in (env or {})}
+    previous_cwd = os.getcwd()
+    try:
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                _stdin(stdin):
+            try:
+                code = main(args)
+            except SystemExit as stop:  # argparse's refusals, sys.exit()
+                code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+                if isinstance(stop.code, str):
+                    print(stop.code, file=sys.stderr)
+            except Exception:  # noqa: BLE001 - what the interpreter prints for an escaped one
+                traceback.print_exc(file=sys.stderr)
+                code = 1
+    finally:
+        os.chdir(previous_cwd)
+        for key, value in previous_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return subprocess.CompletedProcess(["wirelessfl", *args], code, out.getvalue(),
+                                       err.getvalue())
+
+
+@contextlib.contextmanager
+def _stdin(text: str | None):
+    if text is None:
+        yield
+        return
+    previous = sys.stdin
+    sys.stdin = io.StringIO(text)
+    try:
+        yield
+    finally:
+        sys.stdin = previous
+
+
+# How a case runs: in this process (the fast tier) or in a fresh interpreter (slow).
+RUNNERS = {"in-process": run_in_process, "subprocess": run_cli}
+
+
+def runner_cases(cases, in_a_fresh_interpreter=()) -> list:
+    """Parameters ``(case, runner name)``: every case in process, and the cases named in
+    ``in_a_fresh_interpreter`` once more in a subprocess (marked slow)."""
+    params = [pytest.param(case, "in-process", id=f"{case}-in-process") for case in cases]
+    params += [pytest.param(case, "subprocess", id=f"{case}-subprocess", marks=pytest.mark.slow)
+               for case in in_a_fresh_interpreter]
+    return params
 
 
 def error_lines(proc: subprocess.CompletedProcess) -> list[str]:

@@ -18,7 +18,7 @@ import yaml
 
 import wirelessfl
 from tests.conftest import cli as _cli
-from tests.conftest import small_doc, write_yaml
+from tests.conftest import runs_in_this_process, small_doc, write_yaml
 from wirelessfl.cli import main
 from wirelessfl.errors import UserError
 from wirelessfl.plugins import Registry, registries
@@ -32,12 +32,11 @@ WHEN = ("started_at", "finished_at")
 
 
 @pytest.fixture(scope="module")
-def cli_run(tmp_path_factory):
-    """The small scenario run by `wirelessfl run` into a folder: what the API must reproduce."""
-    folder = tmp_path_factory.mktemp("cli")
-    path = write_yaml(folder, small_doc(), "small.yaml")
-    assert main(["run", str(path), "--out", str(folder / "run"), "--quiet", "--no-report"]) == 0
-    return path, folder / "run"
+def cli_run(small_run):
+    """The small scenario run by `wirelessfl run` into a folder: what the API must reproduce
+    (tests/conftest.py's small_run, shared with other modules: read only)."""
+    folder, path = small_run
+    return path, folder
 
 
 # -- the package's top level ---------------------------------------------------------------
@@ -279,15 +278,17 @@ TINY = small_doc(algorithms=[{"name": "dzofl", "rounds": 20, "eval_every": 10},
 
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory):
-    """2 powers x 1 learning rate x 2 seeds on one worker."""
+    """2 powers x 1 learning rate x 2 seeds on one worker (its runs in this process: what is
+    read back does not depend on where they ran, tests/test_sweep.py)."""
     folder = tmp_path_factory.mktemp("sweep")
     write_yaml(folder, TINY, "base.yaml")
     sweep = {"scenario": "base.yaml", "seeds": [0, 1],
              "grid": {"channel.uplink.tx_power_dbm": [0, 23],
                       "algorithms.fedsgd.lr": [0.5]}}
     path = write_yaml(folder, sweep, "study.yaml")
-    assert main(["sweep", str(path), "--out", str(folder / "out"), "--workers", "1", "--quiet",
-                 "--no-compare"]) == 0
+    with runs_in_this_process():
+        assert main(["sweep", str(path), "--out", str(folder / "out"), "--workers", "1",
+                     "--quiet", "--no-compare"]) == 0
     return folder / "out"
 
 
@@ -331,7 +332,7 @@ def test_load_sweep_refuses_what_is_not_a_sweep(tiny_sweep, tmp_path):
 @pytest.fixture(scope="module")
 def tiny_reproduction(tmp_path_factory):
     """A reproduction of one claim on FedSGD: two learning rates tuned on one seed, the choice
-    evaluated on two (its tune folder: a tuning study of 2 + 2 runs)."""
+    evaluated on two (its tune folder: a tuning study of 2 + 2 runs, run in this process)."""
     from wirelessfl.tune.reproduce import load_reproduction, run_reproduction
 
     folder = tmp_path_factory.mktemp("reproduction")
@@ -344,7 +345,8 @@ def tiny_reproduction(tmp_path_factory):
                                "claims": [{"id": "acc", "statement": "s", "metric": "final_accuracy",
                                            "algorithm": "fedsgd", "above": 0.1}]}, "tiny.yaml")
     # the library call behind `wirelessfl reproduce` (the folder it writes, without its HTML)
-    run_reproduction(load_reproduction(str(path)), folder / "out", "local", 1, quiet=True)
+    with runs_in_this_process():
+        run_reproduction(load_reproduction(str(path)), folder / "out", "local", 1, quiet=True)
     return folder / "out"
 
 
@@ -377,7 +379,9 @@ SHORT = ["population.num_devices=8", "algorithms.DZOFL.rounds=100",
          "algorithms.FedAvg.rounds=4"]
 
 
+@pytest.mark.slow
 def test_the_quickstart_example_runs(tmp_path):
+    """The script as a user runs it (it starts `python -m wirelessfl sweep` itself): slow."""
     png = tmp_path / "figures" / "accuracy_vs_energy.png"
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart_api.py"),
                            str(png), *SHORT], check=False, env=ENV, cwd=tmp_path,

@@ -1,16 +1,16 @@
-"""The command line as a user meets it: numbers, files, and clean errors."""
+"""The command line as a user meets it: numbers, files, and clean errors. The commands run in
+process (``cli.main``); two bad inputs also in a fresh interpreter (slow)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 
 from tests.conftest import cli as _cli
 from tests.conftest import small_doc
+from tests.hostile import RUNNERS
 from wirelessfl.results.records import DEVICE_COLUMNS, ROUND_COLUMNS
 
 
@@ -78,24 +78,26 @@ def test_run_writes_documented_files_and_report_rereads_them(tmp_path, scenario_
     pd.testing.assert_frame_equal(rounds, pd.read_parquet(again / "rounds.parquet"))
 
 
+BAD_INPUTS = [
+    (["--set", "algorithms.0.name=dzfl"], {}, "algorithms[0].name: unknown algorithm 'dzfl'"),
+    ([], {"energy": "seed002-accelerater"}, "unknown energy profile 'seed002-accelerater'"),
+    (["--set", "algorithms.1.lr=fast"], {}, "algorithms[1].lr: Input should be a valid number"),
+    (["--set", "channel.uplink.bandwidth_hz=-2e6"], {}, "channel.uplink.bandwidth_hz"),
+    (["--set", "energy.rx_power_w=-0.1"], {}, "energy.rx_power_w"),
+    ([], {"data": {"name": "fashionmnist", "root": "/nonexistent/fmnist"}},
+     "train-images-idx3-ubyte"),
+]
+
+
 @pytest.mark.parametrize(
-    ("argv_extra", "doc_changes", "expected"),
-    [
-        (["--set", "algorithms.0.name=dzfl"], {}, "algorithms[0].name: unknown algorithm 'dzfl'"),
-        ([], {"energy": "seed002-accelerater"}, "unknown energy profile 'seed002-accelerater'"),
-        (["--set", "algorithms.1.lr=fast"], {}, "algorithms[1].lr: Input should be a valid number"),
-        (["--set", "channel.uplink.bandwidth_hz=-2e6"], {}, "channel.uplink.bandwidth_hz"),
-        (["--set", "energy.rx_power_w=-0.1"], {}, "energy.rx_power_w"),
-        ([], {"data": {"name": "fashionmnist", "root": "/nonexistent/fmnist"}},
-         "train-images-idx3-ubyte"),
-    ],
+    ("argv_extra", "doc_changes", "expected", "runner"),
+    [(*case, "in-process") for case in BAD_INPUTS]
+    + [pytest.param(*BAD_INPUTS[i], "subprocess", marks=pytest.mark.slow) for i in (0, 5)],
 )
 def test_bad_input_is_one_clean_line_with_exit_code_2(scenario_file, tmp_path, argv_extra,
-                                                       doc_changes, expected):
+                                                       doc_changes, expected, runner):
     path = scenario_file(small_doc(**doc_changes))
-    proc = subprocess.run([sys.executable, "-m", "wirelessfl", "run", str(path), "--out",
-                           str(tmp_path / "r"), *argv_extra], check=False, capture_output=True,
-                          text=True)
+    proc = RUNNERS[runner]("run", str(path), "--out", str(tmp_path / "r"), *argv_extra)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()

@@ -302,7 +302,7 @@ def test_on_a_terminal_a_bar_and_quiet_silences_it(tmp_path, scenario_file, monk
 
 # --- sweeps ----------------------------------------------------------------------------------
 
-def test_sweep_in_a_log_prints_a_line_per_run(tmp_path, capsys, monkeypatch):
+def test_sweep_in_a_log_prints_a_line_per_run(tmp_path, capsys, monkeypatch, in_process_runs):
     monkeypatch.setattr(progress, "LINE_EVERY_S", math.inf)
     base = small_doc(algorithms=[{"name": "fedsgd", "rounds": 4, "eval_every": 2, "lr": 0.5}])
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(base, sort_keys=False))

@@ -1,7 +1,10 @@
 """Same scenario + same seed = byte-identical rounds.parquet and devices.parquet, whatever the
 thread count (OMP_NUM_THREADS, --threads), the executor (run, local sweep, Dask sweep) and the
 load (runs side by side). The CNN is the case that used to differ: oneDNN split its
-weight-gradient reductions by thread count (host/threads.py)."""
+weight-gradient reductions by thread count (host/threads.py). The runs in fresh interpreters
+(OpenMP thread counts are set at their start) and on Dask are slow; the thread pool's passes and
+its choice run in the fast tier, and tests/test_shipped_identity.py compares 1 and 2 host threads
+in process."""
 
 from __future__ import annotations
 
@@ -87,6 +90,7 @@ def cnn_runs(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_thread_counts_give_identical_tables(cnn_runs):
     assert _tables(cnn_runs / "one") == _tables(cnn_runs / "two")
     for name, used in (("one", 1), ("two", 2)):
@@ -95,6 +99,7 @@ def test_thread_counts_give_identical_tables(cnn_runs):
         assert manifest["threads"]["used"] == used and manifest["threads"]["intra_op"] == 1
 
 
+@pytest.mark.slow
 def test_local_and_dask_sweeps_give_the_runs_tables(cnn_runs):
     for executor in ("local", "dask"):
         run = _sweep_run(cnn_runs / executor)

@@ -129,6 +129,7 @@ def _quickstart_dzofl(*overrides):
     return pd.DataFrame(run.rows).iloc[-1], run, sc
 
 
+@pytest.mark.slow  # 2 x 1,500 quickstart iterations (the 8-bit float format: test_quantize.py)
 def test_quickstart_at_8_bits_learns_like_the_unquantised_method():
     """The README's ``--set quantization_bits=8``: with the stochastic float scalars (1 sign, 6
     exponent, 1 mantissa bit; sigma = 1/24) DZOFL's first 1,500 quickstart iterations reach the

@@ -90,6 +90,7 @@ def test_payload_bits_per_device_per_round(bits):
     assert sgd.ledger.bits_up.tolist() == [(d * bits + 32) * rounds] * n
 
 
+@pytest.mark.slow  # 4,000 rounds of packets (tests/test_channel_link.py: the same law per link)
 def test_fixed_rate_delivery_matches_rayleigh_closed_form():
     """Each device's delivered fraction over many packets vs exp(-(2^(R/B) - 1) / mean SNR)."""
     sc = small_scenario(["population.distances_m=[150, 300, 400, 450, 480, 500, 500, 500]",

@@ -142,6 +142,7 @@ def test_kl_converges_to_the_minimiser_of_the_kl_objective(monkeypatch):
     assert objective(final)[0] - best.fun < 1e-4
 
 
+@pytest.mark.slow  # 4,000 rounds (the KL objective's convergence is checked in the fast tier)
 def test_cvar_converges_to_the_minimiser_of_the_top_k_mean(monkeypatch):
     """min_w mean of the K largest L_i(w) (fgdro.md 1.3), found by scipy's SLSQP on the convex
     epigraph form min s + (1/K) sum_i t_i, t_i >= L_i(w) - s, t_i >= 0. A constant-step

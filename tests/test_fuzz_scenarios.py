@@ -118,6 +118,7 @@ def run_bases(tmp_path_factory):
     return session, make_run_folders(session)
 
 
+@pytest.mark.slow  # its base folders come from runs in fresh interpreters, one SIGKILLed
 @_sample(10)
 @given(st.data())
 def test_damaged_run_folders_are_reported_or_refused_cleanly(run_bases, tmp_path_factory, data):

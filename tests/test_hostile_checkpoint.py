@@ -2,7 +2,8 @@
 pickle, or an object array smuggled into the data-only format) is refused without executing
 anything, a checkpoint copied from another run or a manifest edited after the run started is
 refused; each with exit code 2, one `error:` line, no traceback, nothing outside the folder
-touched and the results recorded before intact."""
+touched and the results recorded before intact. The resumes run in process (tests/hostile.py's
+``run_in_process``); the old pickle's also in a fresh interpreter (slow)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import small_doc
-from tests.hostile import assert_refused, assert_untouched, run_cli, snapshot
+from tests.hostile import RUNNERS, assert_refused, assert_untouched, snapshot
 from wirelessfl.cli import main
 from wirelessfl.pipeline.checkpoint import CHECKPOINT_NAME, LEGACY_NAME
 from wirelessfl.pipeline.fingerprint import MANIFEST_KEY
@@ -75,13 +76,14 @@ def _recorded_a(out: Path):
     return record.rounds[record.rounds.algorithm == "A"], record.manifest["algorithms"]["A"]
 
 
-def _refused(tmp_path, out, *fragments, changes_folder=False):
-    """Resume ``out`` in a subprocess: refused (exit 2, one error line naming ``fragments``),
-    nothing outside ``out`` touched (nothing at all unless ``changes_folder``), A intact."""
+def _refused(tmp_path, out, *fragments, changes_folder=False, runner="in-process"):
+    """Resume ``out`` (in process, or in a subprocess): refused (exit 2, one error line naming
+    ``fragments``), nothing outside ``out`` touched (nothing at all unless ``changes_folder``),
+    A intact."""
     marker = tmp_path / "marker"
     before = snapshot(tmp_path)
     rows, entry = _recorded_a(out)
-    proc = run_cli("run", "--resume", str(out), "--quiet", "--no-report", cwd=tmp_path)
+    proc = RUNNERS[runner]("run", "--resume", str(out), "--quiet", "--no-report", cwd=tmp_path)
     assert_refused(proc, *fragments)
     assert not marker.exists(), "the crafted file executed"
     assert_untouched(tmp_path, before, allowed=[out] if changes_folder else [])
@@ -98,10 +100,12 @@ def test_the_genuine_folder_resumes_from_its_checkpoint(run_dir, capsys):
     assert read_run(run_dir).manifest["status"] == "complete"
 
 
-def test_an_old_pickle_checkpoint_is_never_unpickled(tmp_path, run_dir):
+@pytest.mark.parametrize("runner", ["in-process",
+                                    pytest.param("subprocess", marks=pytest.mark.slow)])
+def test_an_old_pickle_checkpoint_is_never_unpickled(tmp_path, run_dir, runner):
     (run_dir / CHECKPOINT_NAME).unlink()
     (run_dir / LEGACY_NAME).write_bytes(pickle.dumps({"blob": _Marker(tmp_path / "marker")}))
-    _refused(tmp_path, run_dir, LEGACY_NAME, "pickle", "delete it")
+    _refused(tmp_path, run_dir, LEGACY_NAME, "pickle", "delete it", runner=runner)
 
 
 def test_an_object_array_smuggled_into_the_checkpoint_is_never_loaded(tmp_path, run_dir):

@@ -1,6 +1,7 @@
 """Hostile sizes (issue 20, "The memory check"): a population or a data file far too large for
 the machine is refused from the scenario alone, before anything is loaded, built or written:
-exit code 2, one ``error:`` line with the numbers, no traceback, no run folder."""
+exit code 2, one ``error:`` line with the numbers, no traceback, no run folder. The commands run
+in process (tests/hostile.py's ``run_in_process``); one runs again in a fresh interpreter (slow)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import SMALL_BILEVEL, small_doc
-from tests.hostile import assert_refused, assert_untouched, run_cli, snapshot
+from tests.hostile import RUNNERS, assert_refused, assert_untouched, runner_cases, snapshot
 
 # A sanity bound only (a fresh interpreter importing torch on a loaded 2-core machine takes
 # seconds); the check itself takes milliseconds (benchmarks/memory_estimate.json, "refusal").
@@ -34,14 +35,15 @@ def write(path, doc) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("command", ["validate", "run"])
-def test_a_billion_devices_is_refused_before_anything_is_built(tmp_path, command):
+@pytest.mark.parametrize(("command", "runner"),
+                         runner_cases(["validate", "run"], in_a_fresh_interpreter=["run"]))
+def test_a_billion_devices_is_refused_before_anything_is_built(tmp_path, command, runner):
     scenario = write(tmp_path / "billion.yaml", billion_doc())
     out = tmp_path / "out"
     before = snapshot(tmp_path)
     start = time.perf_counter()
-    proc = run_cli(command, scenario, *(["--out", str(out)] if command == "run" else []),
-                   cwd=tmp_path)
+    proc = RUNNERS[runner](command, scenario,
+                           *(["--out", str(out)] if command == "run" else []), cwd=tmp_path)
     assert time.perf_counter() - start < SANITY_S
     assert_refused(proc, "needs about", "GiB", "1,000,000,000 devices",
                    "population.num_devices")
@@ -58,7 +60,7 @@ def test_a_billion_written_as_a_float_is_one_error_line(tmp_path, value):
     scenario = write(tmp_path / "billion.yaml", text)
     before = snapshot(tmp_path)
     out = tmp_path / "out"
-    proc = run_cli("run", scenario, "--out", str(out), cwd=tmp_path)
+    proc = RUNNERS["in-process"]("run", scenario, "--out", str(out), cwd=tmp_path)
     assert_refused(proc, "population.num_devices")
     assert not out.exists()
     assert_untouched(tmp_path, before)
@@ -81,7 +83,7 @@ def test_an_idx_bomb_is_refused_from_its_header(tmp_path):
                     engine={"memory_limit_mb": 1000})
     scenario = write(tmp_path / "bomb.yaml", doc)
     before = snapshot(tmp_path)
-    proc = run_cli("run", scenario, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    proc = RUNNERS["in-process"]("run", scenario, "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert_refused(proc, "needs about", "smaller data set")
     assert_untouched(tmp_path, before)
 

@@ -3,14 +3,15 @@ keeps what was recorded; an exception inside one algorithm is that algorithm's f
 are written atomically, never through a symbolic link, readable by the group; HTML escapes what
 a run folder holds; figures draw any printable label literally.
 
-One tiny run (tests/conftest.py's small scenario) is recorded once per module; each test works
-on a copy of it. The truths compared against: the uninterrupted run's own tables (rows kept, a
-resumed run), the file bytes before the command (snapshot), the modes ``0o666 & ~umask`` that
-open(2) gives any new file, and the exception's own type and text.
+One tiny run (tests/conftest.py's small scenario) is recorded once per session (its small_run
+fixture); each test works on a copy of it. The truths compared against: the uninterrupted run's
+own tables (rows kept, a resumed run), the file bytes before the command (snapshot), the modes
+``0o666 & ~umask`` that open(2) gives any new file, and the exception's own type and text.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -25,11 +26,16 @@ import matplotlib.pyplot as plt
 import matplotlib.text
 import pandas as pd
 import pytest
-import yaml
 
 from tests.conftest import cli as _cli
-from tests.conftest import small_doc
-from tests.hostile import EXIT_USER_ERROR, assert_refused, assert_untouched, run_cli, snapshot
+from tests.hostile import (
+    EXIT_USER_ERROR,
+    RUNNERS,
+    assert_refused,
+    assert_untouched,
+    run_cli,
+    snapshot,
+)
 from wirelessfl.cli import main
 from wirelessfl.results import records
 from wirelessfl.results.records import read_run
@@ -56,18 +62,10 @@ def _refused(capsys, *argv, fragments=()) -> str:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    """The small scenario run once, without figures, under umask 002 (its files must be 0664)."""
-    root = tmp_path_factory.mktemp("recorded")
-    scenario = root / "small.yaml"
-    scenario.write_text(yaml.safe_dump(small_doc(), sort_keys=False))
-    previous = os.umask(0o002)
-    try:
-        assert main(["run", str(scenario), "--out", str(root / "run"), "--quiet",
-                     "--no-report"]) == 0
-    finally:
-        os.umask(previous)
-    return root / "run", scenario
+def recorded(small_run):
+    """The small scenario run once, without figures, under umask 002 (its files must be 0664):
+    tests/conftest.py's small_run, shared with other modules (read only; copy it to change it)."""
+    return small_run
 
 
 @pytest.fixture
@@ -205,17 +203,41 @@ def _limited_file_size(limit: int):
     return preexec
 
 
-@pytest.mark.parametrize(("limit", "failing"), [(20_000, "accuracy_vs_energy.png"),
-                                                 (200_000, "report.html")])
-def test_a_write_that_fails_midway_leaves_the_previous_report_intact(limit, failing, run_copy,
-                                                                     capsys):
+@contextlib.contextmanager
+def _file_size_limit_here(limit: int):
+    """RLIMIT_FSIZE's soft limit on this process for a while (SIGXFSZ ignored: EFBIG instead of
+    a kill); the limits and the handler as they were afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+@pytest.mark.parametrize(("limit", "failing", "runner"), [
+    (20_000, "accuracy_vs_energy.png", "in-process"),
+    pytest.param(20_000, "accuracy_vs_energy.png", "subprocess", marks=pytest.mark.slow),
+    pytest.param(200_000, "report.html", "subprocess", marks=pytest.mark.slow)])
+def test_a_write_that_fails_midway_leaves_the_previous_report_intact(limit, failing, runner,
+                                                                     run_copy, capsys):
     """The kernel refuses to let a file grow past RLIMIT_FSIZE (EFBIG), as a full disk refuses
     with ENOSPC: at 20 kB the first figure fails, at 200 kB report.html (the figures, 30-70 kB,
     are written again, the same bytes); what was written before stays byte for byte, no
-    temporary file is left, and the command says so in one line."""
+    temporary file is left, and the command says so in one line. In a fresh interpreter under
+    the limit (slow), and in this process with the limit set around the command."""
     assert _cli(capsys, "report", run_copy, "--html")[0] == 0
     before = snapshot(run_copy)
     assert (run_copy / "report.html").stat().st_size > 200_000
+    if runner == "in-process":
+        with _file_size_limit_here(limit):
+            proc = RUNNERS["in-process"]("report", str(run_copy), "--html")
+        assert_refused(proc, "file size limit", str(run_copy / failing),
+                       "as it was before is kept")
+        assert snapshot(run_copy) == before
+        return
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
@@ -283,7 +305,7 @@ def test_read_only_output_folder_by_permissions(run_copy, tmp_path):
     before = snapshot(tmp_path)
     run_copy.chmod(0o555)
     try:
-        proc = run_cli("report", str(run_copy), cwd=tmp_path)
+        proc = RUNNERS["in-process"]("report", str(run_copy), cwd=tmp_path)
     finally:
         run_copy.chmod(0o755)
     assert_refused(proc, "permission denied", "--out")
@@ -292,6 +314,25 @@ def test_read_only_output_folder_by_permissions(run_copy, tmp_path):
 
 # ---- a reader that stops reading ----------------------------------------------------------------
 
+def test_output_into_a_closed_pipe_ends_quietly_in_process(capsys, monkeypatch):
+    """main() itself, its stdout a pipe whose reader is gone: the write fails (EPIPE), main
+    returns SIGPIPE's exit code (141) and writes nothing on stderr. What the interpreter does
+    at its exit afterwards, and `report`: the next test, in a fresh interpreter (slow)."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has already gone
+    stdout = os.fdopen(write, "w")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    try:
+        code = main(["list"])
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(OSError):
+            stdout.close()
+    assert code == 128 + signal.SIGPIPE
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["list"], ["report", "RUN"]])
 def test_output_into_a_closed_pipe_ends_quietly(argv, run_copy):
     """``wirelessfl list | head -1``: the reader is gone before we write; nothing on stderr, the
@@ -388,6 +429,7 @@ def test_damaged_run_folder_is_one_error_line_naming_it(kind, command, run_copy,
     assert_untouched(tmp_path, before)
 
 
+@pytest.mark.slow
 def test_damaged_run_folder_in_a_fresh_interpreter(run_copy, tmp_path):
     """As a user meets it: the same refusal, no traceback, nothing changed."""
     _truncate("rounds.parquet")(run_copy)

@@ -5,7 +5,8 @@ both proceed (flock), and a killed writer's lock is free; the Dask LocalCluster 
 starts serves only this process; `compare` refuses a run folder given twice.
 
 The commands are real `python -m wirelessfl` processes; their worker processes are found in
-/proc (children whose command line is multiprocessing's spawn_main)."""
+/proc (children whose command line is multiprocessing's spawn_main). Those tests, and the Dask
+cluster's, are slow; the rest run in process (tests/hostile.py's ``run_in_process``)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import pytest
 import yaml
 
 from tests.conftest import small_doc
-from tests.hostile import assert_refused, assert_untouched, run_cli, snapshot
+from tests.hostile import RUNNERS, assert_refused, assert_untouched, run_cli, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1",
@@ -122,6 +123,7 @@ def _finished_runs(out: Path) -> list[Path]:
     return [p for p in runs.iterdir() if not p.name.startswith(".")] if runs.is_dir() else []
 
 
+@pytest.mark.slow
 def test_a_killed_worker_fails_its_run_only_and_the_sweep_exits(tmp_path):
     """What the OOM killer does: SIGKILL to one of two workers while it holds a run (every
     worker is handed a run as it starts, and starting takes seconds, so the first worker seen
@@ -150,6 +152,7 @@ def test_a_killed_worker_fails_its_run_only_and_the_sweep_exits(tmp_path):
     assert not [pid for pid in seen if _alive(pid)]
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_sweep_like_ctrl_c_and_leaves_no_worker(tmp_path):
     """What `scancel` and `kill` send. Before: the command died and its workers ran on,
     re-parented to init."""
@@ -175,6 +178,7 @@ def test_sigterm_stops_a_sweep_like_ctrl_c_and_leaves_no_worker(tmp_path):
     assert not (out / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_workers_do_not_outlive_a_sigkilled_sweep(tmp_path):
     """SIGKILL reaches no handler: each worker watches its parent (a pipe that reads as closed
     when the parent is gone) and stops its run and itself."""
@@ -220,6 +224,7 @@ SLOW = [{"name": "fedavg", "rounds": 4, "eval_every": 2, "local_steps": 2, "labe
         {"name": "dzofl", "rounds": 600, "eval_every": 100, "label": "B"}]
 
 
+@pytest.mark.slow
 def test_two_writers_on_one_run_folder_never_both_proceed(tmp_path):
     """Two `wirelessfl run --out DIR` started together: exactly one writes, the other is
     refused with one line, whichever order they reach the folder in."""
@@ -238,6 +243,7 @@ def test_two_writers_on_one_run_folder_never_both_proceed(tmp_path):
     assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
 
 
+@pytest.mark.slow
 def test_a_sigkilled_writers_lock_is_free(tmp_path):
     """The lock file stays behind with the dead writer's process id, and locks nothing: the
     kernel released the flock with the process."""
@@ -316,6 +322,7 @@ async def _as_stranger(address: str, ssl_context) -> object:
         comm.abort()
 
 
+@pytest.mark.slow
 def test_the_dask_local_cluster_serves_only_this_process():
     """A stranger (another local user's process) gets nothing from the scheduler without the
     throwaway authority's certificate (plain TCP, TLS without a client certificate, TLS with
@@ -364,8 +371,8 @@ def test_compare_refuses_a_run_folder_given_twice(tmp_path):
     (tmp_path / "sweep" / "sweep.json").write_text(json.dumps(
         {"runs": [{"run": "p0-s0", "folder": "runs/p0-s0", "status": "complete"}]}))
     before = snapshot(tmp_path)
-    through = run_cli("compare", tmp_path / "sweep", run, "--out", tmp_path / "cmp",
-                      cwd=tmp_path)
+    through = RUNNERS["in-process"]("compare", tmp_path / "sweep", run, "--out",
+                                    tmp_path / "cmp", cwd=tmp_path)
     assert_refused(through, "p0-s0", f"through {tmp_path / 'sweep'} and {run}",
                    "give each folder once")
     assert_untouched(tmp_path, before)

@@ -2,7 +2,10 @@
 exits with code 2, one `error:` line, no traceback, and touches nothing; `run` creates no run
 folder for a scenario `validate` refuses. One case at least per class: checks `run` met only
 late, non-finite and out-of-range numbers, lax types and YAML, implausible units (a warning),
-unsafe names, deep `--set` values, error messages that would quote other files, damaged data."""
+unsafe names, deep `--set` values, error messages that would quote other files, damaged data.
+
+Every case runs the command in process (tests/hostile.py's ``run_in_process``: what a fresh
+interpreter would print and exit with); a few run it once more in a fresh interpreter (slow)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.hostile import assert_refused, assert_untouched, run_cli, snapshot
+from tests.hostile import RUNNERS, assert_refused, assert_untouched, runner_cases, snapshot
 
 BASE = {"channel": "seed002-cell", "energy": "seed002-accelerator",
         "population": {"num_devices": 5}, "data": {"name": "digits", "max_train_samples": 200},
@@ -46,11 +49,13 @@ LATE = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(LATE))
-def test_validate_refuses_what_run_would_fail_on_and_run_creates_nothing(tmp_path, case):
+@pytest.mark.parametrize(("case", "runner"),
+                         runner_cases(sorted(LATE), in_a_fresh_interpreter=["missing-data-folder"]))
+def test_validate_refuses_what_run_would_fail_on_and_run_creates_nothing(tmp_path, case, runner):
     doc, fragment = LATE[case]
     path = write(tmp_path, f"{case}.yaml", doc)
     before = snapshot(tmp_path)
+    run_cli = RUNNERS[runner]
     assert_refused(run_cli("validate", path, cwd=tmp_path), fragment)
     assert_refused(run_cli("run", path, "--quiet", cwd=tmp_path), fragment)
     assert_untouched(tmp_path, before)  # no runs/ folder, nothing else
@@ -84,12 +89,13 @@ REFUSED = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(REFUSED))
-def test_bad_values_are_one_error_line(tmp_path, case):
+@pytest.mark.parametrize(("case", "runner"), runner_cases(
+    sorted(REFUSED), in_a_fresh_interpreter=["sweep-alias-bomb", "nul-in-name"]))
+def test_bad_values_are_one_error_line(tmp_path, case, runner):
     doc, fragment = REFUSED[case]
     path = write(tmp_path, f"{case}.yaml", doc)
     before = snapshot(tmp_path)
-    assert_refused(run_cli("validate", path, cwd=tmp_path, timeout=60), fragment)
+    assert_refused(RUNNERS[runner]("validate", path, cwd=tmp_path, timeout=60), fragment)
     assert_untouched(tmp_path, before)
 
 
@@ -98,11 +104,16 @@ def test_a_name_outside_runs_writes_nothing_anywhere(tmp_path):
     inner.mkdir(parents=True)
     path = write(inner, "s.yaml", scenario(name="../../escaped"))
     before = snapshot(tmp_path)
-    assert_refused(run_cli("run", path, "--quiet", cwd=inner), "cannot name a folder")
+    assert_refused(RUNNERS["in-process"]("run", path, "--quiet", cwd=inner),
+                   "cannot name a folder")
     assert_untouched(tmp_path, before)
 
 
-def test_a_deep_set_value_is_one_error_line(tmp_path):
+@pytest.mark.parametrize("runner", ["in-process",
+                                    pytest.param("subprocess", marks=pytest.mark.slow)])
+def test_a_deep_set_value_is_one_error_line(tmp_path, runner):
+    """In process and (slow) in a fresh interpreter, whose stack is not pytest's."""
+    run_cli = RUNNERS[runner]
     path = write(tmp_path, "s.yaml", scenario())
     before = snapshot(tmp_path)
     deep = "x=" + "[" * 5000 + "]" * 5000
@@ -115,7 +126,7 @@ def test_a_deep_set_value_is_one_error_line(tmp_path):
 def test_an_implausible_unit_is_a_warning_naming_field_unit_and_example(tmp_path):
     path = write(tmp_path, "s.yaml", scenario(channel={"profile": "seed002-cell",
                                                         "uplink": {"bandwidth_hz": 2}}))
-    proc = run_cli("validate", path, cwd=tmp_path)
+    proc = RUNNERS["in-process"]("validate", path, cwd=tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1
@@ -130,7 +141,7 @@ def test_errors_never_quote_a_file_a_scenario_names(tmp_path, profile):
     write(tmp_path, "secret.yaml", {"password": SECRET, "uplink": {"bandwidth_hz": SECRET}})
     path = write(tmp_path, "s.yaml", scenario(channel={"profile": profile}))
     before = snapshot(tmp_path)
-    proc = run_cli("validate", path, cwd=tmp_path)
+    proc = RUNNERS["in-process"]("validate", path, cwd=tmp_path)
     assert_refused(proc)
     assert SECRET not in proc.stderr and "root:" not in proc.stderr
     if profile == "secret.yaml":
@@ -157,11 +168,13 @@ def _idx_folder(folder: Path, train_labels: bytes | None = None,
     return folder
 
 
-def _bomb(folder: Path) -> Path:
+def _bomb(folder: Path, mib: int = 300) -> Path:
+    """``mib`` MiB of valid lines packed ~700 to 1: refused once the reader has expanded
+    LIBSVM_MAX_EXPANSION x the file's size (the check scans what it expanded: seconds for 300)."""
     folder.mkdir()
     packer = zlib.compressobj(9, zlib.DEFLATED, 31)
     chunk = b"1 1:1\n" * (2**20 // 6)
-    (folder / "train.gz").write_bytes(b"".join(packer.compress(chunk) for _ in range(300))
+    (folder / "train.gz").write_bytes(b"".join(packer.compress(chunk) for _ in range(mib))
                                       + packer.flush())
     return folder
 
@@ -180,15 +193,24 @@ DAMAGED = {
     "libsvm-index-2-31": (_huge_index, {"name": "libsvm", "file": "train"},
                           "line 1 is not valid libsvm"),
     "libsvm-gzip-bomb": (_bomb, {"name": "libsvm", "file": "train"}, "once decompressed"),
+    "libsvm-gzip-bomb-3-mib": (lambda d: _bomb(d, mib=3), {"name": "libsvm", "file": "train"},
+                                "once decompressed"),
 }
+# The 300 MiB bomb takes ~15 s of CPU (tests/test_datasets_libsvm.py refuses a 200 MiB one at
+# the loader in under a second): slow; the 3 MiB one is the same refusal in the fast tier.
+SLOW_DAMAGED = {"libsvm-gzip-bomb"}
 
 
-@pytest.mark.parametrize("case", sorted(DAMAGED))
-def test_damaged_data_is_one_error_line_and_no_run_folder(tmp_path, case):
+@pytest.mark.parametrize(("case", "runner"), [
+    pytest.param(*p.values, id=p.id, marks=[*p.marks, *(
+        [pytest.mark.slow] if p.values[0] in SLOW_DAMAGED else [])])
+    for p in runner_cases(sorted(DAMAGED),
+                          in_a_fresh_interpreter=["idx-label-above-9", "libsvm-gzip-bomb"])])
+def test_damaged_data_is_one_error_line_and_no_run_folder(tmp_path, case, runner):
     make, data, fragment = DAMAGED[case]
     root = make(tmp_path / "data")
     model = {"name": "seed002-cnn"} if data["name"] == "mnist" else {"name": "mlp"}
     path = write(tmp_path, "s.yaml", scenario(data={**data, "root": str(root)}, model=model))
     before = snapshot(tmp_path)
-    assert_refused(run_cli("run", path, "--quiet", cwd=tmp_path), fragment, str(root))
+    assert_refused(RUNNERS[runner]("run", path, "--quiet", cwd=tmp_path), fragment, str(root))
     assert_untouched(tmp_path, before)

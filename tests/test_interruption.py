@@ -1,6 +1,8 @@
 """Runs that are interrupted (SIGINT, SIGTERM), killed (SIGKILL) or diverge keep what they
 recorded, say how to go on, and `wirelessfl run --resume` finishes them with result tables
-identical to an uninterrupted run's. The runs are real `python -m wirelessfl` processes."""
+identical to an uninterrupted run's. The runs stopped by a signal from outside are real
+`python -m wirelessfl` processes (slow); in the fast tier a SIGTERM raised in this process stops an
+in-process run the same way."""
 
 from __future__ import annotations
 
@@ -112,6 +114,7 @@ def _assert_identical(out: Path, ref: Path):
     assert a["scenario"] == b["scenario"] and a["algorithms"] == b["algorithms"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_stops_cleanly_keeps_the_rounds_and_resume_finishes(tmp_path, reference, sig):
     import shutil
@@ -146,6 +149,7 @@ def test_a_signal_stops_cleanly_keeps_the_rounds_and_resume_finishes(tmp_path, r
     _assert_identical(out, ref)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_gives_the_uninterrupted_results(tmp_path, reference):
     scenario, ref = reference
     out = tmp_path / "run"
@@ -157,6 +161,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_results(tmp_path, reference
     _assert_identical(out, ref)
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused(tmp_path, reference, capsys):
     scenario, _ = reference
     out = tmp_path / "run"
@@ -172,6 +177,45 @@ def test_a_second_writer_is_refused(tmp_path, reference, capsys):
     # a finished folder is not overwritten by a new run either
     assert main(["run", str(scenario), "--out", str(reference[1]), "--quiet"]) == 2
     assert "already holds a run" in capsys.readouterr().err
+
+
+def test_sigterm_in_process_stops_cleanly_keeps_the_rounds_and_resume_finishes(
+        tmp_path, scenario_file, monkeypatch, capsys):
+    """SIGTERM raised in this process while B runs (at its round 100 of 300): the run stops at a
+    clean point as `kill` stops it, exit 130 with the command that goes on, A complete and B's
+    rounds so far kept; --resume then gives the uninterrupted run's tables (run here too)."""
+    from wirelessfl.engine.context import RunContext
+
+    path = scenario_file(small_doc(algorithms=[ALGORITHMS[0], {**ALGORITHMS[1], "rounds": 300}]))
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert main(["run", str(path), "--out", str(ref), "--quiet", "--no-report"]) == 0
+    original = RunContext.end_round
+
+    def end_round(self, completed, theta):
+        original(self, completed, theta)  # round 100's row is recorded, then the signal
+        if self.rounds == 300 and completed == 100:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(RunContext, "end_round", end_round)
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--no-report"]) == 130
+    err = capsys.readouterr().err
+    assert f"wirelessfl run --resume {out}" in err and "Traceback" not in err
+    monkeypatch.undo()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert manifest["algorithms"]["A"]["status"] == "complete"
+    assert manifest["algorithms"]["B"]["status"] == "interrupted"
+    rounds = pd.read_parquet(out / "rounds.parquet")
+    ref_rounds = pd.read_parquet(ref / "rounds.parquet")
+    pd.testing.assert_frame_equal(rounds[rounds.algorithm == "A"].reset_index(drop=True),
+                                  ref_rounds[ref_rounds.algorithm == "A"].reset_index(drop=True))
+    partial = rounds[rounds.algorithm == "B"].reset_index(drop=True)
+    assert list(partial["round"]) == [0, 100]  # eval_every 100: B's rows up to the signal
+    pd.testing.assert_frame_equal(
+        partial, ref_rounds[ref_rounds.algorithm == "B"].head(2).reset_index(drop=True))
+    assert not (out / ".lock").exists()
+    assert main(["run", "--resume", str(out), "--quiet", "--no-report"]) == 0
+    _assert_identical(out, ref)
 
 
 def test_a_diverging_algorithm_stops_with_a_message_and_the_others_finish(tmp_path,
@@ -193,6 +237,7 @@ def test_a_diverging_algorithm_stops_with_a_message_and_the_others_finish(tmp_pa
     assert (rounds[rounds.algorithm == "blows up"].test_loss.dropna().abs() < float("inf")).all()
 
 
+@pytest.mark.slow
 def test_sigkill_at_a_random_round_with_checkpoints_resumes_identically(tmp_path, reference,
                                                                          capsys):
     """--checkpoint-every saves B's full state; SIGKILL at a random moment of B's rounds, then

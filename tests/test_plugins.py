@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -349,6 +348,7 @@ def _sweep(folder: Path, capsys, executor: str, algorithm: str, model: str) -> P
     return out
 
 
+@pytest.mark.slow
 def test_local_and_dask_sweeps_resolve_the_same_plugins(installed, tmp_path, capsys,
                                                           monkeypatch):
     """Entry points (local sweep) and references from the folder the user runs in (Dask
@@ -416,20 +416,37 @@ def test_a_bad_plugin_is_one_error_line(installed, tmp_path, capsys, key, value,
     assert where in errors[0] and message in errors[0], errors[0]
 
 
-def test_tutorial_runs_from_the_examples_folder(tmp_path):
+@pytest.fixture
+def fresh_plugin_imports(monkeypatch):
+    """sys.path and the imported modules as they were after the test (an in-process command
+    puts the current folder on sys.path and imports the plugins it names); the registries
+    forget what they resolved."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if not name.startswith(("wirelessfl", "torch", "numpy", "pandas", "matplotlib")):
+            del sys.modules[name]
+    _rescan()
+
+
+@pytest.mark.parametrize("runner", ["in-process",
+                                    pytest.param("subprocess", marks=pytest.mark.slow)])
+def test_tutorial_runs_from_the_examples_folder(tmp_path, runner, fresh_plugin_imports,
+                                                 monkeypatch):
     """docs/plugins.md's tutorial, as written: ``wirelessfl run my-algorithm.yaml
-    --allow-references`` in examples/ (shortened); FedAvgM with momentum 0 is FedAvg, to the
-    last bit."""
+    --allow-references`` in examples/ (shortened; the flag alone opts in); FedAvgM with
+    momentum 0 is FedAvg, to the last bit. In process (the
+    current folder examples/), and (slow) in a fresh interpreter as a user runs it."""
+    from tests.hostile import RUNNERS
+
     examples = ROOT / "examples"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("WIRELESSFL_ALLOW_REFERENCES", None)  # the flag alone opts in
     short = ["--set", "algorithms.FedAvgM.rounds=4", "--set", "algorithms.FedAvg.rounds=4",
              "--set", "algorithms.FedAvgM.momentum=0", "--set", "algorithms.FedAvgM.lr=0.2"]
-    done = subprocess.run([sys.executable, "-m", "wirelessfl", "run", "my-algorithm.yaml",
-                           "--allow-references", "--out", str(tmp_path / "run"), "--no-report",
-                           "--quiet", *short],
-                          cwd=examples, env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    monkeypatch.delenv("WIRELESSFL_ALLOW_REFERENCES", raising=False)
+    done = RUNNERS[runner]("run", "my-algorithm.yaml", "--allow-references", "--out",
+                           tmp_path / "run", "--no-report",
+                           "--quiet", *short, cwd=examples, timeout=300)
     assert done.returncode == 0, done.stderr
     rounds = pd.read_parquet(tmp_path / "run" / "rounds.parquet").set_index(["algorithm", "round"])
     pd.testing.assert_frame_equal(rounds.loc["FedAvgM"], rounds.loc["FedAvg"])

@@ -1,5 +1,6 @@
 """wirelessfl reproduce: claim verdicts against intervals worked by hand, bad reproduction files
-as one error line, and a small reproduction end to end (verdicts recomputed from its runs)."""
+as one error line, and a small reproduction end to end (verdicts recomputed from its runs): a
+tiny one with its runs in this process, and (slow) a small one in worker processes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import yaml
 from scipy import stats
 
 from tests.conftest import cli as _cli
+from tests.conftest import small_doc
 from wirelessfl.tune.claims import FAILS, HOLDS, INCONCLUSIVE, Claim, judge
 
 
@@ -71,9 +73,12 @@ def test_a_failed_evaluation_run_scores_nan_for_every_claim():
 
 
 def _tune_file(tmp_path):
+    # DZOFL is neither tuned nor claimed about, but its runs are part of each evaluation run:
+    # 250 of its rounds instead of the quickstart's 10,000
     doc = {"name": "small", "scenario": "quickstart", "objective": "energy_to_target",
            "set": {"target_accuracy": 0.6, "population.num_devices": 10,
-                   "algorithms.FedSGD.rounds": 30, "algorithms.FedAvg.rounds": 8},
+                   "algorithms.DZOFL.rounds": 250, "algorithms.FedSGD.rounds": 30,
+                   "algorithms.FedAvg.rounds": 8},
            "tuning_seeds": [100], "evaluation_seeds": [0, 1, 2], "compare_untuned": False,
            "search": {"FedSGD": {"lr": [0.5, 1.0]}, "FedAvg": {"lr": [0.2, 0.4]}}}
     (tmp_path / "small-tune.yaml").write_text(yaml.safe_dump(doc))
@@ -103,7 +108,24 @@ def test_bad_reproduction_files_are_one_error_line(tmp_path, capsys, change, exp
     assert not (tmp_path / "out").exists()
 
 
+def _check_the_verdicts(out: Path, claims_made: list[dict], methods: set[str],
+                        evaluation_seeds: int) -> pd.DataFrame:
+    """claims.csv holds the verdicts recomputed from runs.csv with the same rules; the reports
+    are written. Returns claims.csv."""
+    claims = pd.read_csv(out / "claims.csv")
+    runs = pd.read_csv(out / "runs.csv")
+    assert set(runs.method) == methods and len(runs) == len(methods) * evaluation_seeds
+    for claim in (Claim(**c) for c in claims_made):
+        by = {m: _runs(list(g[claim.metric]), healthy=bool(g.healthy.all()))
+              for m, g in runs.groupby("method")}
+        assert claims[claims.claim == claim.id].verdict.iloc[0] == judge(claim, by)["verdict"]
+    assert (out / "report.html").is_file() and (out / "tune" / "report.html").is_file()
+    return claims
+
+
+@pytest.mark.slow
 def test_a_small_reproduction_end_to_end(tmp_path, capsys):
+    """On worker processes; the tiny one in process: the next test."""
     _tune_file(tmp_path)
     path = tmp_path / "small.yaml"
     path.write_text(yaml.safe_dump({"title": "small", "paper": "none", "tune":
@@ -112,16 +134,29 @@ def test_a_small_reproduction_end_to_end(tmp_path, capsys):
     code, stdout, err = _cli(capsys, "reproduce", path, "--out", out, "--workers", "2",
                              "--quiet")
     assert code == 0, err
-    claims = pd.read_csv(out / "claims.csv")
-    runs = pd.read_csv(out / "runs.csv")
-    assert set(runs.method) == {"FedSGD", "FedAvg"} and len(runs) == 6
-    # the verdicts recomputed from runs.csv with the same rules
-    for claim in (Claim(**c) for c in CLAIMS):
-        by = {m: _runs(list(g[claim.metric]), healthy=bool(g.healthy.all()))
-              for m, g in runs.groupby("method")}
-        assert claims[claims.claim == claim.id].verdict.iloc[0] == judge(claim, by)["verdict"]
+    claims = _check_the_verdicts(out, CLAIMS, {"FedSGD", "FedAvg"}, evaluation_seeds=3)
     assert "radio" in stdout and claims[claims.claim == "radio"].verdict.iloc[0] == HOLDS
-    assert (out / "report.html").is_file() and (out / "tune" / "report.html").is_file()
+
+
+def test_a_tiny_reproduction_end_to_end_in_process(tmp_path, capsys, in_process_runs):
+    """`wirelessfl reproduce` with its runs in this process (tests/conftest.py's
+    runs_in_this_process), of one claim on the small scenario's FedSGD at 6 rounds: two step
+    sizes tuned on one seed, the choice evaluated on three. The verdict is the one recomputed
+    from its runs."""
+    fedsgd = {"name": "fedsgd", "label": "FedSGD", "rounds": 6, "eval_every": 2, "lr": 0.5}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(small_doc(algorithms=[fedsgd])))
+    (tmp_path / "tiny-tune.yaml").write_text(yaml.safe_dump(
+        {"name": "tiny", "scenario": "base.yaml", "objective": "energy_to_target",
+         "tuning_seeds": [100], "evaluation_seeds": [0, 1, 2], "compare_untuned": False,
+         "search": {"FedSGD": {"lr": [0.5, 1.0]}}}))
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({"title": "tiny", "paper": "none", "tune": "tiny-tune.yaml",
+                                    "claims": [CLAIMS[1]]}))
+    code, stdout, err = _cli(capsys, "reproduce", path, "--out", tmp_path / "out", "--quiet")
+    assert code == 0, err
+    claims = _check_the_verdicts(tmp_path / "out", [CLAIMS[1]], {"FedSGD"}, evaluation_seeds=3)
+    for row in claims.itertuples():
+        assert row.claim in stdout and row.verdict in stdout
 
 
 def test_reproduce_list_names_what_ships(capsys):

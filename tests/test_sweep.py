@@ -1,5 +1,10 @@
 """Sweeps: validation of sweep files, the same numbers on every executor, resuming after a kill,
-failed runs kept and retried."""
+failed runs kept and retried.
+
+The tests of what a sweep does with its runs run them twice: in this process (the fast tier;
+tests/conftest.py's ``runs_in_this_process``) and in the local executor's worker processes (fresh
+interpreters: slow). The executors themselves (worker processes, a SIGKILLed sweep, Dask) are
+tested in the slow tier only."""
 
 from __future__ import annotations
 
@@ -15,8 +20,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.conftest import RUNS_WHERE, runs_at, runs_in_this_process, small_doc
 from tests.conftest import cli as _cli
-from tests.conftest import small_doc
 from wirelessfl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,13 +54,15 @@ def _frames(out: Path, name: str) -> dict[str, pd.DataFrame]:
     return {p.name: pd.read_parquet(p / name) for p in sorted((out / "runs").iterdir())}
 
 
-@pytest.fixture(scope="module")
-def local_sweep(tmp_path_factory):
-    """A 2 x 2 sweep (power x seed) run with the local executor on 2 worker processes."""
+@pytest.fixture(scope="module", params=RUNS_WHERE)
+def local_sweep(request, tmp_path_factory):
+    """A 2 x 2 sweep (power x seed) run with the local executor on 2 workers: its runs in this
+    process, or (slow) in 2 worker processes."""
     folder = tmp_path_factory.mktemp("local")
     path = _write_sweep(folder, {"grid": GRID, "seeds": [0, 1]})
-    code = main(["sweep", str(path), "--out", str(folder / "out"), "--workers", "2", "--quiet",
-                 "--no-compare"])
+    with runs_at(request.param):
+        code = main(["sweep", str(path), "--out", str(folder / "out"), "--workers", "2",
+                     "--quiet", "--no-compare"])
     assert code == 0
     return path, folder / "out"
 
@@ -102,6 +109,8 @@ def test_a_worker_reports_the_package_it_imported():
     assert result["module"] == wirelessfl.__file__ == str(ROOT / "wirelessfl" / "__init__.py")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("local_sweep", ["worker-processes"], indirect=True)
 def test_dask_cluster_gives_the_local_executors_numbers(local_sweep, tmp_path, capsys):
     distributed = pytest.importorskip("distributed")
     path, local_out = local_sweep
@@ -144,6 +153,37 @@ def test_rerun_skips_finished_runs(local_sweep, capsys):
     assert _finished(out) == before
 
 
+def test_a_sweep_stopped_midway_reruns_only_the_missing_runs(tmp_path, capsys):
+    """In process: Ctrl-C (KeyboardInterrupt) as the third of six runs starts; the two finished
+    runs are kept, and the same command runs only the four missing ones (the finished ones not
+    rewritten). A SIGKILLed sweep process and its workers: the next test (slow)."""
+    path = _write_sweep(tmp_path, {"grid": {"channel.uplink.tx_power_dbm": [0, 10, 23]},
+                                   "seeds": [0, 1]})
+    out = tmp_path / "out"
+
+    def ctrl_c(k, task):
+        if k == 2:
+            raise KeyboardInterrupt
+
+    argv = ("sweep", path, "--out", out, "--workers", "1", "--quiet", "--no-compare")
+    with runs_in_this_process(before_each=ctrl_c):
+        code, _, err = _cli(capsys, *argv)
+    assert code == 130 and err.rstrip().splitlines()[-1].startswith("interrupted: "), err
+    before = _finished(out)
+    assert len(before) == 2
+    assert set(pd.read_csv(out / "runs.csv").status) == {"complete", "pending"}
+    with runs_in_this_process():
+        code, _, err = _cli(capsys, *argv)
+    assert code == 0
+    assert "2 already finished, 4 to run" in err
+    after = _finished(out)
+    assert len(after) == 6
+    assert {k: after[k] for k in before} == before  # the finished ones were not rewritten
+    assert set(pd.read_csv(out / "runs.csv").status) == {"complete"}
+    assert not [p for p in (out / "runs").iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.slow
 def test_killed_sweep_reruns_only_the_missing_runs(tmp_path, capsys):
     path = _write_sweep(tmp_path, {"grid": {"channel.uplink.tx_power_dbm": [0, 10, 23]},
                                    "seeds": [0, 1]})
@@ -174,7 +214,7 @@ def test_killed_sweep_reruns_only_the_missing_runs(tmp_path, capsys):
     assert not [p for p in (out / "runs").iterdir() if p.name.startswith(".")]
 
 
-def test_a_second_sweep_on_a_running_sweeps_folder_is_refused(tmp_path, capsys):
+def test_a_second_sweep_on_a_running_sweeps_folder_is_refused(tmp_path, capsys, runs_where):
     """The folder's flock is held (here by this process, through another open file: flock locks
     of two open files conflict, even in one process): refused, one line, nothing written. Once
     it is released, a lock file naming a live process but not locked (what a killed writer
@@ -199,7 +239,7 @@ def test_a_second_sweep_on_a_running_sweeps_folder_is_refused(tmp_path, capsys):
     assert not (out / ".lock").exists()
 
 
-def test_failed_run_keeps_its_error_and_is_retried(tmp_path, capsys):
+def test_failed_run_keeps_its_error_and_is_retried(tmp_path, capsys, runs_where):
     # FashionMNIST from a folder that does not exist: valid scenario, fails when it runs
     path = _write_sweep(tmp_path, {"points": [{"data.name": "digits"},
                                               {"data.name": "fashionmnist",
@@ -227,7 +267,7 @@ def test_failed_run_keeps_its_error_and_is_retried(tmp_path, capsys):
                                                                              "folder"])}
 
 
-def test_changed_base_scenario_reruns_stale_runs(tmp_path, capsys):
+def test_changed_base_scenario_reruns_stale_runs(tmp_path, capsys, runs_where):
     path = _write_sweep(tmp_path, {"grid": {"channel.uplink.tx_power_dbm": [23]}})
     out = tmp_path / "out"
     assert _cli(capsys, "sweep", path, "--out", out, "--workers", "1", "--quiet",
@@ -274,6 +314,7 @@ def test_bad_sweep_file_is_one_clean_line(tmp_path, capsys, sweep, expected):
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
+@pytest.mark.slow
 def test_bad_sweep_file_in_a_real_process_has_no_traceback(tmp_path):
     path = _write_sweep(tmp_path, {"grid": {"population.num_devicez": [3]}})
     proc = subprocess.run([sys.executable, "-m", "wirelessfl", "sweep", str(path)], check=False,

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import cli as _cli
+from tests.conftest import small_doc
 from wirelessfl.tune.objectives import OBJECTIVES
 from wirelessfl.tune.select import edge_warnings, summarize_configurations
 from wirelessfl.tune.spec import Range
@@ -143,7 +144,10 @@ def _best_by_hand(tuning: pd.DataFrame, algorithm: str) -> int:
     return int(ok.sort_values(["share", "closeness_mean"], ascending=False).config.iloc[0])
 
 
+@pytest.mark.slow
 def test_quickstart_tune_end_to_end_local_and_dask_agree(tmp_path, capsys):
+    """On worker processes and on a Dask LocalCluster; the tiny study in process: the next
+    test."""
     path = _small_quickstart_tune(tmp_path)
     local, dask = tmp_path / "local", tmp_path / "dask"
     code, out, err = _cli(capsys, "tune", path, "--out", local, "--workers", "2", "--quiet")
@@ -183,6 +187,42 @@ def test_quickstart_tune_end_to_end_local_and_dask_agree(tmp_path, capsys):
     code, out2, err2 = _cli(capsys, "tune", path, "--out", local, "--quiet")
     assert code == 0 and "0 to run" in err2
     assert out2.split("verdict:")[0] == out.split("verdict:")[0]
+
+
+def test_a_tiny_tune_end_to_end_in_process(tmp_path, capsys, in_process_runs):
+    """`wirelessfl tune` on a tiny study, its runs in this process (tests/conftest.py's
+    runs_in_this_process): FedSGD on the small scenario, two step sizes on one tuning seed, then
+    the choice and the scenario's own step size on two evaluation seeds. The choice is the one
+    the rules pick from tuning.csv (recomputed by hand), warned about when at the grid's edge;
+    the evaluation runs use exactly the evaluation seeds; the figure and the report are
+    written."""
+    fedsgd = {"name": "fedsgd", "label": "FedSGD", "rounds": 6, "eval_every": 2, "lr": 0.2}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(small_doc(algorithms=[fedsgd])))
+    path = tmp_path / "tiny-tune.yaml"
+    path.write_text(yaml.safe_dump({"name": "tiny", "scenario": "base.yaml",
+                                    "objective": "energy_to_target", "tuning_seeds": [100],
+                                    "evaluation_seeds": [0, 1],
+                                    "search": {"FedSGD": {"lr": [0.1, 0.5]}}}))
+    out = tmp_path / "out"
+    code, stdout, err = _cli(capsys, "tune", path, "--out", out, "--quiet")
+    assert code == 0, err
+    assert "verdict:" in stdout and "FedSGD (untuned)" in stdout
+    tuning = pd.read_csv(out / "tuning.csv")
+    chosen = tuning[tuning.chosen]
+    assert len(chosen) == 1 and int(chosen.config.iloc[0]) == _best_by_hand(tuning, "FedSGD")
+    lr = chosen.lr.iloc[0]
+    assert json.loads((out / "tune.json").read_text())["choices"]["FedSGD"] == {"lr": lr}
+    edge = {0.1: "smallest value tried (0.1 to 0.5)", 0.5: "largest value tried (0.1 to 0.5)"}
+    assert f"FedSGD: lr = {lr:g} is the {edge[lr]}" in err
+    seeds = {phase: {r["seed"] for r in json.loads((out / phase / "sweep.json").read_text())
+                     ["runs"]} for phase in ("tuning", "evaluation")}
+    assert seeds == {"tuning": {100}, "evaluation": {0, 1}}
+    evaluation = pd.read_csv(out / "evaluation.csv").set_index("algorithm")
+    assert set(evaluation.index) == {"FedSGD", "FedSGD (untuned)"}
+    assert (evaluation.seeds == 2).all()
+    assert json.loads(evaluation.parameters["FedSGD (untuned)"]) == {"lr": 0.2}
+    assert (out / "tune_FedSGD.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "data:image/png;base64" in (out / "report.html").read_text()
 
 
 def test_objective_scores_read_the_first_row_at_target():
