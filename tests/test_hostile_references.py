@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.hostile import assert_refused, assert_untouched, run_cli, snapshot
+from tests.hostile import RUNNERS, assert_refused, assert_untouched, run_cli, runner_cases, snapshot
 from wirelessfl.errors import UserError
 from wirelessfl.plugins import ALLOW_REFERENCES_ENV, MODELS, references_allowed
 
@@ -83,21 +83,27 @@ def folder(tmp_path) -> Path:
     return tmp_path
 
 
+# Each refusal runs through cli.main in this process (the module must then be absent from
+# sys.modules); a few also in a fresh interpreter, as a user runs them (slow).
+BOTH = [pytest.param("in-process"), pytest.param("subprocess", marks=pytest.mark.slow)]
+
+
 def assert_not_imported(folder: Path, *procs) -> None:
+    assert MODULE not in sys.modules
     assert not (folder / MARKER).exists(), "the referenced module was imported"
     assert not (folder / "__pycache__").exists()
     for proc in procs:
         assert PRINTED not in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("case", list(SCENARIOS))
-def test_a_reference_in_a_scenario_is_refused_by_validate_and_run(folder, case):
+@pytest.mark.parametrize("case, runner", runner_cases(list(SCENARIOS), ("model", "algorithm")))
+def test_a_reference_in_a_scenario_is_refused_by_validate_and_run(folder, case, runner):
     changes, key = SCENARIOS[case]
     path = write(folder, f"{case}.yaml", {**BASE, **changes})
     out = folder / "out"
     before = snapshot(folder)
-    procs = [run_cli("validate", path, cwd=folder, env=REFUSING),
-             run_cli("run", path, "--out", out, "--quiet", cwd=folder, env=REFUSING)]
+    procs = [RUNNERS[runner]("validate", path, cwd=folder, env=REFUSING),
+             RUNNERS[runner]("run", path, "--out", out, "--quiet", cwd=folder, env=REFUSING)]
     for proc in procs:
         line = assert_refused(proc, f"{path.name}: {key}: '{REFERENCE}' {REFUSED}",
                               "--allow-references", ALLOW_REFERENCES_ENV, "docs/plugins.md")
@@ -107,15 +113,16 @@ def test_a_reference_in_a_scenario_is_refused_by_validate_and_run(folder, case):
     assert not out.exists()
 
 
-def test_a_reference_in_a_sweep_file_is_refused(folder):
+@pytest.mark.parametrize("runner", BOTH)
+def test_a_reference_in_a_sweep_file_is_refused(folder, runner):
     write(folder, "base.yaml", BASE)
     path = write(folder, "sweep.yaml", {"scenario": "base.yaml", "seeds": [0],
                                         "grid": {"model.name": ["mlp", REFERENCE]}})
     out = folder / "out"
     before = snapshot(folder)
-    procs = [run_cli("validate", path, cwd=folder, env=REFUSING),
-             run_cli("sweep", path, "--out", out, "--quiet", "--workers", "1", cwd=folder,
-                     env=REFUSING)]
+    procs = [RUNNERS[runner]("validate", path, cwd=folder, env=REFUSING),
+             RUNNERS[runner]("sweep", path, "--out", out, "--quiet", "--workers", "1",
+                             cwd=folder, env=REFUSING)]
     for proc in procs:
         assert_refused(proc, "sweep.yaml: grid.model.name", f"model.name: '{REFERENCE}' {REFUSED}")
     assert_not_imported(folder, *procs)
@@ -135,9 +142,9 @@ def test_a_reference_in_a_tune_file_is_refused(folder):
     path = _tune_file(folder)
     out = folder / "out"
     before = snapshot(folder)
-    procs = [run_cli("validate", path, cwd=folder, env=REFUSING),
-             run_cli("tune", path, "--out", out, "--quiet", "--workers", "1", cwd=folder,
-                     env=REFUSING)]
+    procs = [RUNNERS["in-process"]("validate", path, cwd=folder, env=REFUSING),
+             RUNNERS["in-process"]("tune", path, "--out", out, "--quiet", "--workers", "1",
+                                   cwd=folder, env=REFUSING)]
     for proc in procs:
         assert_refused(proc, "tune.yaml: set", f"model.name: '{REFERENCE}' {REFUSED}")
     assert_not_imported(folder, *procs)
@@ -153,8 +160,8 @@ def test_a_reference_in_a_reproduction_is_refused(folder):
                     "algorithm": "fedavg", "above": 0.1}]})
     out = folder / "out"
     before = snapshot(folder)
-    proc = run_cli("reproduce", path, "--out", out, "--quiet", "--workers", "1", cwd=folder,
-                   env=REFUSING)
+    proc = RUNNERS["in-process"]("reproduce", path, "--out", out, "--quiet", "--workers", "1",
+                                 cwd=folder, env=REFUSING)
     assert_refused(proc, f"model.name: '{REFERENCE}' {REFUSED}")
     assert_not_imported(folder, proc)
     assert_untouched(folder, before)
@@ -187,12 +194,14 @@ def _edit_manifest(folder: Path, fingerprint: str) -> None:
     path.write_text(json.dumps(manifest, indent=2))
 
 
+@pytest.mark.parametrize("runner", BOTH)
 def test_a_reference_edited_into_a_manifest_is_refused_by_its_fingerprint_first(
-        folder, run_folder):
+        folder, run_folder, runner):
     """Checked before any name is resolved: refused even with references allowed."""
     _edit_manifest(run_folder, "kept")
     before = snapshot(folder)
-    proc = run_cli("run", "--resume", run_folder, "--quiet", "--allow-references", cwd=folder)
+    proc = RUNNERS[runner]("run", "--resume", run_folder, "--quiet", "--allow-references",
+                           cwd=folder)
     assert_refused(proc, "manifest.json: its scenario no longer matches the fingerprint")
     assert_not_imported(folder, proc)
     assert_untouched(folder, before)
@@ -203,13 +212,15 @@ def test_a_reference_in_a_manifest_without_a_true_fingerprint_is_refused(folder,
                                                                          fingerprint):
     _edit_manifest(run_folder, fingerprint)
     before = snapshot(folder)
-    proc = run_cli("run", "--resume", run_folder, "--quiet", cwd=folder, env=REFUSING)
+    proc = RUNNERS["in-process"]("run", "--resume", run_folder, "--quiet", cwd=folder,
+                                 env=REFUSING)
     assert_refused(proc, f"manifest.json: model.name: '{REFERENCE}' {REFUSED}")
     assert_not_imported(folder, proc)
     assert_untouched(folder, before)
 
 
 # ---- the opt-in ---------------------------------------------------------------------------------
+@pytest.mark.slow  # imports the module: in a fresh interpreter
 @pytest.mark.parametrize("how", ["flag", "variable"])
 def test_the_flag_or_the_variable_allows_references(folder, how):
     path = write(folder, "s.yaml", {**BASE, "model": {"name": REFERENCE}})
@@ -223,11 +234,13 @@ def test_the_flag_or_the_variable_allows_references(folder, how):
 
 def test_a_variable_that_says_neither_yes_nor_no_is_one_error_line(folder):
     path = write(folder, "s.yaml", {**BASE, "model": {"name": REFERENCE}})
-    proc = run_cli("validate", path, cwd=folder, env={ALLOW_REFERENCES_ENV: "maybe"})
+    proc = RUNNERS["in-process"]("validate", path, cwd=folder,
+                                 env={ALLOW_REFERENCES_ENV: "maybe"})
     assert_refused(proc, f"{ALLOW_REFERENCES_ENV}='maybe': expected 1")
     assert_not_imported(folder, proc)
 
 
+@pytest.mark.slow  # worker processes
 def test_a_sweep_worker_follows_the_command_not_its_environment(folder):
     """--allow-references in the sweep command, 0 in the environment every worker inherits: the
     workers resolve the reference (the task carries the opt-in)."""

@@ -296,6 +296,8 @@ def energy_breakdown(record) -> Figure | None:
     titled. A kind that is zero in every bar (no idle power, no backward pass) is left out of
     the bars and the legend. The bars' labels are wrapped to the bar's width and written in
     the algorithm's colour; the legend stands beside the axes, never over a bar."""
+    if record.rounds.empty:  # a run with no row yet has nothing to compare
+        return None
     colours = run_colours(record)
     rounds = record.rounds.sort_values("round", kind="stable")
     order = [a for a in colours if a in set(rounds.algorithm)]
