@@ -232,3 +232,17 @@ def test_link_takes_set_like_run_and_validate(capsys):
     message = _one_error(*_link(capsys, "--distance", 300, "--set", "cell_radius_m=-1")[::2])
     assert message == ("--set cell_radius_m=-1: cell_radius_m: Input should be greater than 0 "
                        "(got -1)")
+
+
+def test_a_profile_path_to_another_file_never_quotes_its_lines(tmp_path, capsys):
+    """``--set energy=/etc/shadow``: YAML reads each line of such a file as a key, which the
+    error named verbatim; a key that is not a field name is now described, not shown."""
+    from wirelessfl import cli
+
+    secret = "root:$6$saltsalt$hashhashhash:19000:0:99999:7:::"
+    other = tmp_path / "shadow"
+    other.write_text(secret + "\n")
+    assert cli.main(["validate", "quickstart", "--set", f"energy={other}"]) == 2
+    err = capsys.readouterr().err
+    assert "a key that is not a field name" in err and str(other) in err
+    assert "hashhash" not in err and "saltsalt" not in err and "root:" not in err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
 
 import yaml
@@ -161,13 +162,26 @@ def format_validation_error(err: ValidationError, source: str, prefix: tuple = (
         where, foreign = _where(source, loc, sets), _foreign_file(loc, origins)
         if foreign is not None:
             where = f"{source}: {format_path(foreign[0])}: profile file {foreign[1]}: " \
-                    f"{format_path(foreign[2])}"
+                    f"{_key_in_file(foreign[2])}"
         elif e["type"] not in ("extra_forbidden", "missing") and not isinstance(got, dict | list) \
                 and not (isinstance(got, str) and repr(got) in msg):  # a quoted name, said once
             shown = repr(got)
             msg += f" (got {shown if len(shown) <= 80 else shown[:77] + '...'})"
         lines.append(f"{where}: {msg}")
     return "\n".join(lines[:5]) + (f"\n... and {len(lines) - 5} more" if len(lines) > 5 else "")
+
+
+# What a key of a profile file may look like to be named in a message: a field name [D].
+_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def _key_in_file(path: tuple) -> str:
+    """The key path inside a profile file, as a message names it: only when every part looks
+    like a field name. A profile name may point at any file on the machine (``--set
+    energy=/etc/shadow``), whose lines YAML reads as keys: those are never quoted."""
+    if all(isinstance(p, int) or _FIELD_NAME.match(str(p)) for p in path):
+        return format_path(path)
+    return "a key that is not a field name (not shown: is this file a profile?)"
 
 
 def _unknown_key(loc: tuple, model: type[BaseModel] | None, raw: object) -> str:
