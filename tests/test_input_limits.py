@@ -260,3 +260,38 @@ def test_every_shipped_scenario_is_runnable_and_plausible():
 def test_implausible_units_warn_naming_field_unit_and_example(override, field, unit):
     warnings = checks.check_runnable(small_scenario([override]))
     assert len(warnings) == 1 and warnings[0].startswith(field) and unit in warnings[0]
+
+
+@pytest.mark.parametrize("key", ["algorithms.FedAvg.local_steps", "algorithms.2.local_steps"])
+def test_local_steps_a_round_are_bounded_as_rounds_are(key, capsys):
+    """9007199254740993 local steps were accepted and the run never ended; a million is the
+    bound (algorithms/base.py MAX_STEPS_PER_ROUND), one more is one error line naming the key."""
+    from wirelessfl import cli
+    from wirelessfl.algorithms.base import MAX_STEPS_PER_ROUND
+
+    assert cli.main(["validate", "quickstart", "--set", f"{key}={MAX_STEPS_PER_ROUND}"]) == 0
+    capsys.readouterr()
+    assert cli.main(["validate", "quickstart", "--set", f"{key}=9007199254740993"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --set {key}=9007199254740993: ")
+    assert "local_steps = 9,007,199,254,740,993 is more local steps a round than the 1,000,000" \
+        in err[0]
+
+
+def test_every_steps_count_of_every_algorithm_is_bounded():
+    """The rule reads any ``*_steps`` field, so each family's own counts (K, I, E, H caps) are
+    bounded without a list to keep."""
+    from pydantic import ValidationError
+
+    from wirelessfl.algorithms.base import MAX_STEPS_PER_ROUND
+    from wirelessfl.plugins import ALGORITHMS
+
+    checked = 0
+    for name, cls in ALGORITHMS.load_builtins().items():
+        for key in cls.Params.model_fields:
+            if not key.endswith("_steps"):
+                continue
+            with pytest.raises(ValidationError, match=f"{key} = "):
+                cls.Params(name=name, **{key: MAX_STEPS_PER_ROUND + 1})
+            checked += 1
+    assert checked >= 8

@@ -33,6 +33,12 @@ if TYPE_CHECKING:
     from wirelessfl.contract.port import RunPort
 
 
+# Local steps a round may hold at most [D]: the specs' settings are 1 to a few hundred (FedAvg's
+# E, fgdro.md's I = 32, fedred.md's K = 10, ZO-HFL's cap of 1000); a million is far past them
+# (hours a round at a millisecond a step), so a larger count is a slip or hostile input.
+MAX_STEPS_PER_ROUND = 1_000_000
+
+
 class AlgorithmParams(BaseModel):
     """Parameters every algorithm has; subclasses add their own (unknown keys are rejected)."""
 
@@ -53,6 +59,20 @@ class AlgorithmParams(BaseModel):
     @property
     def display_name(self) -> str:
         return self.label or self.name
+
+    @model_validator(mode="after")
+    def _bounded_round_work(self):
+        """Every count of local steps a round (``*_steps``) is bounded, as rounds are bounded by
+        what their records take: one past MAX_STEPS_PER_ROUND (9007199254740993 was accepted
+        and the run never ended) is refused naming the key."""
+        for key in type(self).model_fields:
+            value = getattr(self, key)
+            if key.endswith("_steps") and isinstance(value, int) and not isinstance(value, bool) \
+                    and value > MAX_STEPS_PER_ROUND:
+                raise ValueError(f"{key} = {value:,} is more local steps a round than the "
+                                 f"{MAX_STEPS_PER_ROUND:,} a round may hold; the papers use "
+                                 "1 to a few hundred")
+        return self
 
     def bits_problem(self) -> str | None:
         """Why these parameters cannot send values of ``bits`` bits (checked by the loader once
