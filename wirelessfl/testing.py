@@ -38,7 +38,6 @@ check then sets only what it is about (the channel, the loss probability, the bi
 from __future__ import annotations
 
 import copy
-import inspect
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -296,21 +295,6 @@ def check_deterministic(subject: _Subject) -> None:
     pd.testing.assert_frame_equal(first, second)
 
 
-def _declaration_keywords(cls: type, params: AlgorithmParams, world: World) -> dict[str, Any]:
-    """Keyword arguments of ``cls.declared_payloads`` beyond (d, bits, participants), filled by
-    name: from the algorithm's parameters (ZO-HFL's ``payload``, ``directions``), else from the
-    problem (FedNest's ``blocks``); one found in neither keeps its default."""
-    found = {}
-    for key in inspect.signature(cls.declared_payloads).parameters:
-        if key in ("d", "bits", "participants"):
-            continue
-        if key in type(params).model_fields:
-            found[key] = getattr(params, key)
-        elif hasattr(world.evaluator, key):
-            found[key] = getattr(world.evaluator, key)
-    return found
-
-
 def _counts(values: np.ndarray) -> str:
     """Per-device counts for a message: the one value all devices share, or the list."""
     found = np.unique(values)
@@ -337,7 +321,7 @@ def check_declared_payloads(subject: _Subject) -> None:
         rounds, m = params.rounds, int(params.bits)
         d = world.evaluator.d
         up, down = cls.declared_payloads(d, m, participants=n,
-                                         **_declaration_keywords(cls, params, world))
+                                         **cls.declaration_keywords(params, world.evaluator))
         first = cls.initial_payloads(d, m)
         up0, down0, packets0 = (first[0].bits, first[1].bits, 1) if first else (0, 0, 0)
         at = f"at {m} bits"

@@ -16,6 +16,7 @@ broadcasts by the network itself.
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
@@ -240,6 +241,22 @@ class Algorithm:
         ledger against it for every registered algorithm.
         """
         raise NotImplementedError
+
+    @classmethod
+    def declaration_keywords(cls, params: AlgorithmParams, problem: object) -> dict:
+        """Keyword arguments of ``declared_payloads`` beyond (d, bits, participants), filled by
+        name: from the parameters (ZO-HFL's ``payload``, ``directions``), else from the problem
+        (FedNest's ``blocks``); one found in neither keeps its default. What the conformance
+        suite and the run's notes price a round's packets with."""
+        found = {}
+        for key in inspect.signature(cls.declared_payloads).parameters:
+            if key in ("d", "bits", "participants"):
+                continue
+            if key in type(params).model_fields:
+                found[key] = getattr(params, key)
+            elif hasattr(problem, key):
+                found[key] = getattr(problem, key)
+        return found
 
     def resync_payload(self, missed: int) -> Payload:
         """What a device that missed ``missed`` downlink packets needs to catch up: by default

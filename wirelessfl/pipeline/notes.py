@@ -15,8 +15,6 @@ alone (nothing simulated): the lines ``wirelessfl run`` prints beside its tables
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 
 from wirelessfl.algorithms.base import AlgorithmParams
@@ -58,21 +56,6 @@ def small_share_warning(world) -> str | None:
             "batch_size (fewer devices) or lower batch_size")
 
 
-def _payload_options(cls: type, params: AlgorithmParams, world) -> dict:
-    """Keyword arguments of ``cls.declared_payloads`` beyond (d, bits, participants), by name:
-    from the algorithm's parameters (ZO-HFL's ``payload``), else from the problem (FedNest's
-    ``blocks``); one found in neither keeps its default."""
-    found = {}
-    for key in inspect.signature(cls.declared_payloads).parameters:
-        if key in ("d", "bits", "participants"):
-            continue
-        if key in type(params).model_fields:
-            found[key] = getattr(params, key)
-        elif hasattr(world.evaluator, key):
-            found[key] = getattr(world.evaluator, key)
-    return found
-
-
 def _slots(world, params: AlgorithmParams, bits: int, up_rate: np.ndarray,
            down_rate: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Whole slots of one uplink packet per device and one downlink packet at each device's
@@ -82,7 +65,7 @@ def _slots(world, params: AlgorithmParams, bits: int, up_rate: np.ndarray,
     try:
         up, down = cls.declared_payloads(world.evaluator.d, bits,
                                          participants=world.num_devices,
-                                         **_payload_options(cls, params, world))
+                                         **cls.declaration_keywords(params, world.evaluator))
     except Exception:  # noqa: BLE001 - a plugin's declaration: no note rather than no run
         return None
     slot = channel.slot_s  # the engine's airtime (channel/link.py), counted in slots
