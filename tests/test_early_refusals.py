@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.conftest import cli
+from tests.test_crossover import _run
 from wirelessfl.errors import UserError
 from wirelessfl.pipeline.memory import check_memory_from_scenario
 from wirelessfl.pipeline.preflight import check_runnable
@@ -248,19 +249,10 @@ def test_a_manifest_value_that_is_not_a_number_is_one_error(tmp_path, edit, frag
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """A small quickstart run as the one evaluation run of a study (as tests/test_crossover.py
-    makes it), every method reaching its target."""
+    """A small quickstart run as the one evaluation run of a study (tests/test_crossover.py's),
+    every method reaching its target."""
     base = tmp_path_factory.mktemp("early-crossover") / "study"
-    out = base / "evaluation" / "runs" / "s0"
-    args = ["run", "quickstart", "--quiet", "--no-report", "--threads", "1", "--out", str(out),
-            "--set", "population.num_devices=10", "--set", "target_accuracy=0.5",
-            "--set", "algorithms.DZOFL.rounds=300", "--set", "algorithms.DZOFL.eval_every=50",
-            "--set", "algorithms.DZOFL.alpha0=150",
-            "--set", "algorithms.FedSGD.rounds=6", "--set", "algorithms.FedSGD.eval_every=2",
-            "--set", "algorithms.FedAvg.rounds=4", "--set", "algorithms.FedAvg.eval_every=1"]
-    from wirelessfl.cli import main
-
-    assert main(args) == 0
+    _run(base / "evaluation" / "runs" / "s0")
     return base
 
 

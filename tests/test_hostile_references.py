@@ -113,21 +113,28 @@ def test_a_reference_in_a_scenario_is_refused_by_validate_and_run(folder, case, 
     assert not out.exists()
 
 
+def _validate_and_run_refused(folder: Path, path: Path, command: str, runner, *fragments):
+    """``validate`` and ``command`` (sweep, tune) on the study file ``path`` are each refused
+    with ``fragments``; nothing imported, nothing written, no output folder."""
+    out = folder / "out"
+    before = snapshot(folder)
+    procs = [runner("validate", path, cwd=folder, env=REFUSING),
+             runner(command, path, "--out", out, "--quiet", "--workers", "1", cwd=folder,
+                    env=REFUSING)]
+    for proc in procs:
+        assert_refused(proc, *fragments)
+    assert_not_imported(folder, *procs)
+    assert_untouched(folder, before)
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("runner", BOTH)
 def test_a_reference_in_a_sweep_file_is_refused(folder, runner):
     write(folder, "base.yaml", BASE)
     path = write(folder, "sweep.yaml", {"scenario": "base.yaml", "seeds": [0],
                                         "grid": {"model.name": ["mlp", REFERENCE]}})
-    out = folder / "out"
-    before = snapshot(folder)
-    procs = [RUNNERS[runner]("validate", path, cwd=folder, env=REFUSING),
-             RUNNERS[runner]("sweep", path, "--out", out, "--quiet", "--workers", "1",
-                             cwd=folder, env=REFUSING)]
-    for proc in procs:
-        assert_refused(proc, "sweep.yaml: grid.model.name", f"model.name: '{REFERENCE}' {REFUSED}")
-    assert_not_imported(folder, *procs)
-    assert_untouched(folder, before)
-    assert not out.exists()
+    _validate_and_run_refused(folder, path, "sweep", RUNNERS[runner],
+                              "sweep.yaml: grid.model.name", f"model.name: '{REFERENCE}' {REFUSED}")
 
 
 def _tune_file(folder: Path) -> Path:
@@ -140,16 +147,8 @@ def _tune_file(folder: Path) -> Path:
 
 def test_a_reference_in_a_tune_file_is_refused(folder):
     path = _tune_file(folder)
-    out = folder / "out"
-    before = snapshot(folder)
-    procs = [RUNNERS["in-process"]("validate", path, cwd=folder, env=REFUSING),
-             RUNNERS["in-process"]("tune", path, "--out", out, "--quiet", "--workers", "1",
-                                   cwd=folder, env=REFUSING)]
-    for proc in procs:
-        assert_refused(proc, "tune.yaml: set", f"model.name: '{REFERENCE}' {REFUSED}")
-    assert_not_imported(folder, *procs)
-    assert_untouched(folder, before)
-    assert not out.exists()
+    _validate_and_run_refused(folder, path, "tune", RUNNERS["in-process"], "tune.yaml: set",
+                              f"model.name: '{REFERENCE}' {REFUSED}")
 
 
 def test_a_reference_in_a_reproduction_is_refused(folder):

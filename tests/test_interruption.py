@@ -106,6 +106,20 @@ def reference(tmp_path_factory):
     return path, folder / "run"
 
 
+def _a_complete_b_interrupted(out: Path, ref: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The folder of a run stopped while B ran: manifest interrupted, A complete and B
+    interrupted, A's rows those of the uninterrupted run ``ref``; (rounds, ref's rounds)."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert manifest["algorithms"]["A"]["status"] == "complete"
+    assert manifest["algorithms"]["B"]["status"] == "interrupted"
+    rounds = pd.read_parquet(out / "rounds.parquet")
+    ref_rounds = pd.read_parquet(ref / "rounds.parquet")
+    pd.testing.assert_frame_equal(rounds[rounds.algorithm == "A"].reset_index(drop=True),
+                                  ref_rounds[ref_rounds.algorithm == "A"].reset_index(drop=True))
+    return rounds, ref_rounds
+
+
 def _assert_identical(out: Path, ref: Path):
     for ours, theirs in zip(_tables(out), _tables(ref)):
         pd.testing.assert_frame_equal(ours, theirs)
@@ -134,14 +148,7 @@ def test_a_signal_stops_cleanly_keeps_the_rounds_and_resume_finishes(tmp_path, r
         shutil.rmtree(out)
     assert proc.returncode == 130, err
     assert f"wirelessfl run --resume {out}" in err and "Traceback" not in err
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["status"] == "interrupted"
-    assert manifest["algorithms"]["A"]["status"] == "complete"
-    assert manifest["algorithms"]["B"]["status"] == "interrupted"
-    rounds = pd.read_parquet(out / "rounds.parquet")
-    ref_rounds = pd.read_parquet(ref / "rounds.parquet")
-    pd.testing.assert_frame_equal(rounds[rounds.algorithm == "A"].reset_index(drop=True),
-                                  ref_rounds[ref_rounds.algorithm == "A"].reset_index(drop=True))
+    rounds, ref_rounds = _a_complete_b_interrupted(out, ref)
     partial = rounds[rounds.algorithm == "B"]
     assert 1 <= len(partial) < (ref_rounds.algorithm == "B").sum()  # B's rounds so far, kept
     assert not (out / ".lock").exists()
@@ -201,14 +208,7 @@ def test_sigterm_in_process_stops_cleanly_keeps_the_rounds_and_resume_finishes(
     err = capsys.readouterr().err
     assert f"wirelessfl run --resume {out}" in err and "Traceback" not in err
     monkeypatch.undo()
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["status"] == "interrupted"
-    assert manifest["algorithms"]["A"]["status"] == "complete"
-    assert manifest["algorithms"]["B"]["status"] == "interrupted"
-    rounds = pd.read_parquet(out / "rounds.parquet")
-    ref_rounds = pd.read_parquet(ref / "rounds.parquet")
-    pd.testing.assert_frame_equal(rounds[rounds.algorithm == "A"].reset_index(drop=True),
-                                  ref_rounds[ref_rounds.algorithm == "A"].reset_index(drop=True))
+    rounds, ref_rounds = _a_complete_b_interrupted(out, ref)
     partial = rounds[rounds.algorithm == "B"].reset_index(drop=True)
     assert list(partial["round"]) == [0, 100]  # eval_every 100: B's rows up to the signal
     pd.testing.assert_frame_equal(

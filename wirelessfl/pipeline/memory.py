@@ -4,10 +4,12 @@ exists, and a clear refusal.
 ``estimate_memory(scenario)`` reads only the scenario and cheap facts: the dataset's size from
 the catalog (built-in sets), the synthetic section, the IDX files' 16-byte headers or one
 streaming pass over a LIBSVM file (stopped as soon as it is too large), the problem's dimensions,
-and the model's parameter and activation counts from its architecture (the module is built, the
-data is not). What the problem holds is its own ``ProblemSpec.memory`` (problems/); this module
-sizes the data every problem on a dataset shares (``data_bytes``). It returns what a whole ``wirelessfl run`` adds to the interpreter and its imports,
-report figures included, as named parts (docs/reliability.md, "Memory"):
+and the model's parameter and activation counts from its architecture (counted on torch's meta
+device: neither the model's storage nor the data is allocated). What the problem holds is its
+own ``ProblemSpec.memory`` (problems/; the data every problem on a dataset shares is sized by
+problems/data_size.py ``data_bytes``). It returns what a whole ``wirelessfl run`` adds to the
+interpreter and its imports, report figures included, as named parts (docs/reliability.md,
+"Memory"):
 
 * ``fixed``: first use of the parquet writer, the figures' canvas and fonts, and of a torch
   model's batched passes (constants);
@@ -171,12 +173,6 @@ def chunk_devices(facts: ProblemFacts, n: int, batch: int, max_chunk_mb: float) 
     return max(1, min(n, int(max_chunk_mb * MIB // per)))
 
 
-def forward_bytes(facts: ProblemFacts, chunk: int, batch: int) -> int:
-    """A forward minibatch pass of ``chunk`` devices at a shared model: inputs and activations,
-    no autograd copies."""
-    return forward_pass_bytes(chunk, batch, facts.input_size, facts.activations_per_sample)
-
-
 def one_off_compute(cls, params, facts: ProblemFacts, n: int, max_chunk_mb: float) -> int:
     """Bytes of a one-off forward pass before round 0 (``one_off_forward_devices``): the
     chunk's pass, plus each asked device's minibatch indices and the uniforms they are drawn
@@ -185,7 +181,9 @@ def one_off_compute(cls, params, facts: ProblemFacts, n: int, max_chunk_mb: floa
     if not devices or not facts.train_samples:
         return 0
     chunk = chunk_devices(facts, devices, params.batch_size, max_chunk_mb)
-    return forward_bytes(facts, chunk, params.batch_size) + devices * params.batch_size * 16
+    return (forward_pass_bytes(chunk, params.batch_size, facts.input_size,
+                               facts.activations_per_sample)
+            + devices * params.batch_size * 16)
 
 
 def round_shape(params, facts: ProblemFacts, n: int, chunk: int, bits: int) -> RoundShape:

@@ -99,12 +99,12 @@ def same_slots_note(world) -> str | None:
     # some device's mean-SNR rate
     down_rate = down.efficiency * capacity_bps(world.cell.downlink_mean_snr, down.bandwidth_hz)
     said = []
+    same = {w for w in BIT_WIDTHS if _allowed(world, w)}  # the profiles' widths, once a run
     for params in world.scenario.algorithms:
         own = int(params.bits)
         at_own = _slots(world, params, own, up_rate, down_rate)
         if at_own is None:
             continue
-        same = [w for w in BIT_WIDTHS if _allowed(world, w)]
         lo = hi = own
         for step, edge in ((-1, "lo"), (1, "hi")):
             width = own + step
