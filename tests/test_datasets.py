@@ -110,6 +110,33 @@ def test_idx_missing_folder_and_root(tmp_path):
         load_dataset(DataConfig(name="mnist"), seed=0)
 
 
+def test_fashionmnist_read_where_the_distribution_package_puts_it(tmp_path, monkeypatch):
+    """Without data.root, FashionMNIST is read from the folder Debian's dataset-fashion-mnist
+    installs (here a generated stand-in); a given data.root still wins; without either, one
+    error names the package and data.root."""
+    from wirelessfl.learning import datasets
+    from wirelessfl.problems.data_size import dataset_shape
+
+    installed = make_idx_folder(tmp_path / "usr-share", gz=True)
+    monkeypatch.setitem(datasets.DISTRIBUTION_ROOTS, "fashionmnist",
+                        (str(installed), "dataset-fashion-mnist"))
+    ds = load_dataset(DataConfig(name="fashionmnist", classes=[6, 7]), seed=0)
+    assert ds.x_train.shape == (8, 1, ROWS, COLS) and set(ds.y_train) == {0, 1}
+    assert dataset_shape(DataConfig(name="fashionmnist")).train == N_TRAIN
+    own = tmp_path / "own"
+    make_idx_folder(own, gz=False)
+    (own / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(UserError, match="lacks t10k-labels-idx1-ubyte"):
+        load_dataset(DataConfig(name="fashionmnist", root=str(own)), seed=0)
+    monkeypatch.setitem(datasets.DISTRIBUTION_ROOTS, "fashionmnist",
+                        (str(tmp_path / "absent"), "dataset-fashion-mnist"))
+    with pytest.raises(UserError) as err:
+        load_dataset(DataConfig(name="fashionmnist"), seed=0)
+    msg = str(err.value)
+    assert "apt-get install dataset-fashion-mnist" in msg and "data.root" in msg
+    assert "\n" not in msg
+
+
 def test_idx_root_tilde_expanded(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     make_idx_folder(tmp_path / "fm", gz=True)

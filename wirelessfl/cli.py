@@ -129,7 +129,8 @@ def _cmd_run(args) -> int:
         progress.abandon()  # the error line (cli.main) stands alone
         raise
     progress.close()
-    print(format_summary(table, scenario.target_accuracy, scenario.target_suboptimality))
+    print(format_summary(table, scenario.target_accuracy, scenario.target_suboptimality,
+                         target_loss=scenario.target_loss))
     for line in health_lines(table):
         print(f"warning: {line}", file=sys.stderr)
     for note in notes:

@@ -105,12 +105,14 @@ class ReachedTarget(Exception):
         super().__init__(round_index)  # SimPy re-raises as type(e)(*e.args)
 
 
-def target_reached(row: dict, target: float | None, target_suboptimality: float | None) -> bool:
+def target_reached(row: dict, target: float | None, target_suboptimality: float | None,
+                   target_loss: float | None = None) -> bool:
     """Every given target holds at this rounds row (the summary's rule, results/summary.py)."""
-    if target is None and target_suboptimality is None:
+    if target is None and target_suboptimality is None and target_loss is None:
         return False
     return ((target is None or row["test_accuracy"] >= target)
-            and (target_suboptimality is None or row["suboptimality"] <= target_suboptimality))
+            and (target_suboptimality is None or row["suboptimality"] <= target_suboptimality)
+            and (target_loss is None or row["test_loss"] <= target_loss))
 
 
 def device_accuracy_columns(accuracy, worst_fraction: float,

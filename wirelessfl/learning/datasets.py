@@ -38,6 +38,10 @@ IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dimension (count)
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _IDX_TITLES = {"mnist": "MNIST", "fashionmnist": "FashionMNIST"}
+# Where a distribution package installs an IDX set, read when data.root is not given:
+# name -> (folder, Debian package). Debian's dataset-fashion-mnist puts the four gzipped files in
+# /usr/share/datasets/fashion-mnist (its file list).
+DISTRIBUTION_ROOTS = {"fashionmnist": ("/usr/share/datasets/fashion-mnist", "dataset-fashion-mnist")}
 LIBSVM_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary.html"
 # A LIBSVM set is held dense (float32): refuse one larger than this rather than exhaust memory.
 LIBSVM_MAX_DENSE_BYTES = 8 * 2**30
@@ -48,7 +52,8 @@ BUILTIN_DATASETS = {
     "digits28": "the digits upscaled to 1x28x28",
     "synthetic": "scikit-learn make_classification (data.synthetic)",
     "mnist": "MNIST from the four IDX files in data.root",
-    "fashionmnist": "FashionMNIST from the four IDX files in data.root",
+    "fashionmnist": "FashionMNIST from the four IDX files in data.root (default: where Debian's "
+                    "dataset-fashion-mnist puts them)",
     "breast_cancer": "scikit-learn's breast cancer set, 569 x 30, 2 classes",
     "libsvm": "a LIBSVM-format file in data.root (data.file)",
 }
@@ -447,13 +452,31 @@ def _at_most(count: int, limit: int | None) -> int:
     return count if limit is None else min(count, limit)
 
 
+def idx_root(root: str | None, name: str) -> str | None:
+    """The folder an IDX set is read from: ``data.root`` when given, else the folder a
+    distribution package installs it in (DISTRIBUTION_ROOTS) when it is there, else None."""
+    if root is not None:
+        return root
+    installed = DISTRIBUTION_ROOTS.get(name)
+    return installed[0] if installed is not None and Path(installed[0]).is_dir() else None
+
+
 def idx_paths(root: str | None, name: str) -> dict[str, Path]:
-    """The four IDX files of dataset ``name`` in ``root`` (plain or .gz), or one clean error."""
+    """The four IDX files of dataset ``name`` in ``root`` (plain or .gz), or one clean error.
+    Without ``root``, a set a distribution package installs (DISTRIBUTION_ROOTS) is read from
+    where the package puts it, so the paper's data needs no option once installed."""
     title = _IDX_TITLES.get(name, name)
     wanted = ", ".join(f"{f}.gz" for f in IDX_FILES)
+    root = idx_root(root, name)
     if root is None:
-        raise UserError(f"dataset '{name}' needs data.root: set it to a folder holding the four "
-                        f"{title} IDX files ({wanted})")
+        installed = DISTRIBUTION_ROOTS.get(name)
+        if installed is not None:
+            raise UserError(f"dataset '{name}' is not installed: install it with `apt-get install "
+                            f"{installed[1]}` (it puts the {title} files in {installed[0]}), or "
+                            f"set data.root to a folder holding the four IDX files ({wanted})")
+        else:
+            raise UserError(f"dataset '{name}' needs data.root: set it to a folder holding the "
+                            f"four {title} IDX files ({wanted})")
     folder = Path(root).expanduser()
     if not folder.is_dir():
         raise UserError(f"data.root folder {folder} does not exist: put the four {title} IDX files "

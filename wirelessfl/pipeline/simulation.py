@@ -216,8 +216,8 @@ def _build(world: World, params: AlgorithmParams, env: simpy.Environment,
                      world.initial(), sc.seed, params.rounds,
                      params.eval_every, on_round, worst_fraction=sc.worst_fraction,
                      on_checkpoint=save,
-                     stop_targets=((sc.target_accuracy, sc.target_suboptimality)
-                                   if sc.stop_at_target else None),
+                     stop_targets=((sc.target_accuracy, sc.target_suboptimality,
+                                    sc.target_loss) if sc.stop_at_target else None),
                      stop_loss_growth=(sc.health.max_loss_growth if sc.stop_when_unhealthy
                                        else None),
                      per_device_streams=sc.population.per_device_streams,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wirelessfl.contract.memory import BYTES_PER_FLOAT, MIB
-from wirelessfl.learning.datasets import BUILTIN_DATASETS, plugin_dataset, plugin_facts
+from wirelessfl.learning.datasets import BUILTIN_DATASETS, idx_root, plugin_dataset, plugin_facts
 from wirelessfl.learning.partition import fewest_samples
 
 # Per sample of a classifier's training set beyond its inputs: labels twice (or the labels once
@@ -71,7 +71,7 @@ def dataset_shape(data, limit_bytes: float = math.inf) -> DataShape:
         samples, features, test = _libsvm_shape(data, limit_bytes)
         shape, classes, kind = (features,), 2, "libsvm"
     else:  # mnist, fashionmnist: the IDX headers give (count, rows, cols)
-        counts = [_idx_dims(data.root, f) for f in IDX_FILES]
+        counts = [_idx_dims(idx_root(data.root, name), f) for f in IDX_FILES]
         samples, test = counts[0][0], counts[1][0]
         shape, classes, kind = (1, *counts[0][1:]), 10, "idx"
     loaded = (samples + (test or 0)) * math.prod(shape)

@@ -602,6 +602,10 @@ class RunRecord:
     def target_suboptimality(self) -> float | None:
         return self.manifest.get("scenario", {}).get("target_suboptimality")
 
+    @property
+    def target_loss(self) -> float | None:
+        return self.manifest.get("scenario", {}).get("target_loss")
+
 
 # What the readers of a run folder (report, compare, --resume) rely on without a check for runs
 # recorded by older versions: these columns, numeric, and an ``algorithm`` column of labels.

@@ -25,16 +25,20 @@ SUMMARY_COLUMNS = [
 
 
 def reached_mask(group: pd.DataFrame, target: float | None,
-                 target_suboptimality: float | None = None) -> pd.Series:
-    """Rows at which every given target holds: test accuracy >= ``target`` and f - f* <=
-    ``target_suboptimality``; all False when neither is given."""
-    if target is None and target_suboptimality is None:
+                 target_suboptimality: float | None = None,
+                 target_loss: float | None = None) -> pd.Series:
+    """Rows at which every given target holds: test accuracy >= ``target``, f - f* <=
+    ``target_suboptimality`` and test loss <= ``target_loss`` (a reproduction claim's own
+    target, tune/claims.py); all False when none is given."""
+    if target is None and target_suboptimality is None and target_loss is None:
         return pd.Series(False, index=group.index)
     ok = pd.Series(True, index=group.index)
     if target is not None:
         ok &= group.test_accuracy >= target
     if target_suboptimality is not None:
         ok &= group.suboptimality <= target_suboptimality
+    if target_loss is not None:
+        ok &= group.test_loss <= target_loss
     return ok
 
 
@@ -50,8 +54,10 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
     read the run's ``manifest`` for each algorithm's status, parameter names and the scenario's
     ``health:`` limits; without it the default limits apply and a diverged run is recognised by
     its last row (NaN test loss). An algorithm that failed before recording a row (status
-    ``failed`` in the manifest) gets a row of its own, unhealthy, its numbers NaN."""
+    ``failed`` in the manifest) gets a row of its own, unhealthy, its numbers NaN. A test-loss
+    target (the scenario's ``target_loss``) is read from the manifest too."""
     limits, algorithms = manifest_health(manifest)
+    target_loss = (manifest or {}).get("scenario", {}).get("target_loss")
     out = []
     for algorithm, group in rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round")
@@ -62,7 +68,7 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
         evaluated = group[group.test_loss.notna()] if "test_loss" in group else group
         last = group.iloc[-1]
         final = evaluated.iloc[-1] if len(evaluated) else last
-        reached = group[reached_mask(group, target, target_suboptimality)]
+        reached = group[reached_mask(group, target, target_suboptimality, target_loss)]
         at = reached.iloc[0] if len(reached) else None
         basis = at if at is not None else last
         radio = basis.energy_uplink_j + basis.energy_downlink_j
@@ -128,11 +134,12 @@ def _fmt(value, kind: str) -> str:
     return f"{value:.4g}"
 
 
-def describe_target(target: float | None, target_suboptimality: float | None) -> str:
+def describe_target(target: float | None, target_suboptimality: float | None,
+                    target_loss: float | None = None) -> str:
     """The summary's title line for the targets in force."""
     parts = ([f"target accuracy {target:.3f}"] if target is not None else []) + \
         ([f"target f - f* <= {target_suboptimality:g}"] if target_suboptimality is not None
-         else [])
+         else []) + ([f"target test loss <= {target_loss:g}"] if target_loss is not None else [])
     return " and ".join(parts) if parts else "no target set"
 
 
@@ -198,14 +205,14 @@ LEARNING = [("final_accuracy", "final acc.", "acc"),
 
 def format_summary(table: pd.DataFrame, target: float | None,
                    target_suboptimality: float | None = None,
-                   width: int = TERMINAL_WIDTH) -> str:
+                   width: int = TERMINAL_WIDTH, target_loss: float | None = None) -> str:
     """The summary for the terminal, in three tables of at most ``width`` columns (the wide
     table of summary_cells needs ~250): to the target (with the energy split), after the last
     round, at the last evaluation. Columns with nothing to say are left out (module constants'
     comment); labels too long for ``width`` lose their middle to an ellipsis."""
     drop = _unknown_columns(table)
-    targeted = target is not None or target_suboptimality is not None
-    goal = describe_target(target, target_suboptimality)
+    targeted = target is not None or target_suboptimality is not None or target_loss is not None
+    goal = describe_target(target, target_suboptimality, target_loss)
     system = "" if "energy_system_j" in drop else "system: devices + base station; "
     split = ("compute, radio, idle: shares of the devices' energy to the target (of all of it "
              "if not reached)")

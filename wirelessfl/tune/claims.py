@@ -1,16 +1,28 @@
 """A paper's claims as checkable statements, and their verdicts from evaluation runs.
 
-A claim compares one metric either between two methods ("DZOFL reaches the target with less
-energy than FedSGD") or against a constant ("DZOFL's energy is mostly computation": compute share
-above 0.5). The verdict comes from the 95 % confidence intervals over the evaluation seeds:
+A claim is one of three kinds:
 
-* **holds**: the intervals do not overlap (or the whole interval is past the constant) in the
-  paper's direction;
-* **does not hold**: they do not overlap, the other way;
-* **inconclusive**: they overlap, or a compared run was unhealthy, or too few seeds scored.
+* **a comparison** of one metric between two methods ("DZOFL reaches the target with less energy
+  than FedSGD"; with ``times: k``, "... at least k times less"). Every method runs on the same
+  evaluation seeds, so the verdict is read from the **per-seed paired ratio** (the loser's value
+  over the winner's for a lower-is-better metric): its geometric mean and the 95 % t interval of
+  the log ratios, and "k of n seeds" beside it. It **holds** when the whole interval is above
+  ``times`` (default 1), **does not hold** when it is below, and is **inconclusive** otherwise:
+  written **not reproduced (inconclusive)** when the paired estimate itself goes against the paper.
+* **within** (``within: t``): "the winner is not worse than the loser by more than t" (a paper's
+  "competitive with"), read from the per-seed paired difference and its 95 % interval: holds
+  when the whole interval is above -t, does not hold when it is below.
+* **against a constant** ("DZOFL's energy is mostly computation": compute share above 0.5): the
+  95 % interval of the method's values against the constant.
 
-For a to-target metric, a method that reached the target on every seed beats one that never
-reached it (no interval needed); a mixture is inconclusive.
+For a to-target metric a method that reached the target on every seed beats one that never
+reached it (no interval needed); a mixture is inconclusive. A comparison on a to-target metric
+whose loser reached the target at its first evaluation on every scored seed is marked **decided
+by per-round cost alone**: the loser could not have needed fewer rounds, so the verdict says
+nothing about convergence, only about what one round costs.
+
+A claim may name its own ``target`` (an accuracy or a test loss), read from the same evaluation
+runs as the study's own target (tune/reproduce.py): one study answers several targets.
 """
 
 from __future__ import annotations
@@ -18,18 +30,43 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from wirelessfl.results.compare import mean_ci
 from wirelessfl.tune.objectives import OBJECTIVES
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+NOT_REPRODUCED = "not reproduced (inconclusive)"
+PER_ROUND_COST = "decided by per-round cost alone"
+VERDICTS = (HOLDS, FAILS, INCONCLUSIVE, NOT_REPRODUCED)
 # Summary columns (results/summary.py) a claim may name beside the objectives, with their
 # natural direction when the claim does not give one.
 SUMMARY_METRICS = {"compute_share": "higher", "radio_share": "higher", "idle_share": "higher",
                    "energy_j": "lower", "sim_time_s": "lower", "final_accuracy": "higher",
                    "final_worst_device_accuracy": "higher", "final_suboptimality": "lower",
                    "uplink_bits_per_device_round": "lower"}
+
+
+class ClaimTarget(BaseModel):
+    """The target a to-target claim is read at, when it is not the study's own: the first
+    evaluated round where every given bound holds."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    accuracy: float | None = Field(None, gt=0, le=1, description="test accuracy at least this")
+    loss: float | None = Field(None, gt=0, description="test loss at most this")
+
+    @model_validator(mode="after")
+    def _one_bound(self):
+        if self.accuracy is None and self.loss is None:
+            raise ValueError("a claim's target needs 'accuracy' or 'loss'")
+        return self
+
+    def describe(self) -> str:
+        parts = ([f"accuracy {self.accuracy:g}"] if self.accuracy is not None else []) + \
+            ([f"test loss {self.loss:g}"] if self.loss is not None else [])
+        return " and ".join(parts)
 
 
 class Claim(BaseModel):
@@ -45,9 +82,17 @@ class Claim(BaseModel):
         None, description="which way is better (default: the objective's / the column's)")
     winner: str | None = Field(None, description="the method the paper says does better")
     loser: str | None = Field(None, description="the method it does better than")
+    times: float | None = Field(
+        None, gt=0, description="the winner is at least this many times better (paired ratio; "
+                                "default 1: better at all)")
+    within: float | None = Field(
+        None, ge=0, description="instead: the winner is not worse than the loser by more than "
+                                "this (paired difference, the metric's units)")
     algorithm: str | None = Field(None, description="for a claim against a constant")
     above: float | None = None
     below: float | None = None
+    target: ClaimTarget | None = Field(
+        None, description="to-target metrics: read at this target instead of the study's")
 
     @model_validator(mode="after")
     def _one_kind(self):
@@ -59,6 +104,13 @@ class Claim(BaseModel):
         if self.metric not in OBJECTIVES and self.metric not in SUMMARY_METRICS:
             raise ValueError(f"unknown metric '{self.metric}'; choose one of "
                              f"{', '.join([*OBJECTIVES, *SUMMARY_METRICS])}")
+        if not pair and (self.times is not None or self.within is not None):
+            raise ValueError("'times' and 'within' compare two methods: give 'winner' and "
+                             "'loser'")
+        if self.times is not None and self.within is not None:
+            raise ValueError("give one of 'times' (a ratio) and 'within' (a difference)")
+        if self.target is not None and not self.to_target:
+            raise ValueError(f"'target' is read by to-target metrics only, not '{self.metric}'")
         return self
 
     @property
@@ -79,18 +131,64 @@ class Claim(BaseModel):
     def methods(self) -> list[str]:
         return [m for m in (self.winner, self.loser, self.algorithm) if m is not None]
 
+    @property
+    def column(self) -> str:
+        """The runs-table column of this claim's metric (one per metric and target)."""
+        return self.metric if self.target is None else f"{self.metric}@{self.target.describe()}"
+
 
 def _interval(values: list[float]) -> tuple[float, float, int]:
     mean, half, n = mean_ci(values)
     return mean, (half if math.isfinite(half) else math.inf), n
 
 
+def _pairs(claim: Claim, runs: dict[str, list[dict]]) -> list[tuple[float, float]]:
+    """(winner's, loser's) values of the seeds both scored, matched by seed (by position for
+    runs without one)."""
+    def keyed(method):
+        return {g.get("seed", i): g for i, g in enumerate(runs.get(method, []))}
+    won, lost = keyed(claim.winner), keyed(claim.loser)
+    return [(won[s]["value"], lost[s]["value"]) for s in won if s in lost
+            and won[s]["reached"] and lost[s]["reached"]
+            and math.isfinite(won[s]["value"]) and math.isfinite(lost[s]["value"])]
+
+
+def paired_ratio(claim: Claim, pairs: list[tuple[float, float]]) -> dict | None:
+    """The per-seed ratio in the paper's favour (loser / winner when lower is better): its
+    geometric mean, the 95 % t interval of the mean log ratio taken back to ratios, and how
+    many seeds are past ``times``. None when a value is not positive (no ratio)."""
+    if not pairs or any(w <= 0 or l <= 0 for w, l in pairs):
+        return None
+    logs = [math.log(l / w) if claim.direction == "lower" else math.log(w / l) for w, l in pairs]
+    mean, half, n = _interval(logs)
+    k = claim.times or 1.0
+    return {"estimate": math.exp(mean), "low": math.exp(mean - half) if n > 1 else math.nan,
+            "high": math.exp(mean + half) if n > 1 else math.nan, "seeds": n,
+            "seeds_past": sum(r > math.log(k) for r in logs), "times": k}
+
+
+def paired_difference(claim: Claim, pairs: list[tuple[float, float]]) -> dict | None:
+    """The per-seed difference in the paper's favour (loser - winner when lower is better),
+    its mean and 95 % t interval, and how many seeds are past ``-within``."""
+    if not pairs:
+        return None
+    diffs = [(l - w) if claim.direction == "lower" else (w - l) for w, l in pairs]
+    mean, half, n = _interval(diffs)
+    t = claim.within or 0.0
+    return {"estimate": mean, "low": mean - half if n > 1 else math.nan,
+            "high": mean + half if n > 1 else math.nan, "seeds": n,
+            "seeds_past": sum(d > -t for d in diffs), "within": t}
+
+
 def judge(claim: Claim, runs: dict[str, list[dict]]) -> dict:
     """The verdict of ``claim`` from ``runs``: method -> one dict per evaluation seed with the
-    metric's ``value`` (NaN when not reached), ``reached`` and ``healthy``. Returns the verdict,
-    a reason, and per method the mean, the 95 % half-width, seeds scored and seeds in all."""
+    metric's ``value`` (NaN when not reached), ``reached``, ``healthy`` and optionally ``seed``
+    (pairs the methods' runs) and ``first`` (the target was reached at the run's first
+    evaluation). Returns the verdict, a reason, per method the mean, the 95 % half-width,
+    seeds scored and in all, and for a comparison the paired estimate (``paired``) and, where
+    it applies, the regime note (``note``)."""
     out = {"claim": claim.id, "statement": claim.statement, "where": claim.where,
-           "metric": claim.metric}
+           "metric": claim.metric, "target": claim.target.describe() if claim.target else None}
     measured = {}
     for method in claim.methods:
         got = runs.get(method, [])
@@ -106,38 +204,76 @@ def judge(claim: Claim, runs: dict[str, list[dict]]) -> dict:
     if unhealthy:
         return {**out, "verdict": INCONCLUSIVE,
                 "reason": f"unhealthy runs of {', '.join(unhealthy)}"}
-    sign = 1.0 if claim.direction == "lower" else -1.0
     if claim.algorithm is not None:
-        r = measured[claim.algorithm]
-        if r["scored"] < 2:
-            return {**out, "verdict": INCONCLUSIVE, "reason": "fewer than 2 seeds scored"}
-        lo, hi = r["mean"] - r["ci95"], r["mean"] + r["ci95"]
-        if claim.above is not None:
-            verdict = HOLDS if lo > claim.above else FAILS if hi < claim.above else INCONCLUSIVE
-            bound = f"above {claim.above:g}"
-        else:
-            verdict = HOLDS if hi < claim.below else FAILS if lo > claim.below else INCONCLUSIVE
-            bound = f"below {claim.below:g}"
-        reason = {HOLDS: f"the whole interval is {bound}",
-                  FAILS: f"the whole interval is on the other side of {bound.split()[1]}",
-                  INCONCLUSIVE: f"the interval contains {bound.split()[1]}"}[verdict]
-        return {**out, "verdict": verdict, "reason": reason}
+        return {**out, **_against_constant(claim, measured[claim.algorithm])}
+    return {**out, **_comparison(claim, runs, measured)}
+
+
+def _against_constant(claim: Claim, r: dict) -> dict:
+    if r["scored"] < 2:
+        return {"verdict": INCONCLUSIVE, "reason": "fewer than 2 seeds scored"}
+    lo, hi = r["mean"] - r["ci95"], r["mean"] + r["ci95"]
+    if claim.above is not None:
+        verdict = HOLDS if lo > claim.above else FAILS if hi < claim.above else INCONCLUSIVE
+        bound = f"above {claim.above:g}"
+    else:
+        verdict = HOLDS if hi < claim.below else FAILS if lo > claim.below else INCONCLUSIVE
+        bound = f"below {claim.below:g}"
+    reason = {HOLDS: f"the whole interval is {bound}",
+              FAILS: f"the whole interval is on the other side of {bound.split()[1]}",
+              INCONCLUSIVE: f"the interval contains {bound.split()[1]}"}[verdict]
+    return {"verdict": verdict, "reason": reason}
+
+
+def _regime_note(claim: Claim, runs: dict[str, list[dict]]) -> str | None:
+    """The per-round-cost note: on a to-target comparison, the loser reached the target at its
+    first evaluation on every seed it reached it."""
+    if not claim.to_target or claim.within is not None:
+        return None
+    lost = [g for g in runs.get(claim.loser, []) if g["reached"]]
+    if lost and all(g.get("first") for g in lost):
+        return (f"{PER_ROUND_COST}: {claim.loser} reached the target at its first evaluation "
+                f"on every seed")
+    return None
+
+
+def _comparison(claim: Claim, runs: dict[str, list[dict]], measured: dict) -> dict:
     w, l = measured[claim.winner], measured[claim.loser]
+    note = _regime_note(claim, runs)
+    extra = {"note": note} if note else {}
     if claim.to_target and (w["scored"] < w["seeds"] or l["scored"] < l["seeds"]):
         if w["scored"] == w["seeds"] and l["scored"] == 0:
-            return {**out, "verdict": HOLDS, "reason": f"{claim.loser} never reached the target"}
+            return {"verdict": HOLDS, "reason": f"{claim.loser} never reached the target",
+                    **extra}
         if l["scored"] == l["seeds"] and w["scored"] == 0:
-            return {**out, "verdict": FAILS, "reason": f"{claim.winner} never reached the target"}
-        return {**out, "verdict": INCONCLUSIVE,
-                "reason": "the target was reached on some seeds only"}
-    if w["scored"] < 2 or l["scored"] < 2:
-        return {**out, "verdict": INCONCLUSIVE, "reason": "fewer than 2 seeds scored"}
-    gap = sign * (l["mean"] - w["mean"])  # > 0: the winner is better
-    if gap > w["ci95"] + l["ci95"]:
-        verdict, reason = HOLDS, "the 95 % intervals do not overlap"
-    elif -gap > w["ci95"] + l["ci95"]:
-        verdict, reason = FAILS, "the 95 % intervals do not overlap, the other way"
-    else:
-        verdict, reason = INCONCLUSIVE, "the 95 % intervals overlap"
+            return {"verdict": FAILS, "reason": f"{claim.winner} never reached the target",
+                    **extra}
+        return {"verdict": INCONCLUSIVE, "reason": "the target was reached on some seeds only",
+                **extra}
+    pairs = _pairs(claim, runs)
+    if len(pairs) < 2:
+        return {"verdict": INCONCLUSIVE, "reason": "fewer than 2 seeds scored by both", **extra}
     ratio = l["mean"] / w["mean"] if w["mean"] else math.nan
-    return {**out, "verdict": verdict, "reason": reason, "ratio": ratio}
+    if claim.within is not None:
+        paired = paired_difference(claim, pairs)
+        bound, shown = -paired["within"], f"-{paired['within']:g}"
+        what = "the paired difference"
+    else:
+        paired = paired_ratio(claim, pairs)
+        if paired is None:
+            return {"verdict": INCONCLUSIVE, "reason": "a value is not positive: no ratio",
+                    "ratio": ratio, **extra}
+        bound, shown = paired["times"], f"{paired['times']:g}"
+        what = "the paired ratio"
+    lo, hi, estimate = paired["low"], paired["high"], paired["estimate"]
+    past = f"{paired['seeds_past']} of {paired['seeds']} seeds past {shown}"
+    if lo > bound:
+        verdict, reason = HOLDS, f"{what}'s 95 % interval is above {shown} ({past})"
+    elif hi < bound:
+        verdict, reason = FAILS, f"{what}'s 95 % interval is below {shown} ({past})"
+    elif estimate < bound:
+        verdict, reason = NOT_REPRODUCED, (f"{what}'s 95 % interval contains {shown} and its "
+                                           f"estimate goes against the paper ({past})")
+    else:
+        verdict, reason = INCONCLUSIVE, f"{what}'s 95 % interval contains {shown} ({past})"
+    return {"verdict": verdict, "reason": reason, "ratio": ratio, "paired": paired, **extra}

@@ -46,11 +46,14 @@ OBJECTIVES = {o.name: o for o in (
 
 
 def closeness(rounds: pd.DataFrame, target: float | None,
-              target_suboptimality: float | None) -> float:
-    """How close a run came to its target, larger is closer: the best test accuracy when an
-    accuracy target is set, else -log10 of the smallest f - f*; NaN without rows."""
+              target_suboptimality: float | None, target_loss: float | None = None) -> float:
+    """How close a run came to its target, larger is closer: the smallest test loss (negated)
+    when a loss target is set, else the best test accuracy when an accuracy target is set, else
+    -log10 of the smallest f - f*; NaN without rows."""
     if rounds.empty:
         return math.nan
+    if target_loss is not None:
+        return -float(rounds.test_loss.min())
     if target is not None:
         return float(rounds.test_accuracy.max())
     if target_suboptimality is not None:
@@ -60,17 +63,24 @@ def closeness(rounds: pd.DataFrame, target: float | None,
 
 
 def score(objective: Objective, rounds: pd.DataFrame, target: float | None,
-          target_suboptimality: float | None) -> dict:
-    """``{value, reached, closeness}`` of one algorithm's evaluated rounds (sorted or not)."""
+          target_suboptimality: float | None, target_loss: float | None = None) -> dict:
+    """``{value, reached, closeness}`` of one algorithm's evaluated rounds (sorted or not); a
+    to-target objective also says whether the target held at the first evaluated round
+    (``first``: the run could not have reached it in fewer rounds)."""
     rounds = rounds.sort_values("round")
-    near = closeness(rounds, target, target_suboptimality)
+    near = closeness(rounds, target, target_suboptimality, target_loss)
     if rounds.empty:
         return {"value": math.nan, "reached": False, "closeness": near}
     if objective.to_target:
-        hit = rounds[reached_mask(rounds, target, target_suboptimality)]
+        mask = reached_mask(rounds, target, target_suboptimality, target_loss)
+        hit = rounds[mask]
         if hit.empty:
             return {"value": math.nan, "reached": False, "closeness": near}
+        used = [c for c, t in (("test_accuracy", target), ("suboptimality", target_suboptimality),
+                               ("test_loss", target_loss)) if t is not None]
+        # round 0 is the untrained model's evaluation: "first" is the first after training
+        evaluated = rounds[rounds[used].notna().all(axis=1) & (rounds["round"] > 0)]
         return {"value": float(hit.iloc[0][objective.column]), "reached": True,
-                "closeness": near}
+                "closeness": near, "first": bool(hit.index[0] == evaluated.index[0])}
     value = float(rounds.iloc[-1][objective.column])
     return {"value": value, "reached": math.isfinite(value), "closeness": near}

@@ -249,10 +249,10 @@ def load_tune(name_or_path: str) -> Tune:
     labels = [p.display_name for p in resolved.algorithms]
     objective = OBJECTIVES[spec.objective]
     if objective.to_target and resolved.target_accuracy is None \
-            and resolved.target_suboptimality is None:
+            and resolved.target_suboptimality is None and resolved.target_loss is None:
         _fail(source, "objective", f"'{spec.objective}' needs a target: the scenario sets "
-                                   "neither target_accuracy nor target_suboptimality (add one "
-                                   "under 'set')")
+                                   "none of target_accuracy, target_suboptimality and "
+                                   "target_loss (add one under 'set')")
     if objective.column == "worst_device_accuracy" and resolved.problem is not None \
             and resolved.problem.name != "classification":
         _fail(source, "objective", f"'{spec.objective}' needs a classification problem")

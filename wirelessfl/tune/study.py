@@ -131,7 +131,7 @@ def _outcome(folder: Path, entry: dict, label: str, tune: Tune) -> dict:
     record = read_run(folder)
     rounds = record.rounds[record.rounds.algorithm == label]
     scenario = record.manifest.get("scenario", {})
-    targets = record.target_accuracy, record.target_suboptimality
+    targets = record.target_accuracy, record.target_suboptimality, record.target_loss
     n = scenario.get("population", {}).get("num_devices", 1)
     row = (summarize(rounds, targets[0], n, targets[1], manifest=record.manifest).iloc[0]
            if len(rounds) else None)
