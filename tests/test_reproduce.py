@@ -15,29 +15,125 @@ from scipy import stats
 
 from tests.conftest import cli as _cli
 from tests.conftest import small_doc
-from wirelessfl.tune.claims import FAILS, HOLDS, INCONCLUSIVE, Claim, judge
+from wirelessfl.tune.claims import (
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    PER_ROUND_COST,
+    Claim,
+    judge,
+)
 
 
-def _runs(values, healthy=True):
-    return [{"value": v, "reached": math.isfinite(v), "healthy": healthy} for v in values]
+def _runs(values, healthy=True, first=False):
+    return [{"value": v, "reached": math.isfinite(v), "healthy": healthy, "seed": i,
+             "first": first} for i, v in enumerate(values)]
 
 
 PAIR = Claim(id="e", statement="A uses less energy than B", metric="energy_to_target",
              winner="A", loser="B")
+T975_2 = 4.302652729911275  # Student t, 0.975 quantile, 2 degrees of freedom (tables)
 
 
-def test_pair_claims_follow_the_intervals_worked_by_hand():
-    # A: 1, 2, 3 -> mean 2, half-width t(0.975, 2) * 1 / sqrt(3) = 2.484; B likewise around 10
-    half = stats.t.ppf(0.975, 2) / math.sqrt(3)
+def _hand_interval(values):
+    """Mean and 95 % t half-width of three values, written out."""
+    mean = sum(values) / 3
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / 2)
+    return mean, T975_2 * sd / math.sqrt(3)
+
+
+def test_pair_claims_follow_the_paired_ratio_worked_by_hand():
+    # per seed B / A = 9, 5, 11/3: the mean log ratio and its t interval, back to ratios
+    logs = [math.log(9), math.log(5), math.log(11 / 3)]
+    mean, half = _hand_interval(logs)
     v = judge(PAIR, {"A": _runs([1, 2, 3]), "B": _runs([9, 10, 11])})
-    assert v["verdict"] == HOLDS and v["measured"]["A"]["ci95"] == pytest.approx(half)
-    assert v["ratio"] == pytest.approx(5.0)
-    # B within reach: 2.484 + 2.484 > 10 - 6 ... overlap
-    assert judge(PAIR, {"A": _runs([1, 2, 3]), "B": _runs([5, 6, 7])})["verdict"] == INCONCLUSIVE
+    assert v["verdict"] == HOLDS and v["ratio"] == pytest.approx(5.0)
+    assert v["paired"]["estimate"] == pytest.approx(math.exp(mean))
+    assert v["paired"]["low"] == pytest.approx(math.exp(mean - half))
+    assert v["paired"]["high"] == pytest.approx(math.exp(mean + half))
+    assert v["paired"]["seeds_past"] == 3 and "3 of 3 seeds" in v["reason"]
+    assert v["measured"]["A"]["ci95"] == pytest.approx(T975_2 / math.sqrt(3))
+    # the unpaired intervals of A (1, 2, 3) and B (5, 6, 7) overlap, but every seed's ratio is
+    # above 1: paired, the claim holds
+    assert judge(PAIR, {"A": _runs([1, 2, 3]), "B": _runs([5, 6, 7])})["verdict"] == HOLDS
     assert judge(PAIR, {"A": _runs([9, 10, 11]), "B": _runs([1, 2, 3])})["verdict"] == FAILS
-    # "higher is better" turns it round
     higher = PAIR.model_copy(update={"better": "higher"})
     assert judge(higher, {"A": _runs([9, 10, 11]), "B": _runs([1, 2, 3])})["verdict"] == HOLDS
+    # seeds are matched by seed, not by position
+    shuffled = _runs([9, 10, 11])[::-1]
+    assert judge(PAIR, {"A": _runs([1, 2, 3]), "B": shuffled})["paired"]["estimate"] == \
+        pytest.approx(math.exp(mean))
+
+
+def test_at_least_k_times_and_not_reproduced():
+    """'A uses at least k times less': the paired ratio's interval against k. Ratios 9, 5, 11/3
+    (geometric mean 5.48, interval 1.77 to 17.0): above 1.5, containing 4 with the estimate
+    above it, containing 6 with the estimate below it (not reproduced), below 20."""
+    runs = {"A": _runs([1, 2, 3]), "B": _runs([9, 10, 11])}
+    logs = [math.log(9), math.log(5), math.log(11 / 3)]
+    mean, half = _hand_interval(logs)
+    assert math.exp(mean - half) > 1.5 and math.exp(mean + half) < 20
+    assert math.exp(mean) > 4 and math.exp(mean) < 6
+    verdict = {k: judge(PAIR.model_copy(update={"times": k}), runs) for k in (1.5, 4, 6, 20)}
+    assert verdict[1.5]["verdict"] == HOLDS
+    assert verdict[4]["verdict"] == INCONCLUSIVE and "2 of 3 seeds past 4" in verdict[4]["reason"]
+    assert verdict[6]["verdict"] == NOT_REPRODUCED
+    assert "goes against the paper" in verdict[6]["reason"]
+    assert verdict[20]["verdict"] == FAILS
+    # overlapping intervals whose paired estimate favours the loser: not reproduced
+    mixed = judge(PAIR, {"A": _runs([4, 2, 3.2]), "B": _runs([3, 2.6, 2.4])})
+    assert mixed["verdict"] == NOT_REPRODUCED and "1 of 3 seeds past 1" in mixed["reason"]
+
+
+def test_within_claims_follow_the_paired_difference_worked_by_hand():
+    """'A is not worse than B by more than t': per-seed A - B (higher is better) = -0.01,
+    -0.005, -0.005: mean -0.00667, half-width 4.3027 x 0.002887 / sqrt(3) = 0.00717."""
+    claim = Claim(id="w", statement="A is competitive with B", metric="final_accuracy",
+                  winner="A", loser="B", within=0.02)
+    runs = {"A": _runs([0.90, 0.91, 0.92]), "B": _runs([0.91, 0.915, 0.925])}
+    mean, half = _hand_interval([-0.01, -0.005, -0.005])
+    v = judge(claim, runs)
+    assert v["verdict"] == HOLDS
+    assert v["paired"]["estimate"] == pytest.approx(mean)
+    assert v["paired"]["low"] == pytest.approx(mean - half)
+    assert mean - half > -0.02
+    tight = judge(claim.model_copy(update={"within": 0.005}), runs)
+    assert mean - half < -0.005 < mean + half and mean < -0.005
+    assert tight["verdict"] == NOT_REPRODUCED
+    worse = {"A": _runs([0.80, 0.81, 0.82]), "B": runs["B"]}
+    assert judge(claim, worse)["verdict"] == FAILS
+
+
+def test_the_regime_check_fires_on_a_loser_that_reaches_the_target_in_its_first_round():
+    one_round = judge(PAIR, {"A": _runs([1, 2, 3]), "B": _runs([9, 10, 11], first=True)})
+    assert one_round["verdict"] == HOLDS and PER_ROUND_COST in one_round["note"]
+    later = judge(PAIR, {"A": _runs([1, 2, 3]), "B": _runs([9, 10, 11], first=False)})
+    assert "note" not in later
+    mixed = _runs([9, 10, 11], first=True)
+    mixed[1]["first"] = False
+    assert "note" not in judge(PAIR, {"A": _runs([1, 2, 3]), "B": mixed})
+    # not on a metric read at the end of the run
+    final = Claim(id="f", statement="s", metric="final_accuracy", winner="A", loser="B")
+    assert "note" not in judge(final, {"A": _runs([0.9, 0.91, 0.92]),
+                                       "B": _runs([0.5, 0.6, 0.55], first=True)})
+
+
+def test_the_first_evaluation_is_read_from_the_rounds():
+    """score's 'first': the target held at the first evaluation after round 0 (round 0 is the
+    untrained model)."""
+    from wirelessfl.tune.objectives import OBJECTIVES, score
+
+    rounds = pd.DataFrame({"round": [0, 1, 2, 3, 4], "test_accuracy": [0.5, None, 0.96, 0.9, 0.97],
+                           "test_loss": [0.7, None, 0.2, 0.3, 0.05],
+                           "energy_system_j": [0.0, 1.0, 2.0, 3.0, 4.0]})
+    objective = OBJECTIVES["system_energy_to_target"]
+    assert score(objective, rounds, 0.95, None) == {
+        "value": 2.0, "reached": True, "closeness": 0.97, "first": True}
+    assert score(objective, rounds, 0.95, None, 0.1)["value"] == 4.0
+    assert score(objective, rounds, 0.95, None, 0.1)["first"] is False
+    assert score(objective, rounds, None, None, 0.01)["reached"] is False
+    assert score(objective, rounds, None, None, 0.01)["closeness"] == -0.05
 
 
 def test_to_target_claims_with_missed_targets_and_unhealthy_runs():

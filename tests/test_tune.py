@@ -232,7 +232,7 @@ def test_objective_scores_read_the_first_row_at_target():
                            "test_accuracy": [0.1, 0.5, 0.92, 0.95],
                            "suboptimality": [np.nan] * 4})
     got = score(OBJECTIVES["energy_to_target"], rounds, 0.9, None)
-    assert got == {"value": 2.0, "reached": True, "closeness": 0.95}
+    assert got == {"value": 2.0, "reached": True, "closeness": 0.95, "first": False}
     got = score(OBJECTIVES["rounds_to_target"], rounds, 0.99, None)
     assert math.isnan(got["value"]) and not got["reached"] and got["closeness"] == 0.95
     assert score(OBJECTIVES["final_accuracy"], rounds, None, None)["value"] == 0.95
