@@ -217,6 +217,31 @@ def cli(capsys, *argv) -> tuple[int, str, str]:
     return code, out, err
 
 
+def table_right_edges(page: Path, window: int = 1280) -> list[int] | None:
+    """The right edge, in pixels, of every table of the report ``page`` in a ``window`` px wide
+    headless Chromium; None where Chromium is not installed. A copy of the page (beside it, its
+    Content-Security-Policy removed) runs a script that writes the edges into the DOM."""
+    import re
+    import shutil
+    import subprocess
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        return None
+    text = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page.read_text())
+    probe = ('<script>document.body.insertAdjacentHTML("beforeend", "<pre id=widths>"'
+             ' + Array.from(document.querySelectorAll("table")).map(t => '
+             'Math.ceil(t.getBoundingClientRect().right)).join(",") + "</pre>")</script>')
+    measured = page.with_name(f"measured-{page.name}")
+    measured.write_text(text.replace("</body>", probe + "</body>"))
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                          f"--window-size={window},900", "--dump-dom", measured.as_uri()],
+                         check=False, capture_output=True, text=True, timeout=120).stdout
+    found = re.search(r'<pre id="widths">([\d,]+)</pre>', dom)
+    assert found, dom[-500:]
+    return [int(w) for w in found.group(1).split(",")]
+
+
 def run_recording_thetas(monkeypatch, scenario):
     """Run the scenario's first algorithm; return (world, theta after every round, the run)."""
     from wirelessfl.pipeline.build import build_world

@@ -227,12 +227,11 @@ def _cmd_tune(args) -> int:
 
 
 def _cmd_reproduce(args) -> int:
-    from wirelessfl.results.summary import text_table
     from wirelessfl.tune.reproduce import (
         load_reproduction,
         run_reproduction,
         shipped,
-        verdict_cells,
+        verdict_text,
     )
 
     if args.list:
@@ -254,7 +253,7 @@ def _cmd_reproduce(args) -> int:
 
     figures = draw_tuning(repro.tune, outcome.tuning.tuning, outcome.tuning.out)
     print(f"{repro.spec.title}\n{repro.spec.paper}")
-    print(text_table(verdict_cells(outcome.verdicts)))
+    print(verdict_text(outcome.verdicts))
     for warning in outcome.tuning.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     from wirelessfl.report.tune_html import reproduce_html, tune_html

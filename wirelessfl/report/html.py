@@ -25,7 +25,9 @@ from wirelessfl.results.records import write_file
 # run summary's 20 columns at 1,230 px): a smaller font and padding, headers that wrap at
 # their spaces, labels in the first column that wrap (a long label is one cell, not the
 # table's width); numbers never wrap. A table wider still (a sweep over many keys) scrolls
-# inside its own box, the page does not.
+# inside its own box, the page does not. A table of sentences (a reproduction's claims: the
+# paper's statements run to 200 characters) is a prose table instead: as wide as the page and
+# no wider (fixed layout), every cell wrapping, a long token (a metric's name) broken anywhere.
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif; margin: 0 auto;
        max-width: 1400px; padding: 1.5em 2em 4em; color: #1d1d1f; line-height: 1.45; }
@@ -39,8 +41,12 @@ th { background: #f3f3f5; white-space: normal; vertical-align: bottom; }
 td:first-child, th:first-child { text-align: left; }
 td:first-child { white-space: normal; overflow-wrap: anywhere; min-width: 6em; max-width: 16em; }
 tr:nth-child(even) td { background: #fafafa; }
-tr.failed td { background: #fde8e8; } td.message { text-align: left; white-space: normal;
+tr.failed td { background: #fde8e8; } .message { text-align: left; white-space: normal;
   min-width: 24em; }
+table.prose { table-layout: fixed; width: 100%; }
+table.prose th, table.prose td { text-align: left; white-space: normal; overflow-wrap: anywhere;
+  min-width: 0; max-width: none; }
+table.prose td { vertical-align: top; }
 figure { margin: 1.2em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 0.9em; }
 details { margin: 0.6em 0; } summary { cursor: pointer; font-weight: 600; }
@@ -57,17 +63,34 @@ def _text(value) -> str:
     return html.escape(str(value), quote=True)
 
 
+# A prose table's columns share the page's width in proportion to their longest cell, counted
+# up to PROSE_CAP characters (a long statement wraps instead of starving the other columns),
+# plus PROSE_PAD for a cell's padding [D].
+PROSE_CAP = 60
+PROSE_PAD = 4
+
+
 def _table(cells: list[list[str]], classes: list[str] | None = None,
-           message_col: int | None = None) -> str:
-    head = "".join(f"<th>{_text(c)}</th>" for c in cells[0])
+           message_col: int | None = None, prose: bool = False) -> str:
+    """``cells`` (header first) as a table; ``classes``: one class per body row; the column
+    ``message_col`` is left-aligned text that wraps; ``prose``: every column wraps and the
+    table is as wide as the page (module comment above CSS)."""
+
+    def row(tag: str, values: list[str]) -> str:
+        return "".join(f'<{tag} class="message">{_text(c)}</{tag}>' if j == message_col
+                       else f"<{tag}>{_text(c)}</{tag}>" for j, c in enumerate(values))
+
     body = []
-    for i, row in enumerate(cells[1:]):
+    for i, values in enumerate(cells[1:]):
         cls = f' class="{classes[i]}"' if classes and classes[i] else ""
-        tds = "".join(f'<td class="message">{_text(c)}</td>' if j == message_col
-                      else f"<td>{_text(c)}</td>" for j, c in enumerate(row))
-        body.append(f"<tr{cls}>{tds}</tr>")
-    return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table></div>')
+        body.append(f"<tr{cls}>{row('td', values)}</tr>")
+    table = f'<thead><tr>{row("th", cells[0])}</tr></thead><tbody>{"".join(body)}</tbody>'
+    if not prose:
+        return f'<div class="scroll"><table>{table}</table></div>'
+    weights = [min(max(len(r[i]) for r in cells), PROSE_CAP) + PROSE_PAD
+               for i in range(len(cells[0]))]
+    cols = "".join(f'<col style="width: {100 * w / sum(weights):.1f}%">' for w in weights)
+    return f'<table class="prose"><colgroup>{cols}</colgroup>{table}</table>'
 
 
 def _figure(path: Path, caption: str) -> str:

@@ -32,15 +32,21 @@ def reproduce_html(repro, outcome, out: Path, figures: list[Path]) -> Path:
         for r in runs.itertuples()]
     sections = [f"<p>{_text(repro.spec.paper)}</p>",
                 f"<p>{_text(repro.spec.description or '')}</p>",
-                "<h2>Claims and verdicts</h2>",
-                ("<p>Holds / does not hold: the 95 % confidence intervals over the evaluation "
-                 "seeds of the tuned settings do not overlap, in the paper's direction or the "
-                 "other way; inconclusive: they overlap, or a compared run was unhealthy.</p>"),
-                _table(verdict_cells(outcome.verdicts), message_col=2),
+                *claims_section(outcome.verdicts),
                 "<h2>Health of every evaluation run</h2>", _table(health, message_col=3),
                 *tune_sections(repro.tune, outcome.tuning, figures)]
     meta = f"{repro.name}, {outcome.out}"
     return write_file(out, _page(f"Reproduction: {repro.spec.title}", meta, sections))
+
+
+def claims_section(verdicts: list[dict]) -> list[str]:
+    """The reproduction's verdict per claim (tune/reproduce.py's ``verdict_cells``): a prose
+    table, so that it fits the page however long the paper's statements and the reasons are."""
+    return ["<h2>Claims and verdicts</h2>",
+            ("<p>Holds / does not hold: the 95 % confidence intervals over the evaluation "
+             "seeds of the tuned settings do not overlap, in the paper's direction or the "
+             "other way; inconclusive: they overlap, or a compared run was unhealthy.</p>"),
+            _table(verdict_cells(verdicts), prose=True)]
 
 
 def tune_sections(tune, result, figures: list[Path]) -> list[str]:

@@ -4,6 +4,7 @@ f - f* for problems with a known optimum), and the energy split."""
 from __future__ import annotations
 
 import math
+import textwrap
 
 import pandas as pd
 
@@ -283,10 +284,50 @@ def _squeeze(labels: list[str], width: int) -> list[str]:
     return cut(room // 2)
 
 
-def text_table(cells: list[list[str]]) -> str:
-    """Header row, a rule, then rows; the first column left-aligned, the others right."""
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in cells]
-    lines.insert(1, "-" * len(lines[0]))
+# A column narrowed to fit a width keeps at least its longest word, down to this many
+# characters [D]; longer words are cut only when the table cannot fit otherwise.
+NARROWEST_COLUMN = 8
+
+
+def text_table(cells: list[list[str]], width: int | None = None, left: int = 1) -> str:
+    """Header row, a rule, then rows; the first ``left`` columns left-aligned (labels, prose),
+    the others right (numbers). With ``width``, the widest columns are narrowed until a line
+    fits ``width`` and their cells wrap at spaces onto more lines (textwrap): a table of
+    sentences (the reproduction's verdicts) stays readable in a terminal however long its
+    statements and reasons grow, and every word is still printed; a blank line then parts the
+    rows, which would otherwise run together."""
+    widths = _column_widths(cells, width)
+    rows = [[textwrap.wrap(c, w) if len(c) > w else [c] for c, w in zip(row, widths)]
+            for row in cells]
+    wraps = any(len(part) > 1 for row in rows[1:] for part in row)
+    lines = []
+    for k, row in enumerate(rows):
+        if k > 1 and wraps:
+            lines.append("")
+        for n in range(max(map(len, row))):
+            parts = [part[n] if n < len(part) else "" for part in row]
+            lines.append("  ".join(c.ljust(w) if i < left else c.rjust(w)
+                                   for i, (c, w) in enumerate(zip(parts, widths))))
+        if k == 0:
+            lines.append("-" * (sum(widths) + 2 * (len(widths) - 1)))
     return "\n".join(lines)
+
+
+def _column_widths(cells: list[list[str]], width: int | None) -> list[int]:
+    """Each column's width: its longest cell; with ``width``, the widest column one character
+    narrower at a time (not below its longest word while another can give) until the columns
+    and their two-space gaps fit ``width``."""
+    columns = range(len(cells[0]))
+    widths = [max(len(r[i]) for r in cells) for i in columns]
+    if width is None:
+        return widths
+    longest_word = [max([NARROWEST_COLUMN, *(len(w) for r in cells for w in r[i].split())])
+                    for i in columns]
+    room = width - 2 * (len(widths) - 1)
+    while sum(widths) > room:
+        give = ([i for i in columns if widths[i] > longest_word[i]]
+                or [i for i in columns if widths[i] > NARROWEST_COLUMN])
+        if not give:
+            break
+        widths[max(give, key=lambda i: widths[i])] -= 1
+    return widths

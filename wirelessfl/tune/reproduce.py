@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from wirelessfl.errors import UserError
 from wirelessfl.results.records import package_versions, write_csv, write_json
+from wirelessfl.results.summary import TERMINAL_WIDTH, text_table
 from wirelessfl.scenario import catalog
 from wirelessfl.scenario.loader import format_validation_error, refuse_other_kind
 from wirelessfl.scenario.names import safe_name, validated_name
@@ -170,9 +171,11 @@ def claims_frame(verdicts: list[dict]) -> pd.DataFrame:
 
 
 def verdict_cells(verdicts: list[dict]) -> list[list[str]]:
-    """Claim, the paper's statement, our numbers (mean ± 95 % half-width), the verdict."""
-    cells = [["claim", "the paper says", "measured (mean ± 95 % CI over evaluation seeds)",
-              "verdict", "why"]]
+    """The verdict first (what a reader looks for), then the claim, the paper's statement, our
+    numbers (mean ± 95 % half-width) and why. Keys of a verdict (tune/claims.py's ``judge``)
+    other than those shown are left alone; an optional ``note`` follows the reason."""
+    cells = [["verdict", "claim", "the paper says",
+              "measured (mean ± 95 % CI over evaluation seeds)", "why"]]
     for v in verdicts:
         parts = []
         for method, m in v["measured"].items():
@@ -181,7 +184,15 @@ def verdict_cells(verdicts: list[dict]) -> list[list[str]]:
                 parts.append(f"{method} {m['mean']:.4g}{half} ({m['scored']}/{m['seeds']})")
             else:
                 parts.append(f"{method} - (0/{m['seeds']})")
-        where = f" ({v['where']})" if v["where"] else ""
-        cells.append([v["claim"], v["statement"] + where, f"{v['metric']}: " + "; ".join(parts),
-                      v["verdict"], v["reason"]])
+        where = f" ({v['where']})" if v.get("where") else ""
+        why = "; ".join(str(t) for t in (v["reason"], v.get("note")) if t)
+        cells.append([v["verdict"], v["claim"], v["statement"] + where,
+                      f"{v['metric']}: " + "; ".join(parts), why])
     return cells
+
+
+def verdict_text(verdicts: list[dict], width: int = TERMINAL_WIDTH) -> str:
+    """The verdict table for the terminal: every column is text, wrapped to fit ``width``
+    (the paper's statements alone run to 200 characters)."""
+    cells = verdict_cells(verdicts)
+    return text_table(cells, width=width, left=len(cells[0]))
