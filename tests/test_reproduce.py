@@ -165,7 +165,7 @@ def test_a_failed_evaluation_run_scores_nan_for_every_claim():
               "health": "run failed: worker killed", "rounds": None}
     for metric in ("energy_to_target", "compute_share"):
         claim = Claim(id="f", statement="s", metric=metric, algorithm="A", above=0.5)
-        assert math.isnan(_metric(claim, failed))
+        assert math.isnan(_metric(claim, failed)[0])
 
 
 def _tune_file(tmp_path):
@@ -212,7 +212,10 @@ def _check_the_verdicts(out: Path, claims_made: list[dict], methods: set[str],
     runs = pd.read_csv(out / "runs.csv")
     assert set(runs.method) == methods and len(runs) == len(methods) * evaluation_seeds
     for claim in (Claim(**c) for c in claims_made):
-        by = {m: _runs(list(g[claim.metric]), healthy=bool(g.healthy.all()))
+        by = {m: [{"value": v, "reached": math.isfinite(v), "healthy": bool(h), "seed": s,
+                   "first": bool(f)}
+                  for v, h, s, f in zip(g[claim.column], g.healthy, g.seed,
+                                        g[f"{claim.column} first"])]
               for m, g in runs.groupby("method")}
         assert claims[claims.claim == claim.id].verdict.iloc[0] == judge(claim, by)["verdict"]
     assert (out / "report.html").is_file() and (out / "tune" / "report.html").is_file()
@@ -253,6 +256,53 @@ def test_a_tiny_reproduction_end_to_end_in_process(tmp_path, capsys, in_process_
     claims = _check_the_verdicts(tmp_path / "out", [CLAIMS[1]], {"FedSGD"}, evaluation_seeds=3)
     for row in claims.itertuples():
         assert row.claim in stdout and row.verdict in stdout
+
+
+def test_regimes_judge_every_claim_in_each(tmp_path, capsys, in_process_runs):
+    """A reproduction with two regimes (each its own tune file): every claim is judged in each,
+    from that regime's runs; the studies are tune-<regime>/, each with its report; claims.csv
+    and runs.csv name the regime; a claim with its own target reads it from the same runs."""
+    fedsgd = {"name": "fedsgd", "label": "FedSGD", "rounds": 6, "eval_every": 2, "lr": 0.5}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(small_doc(algorithms=[fedsgd])))
+    for name, lrs in (("easy", [0.5, 1.0]), ("slow", [0.05, 0.1])):
+        (tmp_path / f"{name}-tune.yaml").write_text(yaml.safe_dump(
+            {"name": name, "scenario": "base.yaml", "objective": "energy_to_target",
+             "tuning_seeds": [100], "evaluation_seeds": [0, 1], "compare_untuned": False,
+             "search": {"FedSGD": {"lr": lrs}}}))
+    low = {"id": "low-bar", "statement": "FedSGD gets there", "metric": "rounds_to_target",
+           "algorithm": "FedSGD", "below": 100, "target": {"accuracy": 0.2}}
+    claims_made = [CLAIMS[1], low]
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({
+        "title": "two", "paper": "none", "claims": claims_made,
+        "regimes": [{"name": "easy", "title": "large steps", "tune": "easy-tune.yaml"},
+                    {"name": "slow", "title": "small steps", "tune": "slow-tune.yaml"}]}))
+    out = tmp_path / "out"
+    code, stdout, err = _cli(capsys, "reproduce", path, "--out", out, "--quiet")
+    assert code == 0, err
+    claims = pd.read_csv(out / "claims.csv")
+    runs = pd.read_csv(out / "runs.csv")
+    assert sorted(set(zip(claims.regime, claims.claim))) == [
+        ("easy", "low-bar"), ("easy", "radio"), ("slow", "low-bar"), ("slow", "radio")]
+    assert set(runs.regime) == {"easy", "slow"} and len(runs) == 4
+    assert "rounds_to_target@accuracy 0.2" in runs.columns
+    for regime in ("easy", "slow"):
+        assert (out / f"tune-{regime}" / "report.html").is_file()
+        assert f"regime {regime}:" in stdout
+        mine = runs[runs.regime == regime]
+        for claim in (Claim(**c) for c in claims_made):
+            by = {"FedSGD": [{"value": v, "reached": math.isfinite(v), "healthy": bool(h),
+                              "seed": s} for v, h, s in zip(mine[claim.column], mine.healthy,
+                                                            mine.seed)]}
+            got = claims[(claims.regime == regime) & (claims.claim == claim.id)]
+            assert got.verdict.iloc[0] == judge(claim, by)["verdict"]
+    page = (out / "report.html").read_text()
+    assert "large steps" in page and "small steps" in page
+    bad = yaml.safe_load(path.read_text())
+    bad["tune"] = "easy-tune.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    code, _, err = _cli(capsys, "reproduce", path, "--out", tmp_path / "o2")
+    assert code == 2 and "give either 'tune' (one study) or 'regimes'" in err
 
 
 def test_reproduce_list_names_what_ships(capsys):

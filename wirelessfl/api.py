@@ -381,11 +381,20 @@ REPRODUCTION_MANIFEST = "reproduce.json"
 
 def load_reproduction(folder) -> pd.DataFrame:
     """A reproduction's folder (``wirelessfl reproduce``'s) as ``load_tuning`` of its tuning
-    study (``tune/``); the verdicts are claims.csv beside it."""
+    study (``tune/``), or of each regime's (``tune-<regime>/``) with a ``regime`` column in
+    front; the verdicts are claims.csv beside it."""
     folder = _folder(folder, "load_reproduction")
     if not (folder / REPRODUCTION_MANIFEST).is_file():
         raise UserError(f"{folder}: not a reproduction's folder (no {REPRODUCTION_MANIFEST}); "
                         "pass the folder 'wirelessfl reproduce' wrote (reproduced/NAME)")
+    regimes = sorted(p for p in folder.glob("tune-*") if (p / "tune.json").is_file())
+    if regimes:
+        frames = []
+        for study in regimes:
+            frame = load_tuning(study)
+            frame.insert(0, "regime", [study.name.removeprefix("tune-")] * len(frame))
+            frames.append(frame)
+        return pd.concat(frames, ignore_index=True)
     if not (folder / "tune").is_dir():  # a recorded summary (docs/data): tables, no runs
         tables = sorted(p.name for p in folder.glob("*.csv"))
         held = f"only the reproduction's tables ({', '.join(tables)})" if tables else "no runs"

@@ -249,19 +249,24 @@ def _cmd_reproduce(args) -> int:
     outcome = _interruptible(run_reproduction, repro, out, args)
     if outcome is None:
         return EXIT_INTERRUPTED
+    from wirelessfl.report.tune_html import reproduce_html, tune_html
     from wirelessfl.report.tune_plots import draw_tuning
 
-    figures = draw_tuning(repro.tune, outcome.tuning.tuning, outcome.tuning.out)
     print(f"{repro.spec.title}\n{repro.spec.paper}")
-    print(verdict_text(outcome.verdicts))
-    for warning in outcome.tuning.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    from wirelessfl.report.tune_html import reproduce_html, tune_html
-
-    tune_html(repro.tune, outcome.tuning, out / "tune" / "report.html", figures)
+    figures = {}
+    for regime, tune in repro.tunes.items():
+        result = outcome.tunings[regime]
+        figures[regime] = draw_tuning(tune, result.tuning, result.out)
+        tune_html(tune, result, result.out / "report.html", figures[regime])
+        described = repro.regime(regime)
+        if described is not None:
+            print(f"\nregime {regime}: {described.title}")
+        print(verdict_text([v for v in outcome.verdicts if v["regime"] == regime]))
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
     print(f"wrote {reproduce_html(repro, outcome, out / 'report.html', figures)}",
           file=sys.stderr)
-    failed = sum(c.failed for c in outcome.tuning.counts.values())
+    failed = sum(c.failed for t in outcome.tunings.values() for c in t.counts.values())
     if failed:
         print(f"{failed} runs failed; run the same command again to retry them",
               file=sys.stderr)
@@ -319,22 +324,25 @@ def _cmd_validate(args) -> int:
         if kind == "tune":
             from wirelessfl.tune.spec import load_tune
 
-            tune, head = load_tune(str(path)), f"{args.scenario}: valid tune file"
+            studies = {"": load_tune(str(path))}
+            head = f"{args.scenario}: valid tune file"
         else:
             from wirelessfl.tune.reproduce import load_reproduction
 
             repro = load_reproduction(str(path))
-            tune = repro.tune
-            head = f"{args.scenario}: valid reproduction"
-        warnings, tuning, evaluations = check_study(tune)
-        _print_warnings(warnings)
-        what = (f" ({len(repro.spec.claims)} claims) with tune file {tune.path.name}"
-                if kind == "reproduction" else "")
-        print(f"{head}{_with_warnings(len(warnings))}{what} over '{tune.spec.scenario}' "
-              f"(objective {tune.spec.objective}; {tuning} tuning runs: "
-              + ", ".join(f"{label} {len(grid)} configurations" for label, grid in
-                          tune.grids.items())
-              + f", x {len(tune.spec.tuning_seeds)} seeds; then {evaluations} evaluation runs)")
+            studies = repro.tunes
+            head = f"{args.scenario}: valid reproduction ({len(repro.spec.claims)} claims)"
+        for regime, tune in studies.items():  # every regime's runs are checked
+            warnings, tuning, evaluations = check_study(tune)
+            _print_warnings(warnings)
+            what = ((f" regime {regime}:" if regime else "") + f" with tune file "
+                    f"{tune.path.name}" if kind == "reproduction" else "")
+            print(f"{head}{_with_warnings(len(warnings))}{what} over '{tune.spec.scenario}' "
+                  f"(objective {tune.spec.objective}; {tuning} tuning runs: "
+                  + ", ".join(f"{label} {len(grid)} configurations" for label, grid in
+                              tune.grids.items())
+                  + f", x {len(tune.spec.tuning_seeds)} seeds; then {evaluations} evaluation "
+                    "runs)")
         return 0
     if kind == "sweep":
         from wirelessfl.sweep.spec import load_sweep

@@ -23,29 +23,45 @@ def tune_html(tune, result, out: Path, figures: list[Path]) -> Path:
                                  tune_sections(tune, result, figures)))
 
 
-def reproduce_html(repro, outcome, out: Path, figures: list[Path]) -> Path:
-    """The reproduction's page: the verdict per claim, every evaluation run's health, then the
-    tuning study's sections (``figures``: its tuning figures, as for ``tune_html``)."""
+def reproduce_html(repro, outcome, out: Path, figures: dict[str, list[Path]]) -> Path:
+    """The reproduction's page: per regime the verdict per claim, then every evaluation run's
+    health, then each regime's tuning study (``figures``: regime -> its tuning figures, as for
+    ``tune_html``)."""
     runs = outcome.runs
-    health = [["method", "seed", "healthy", "health"]] + [
-        [str(r.method), str(r.seed), "yes" if r.healthy else "no", str(r.health)]
-        for r in runs.itertuples()]
+    several = len(repro.tunes) > 1
+    health = [["regime", "method", "seed", "healthy", "health"][not several:]] + [
+        [str(r.regime), str(r.method), str(r.seed), "yes" if r.healthy else "no",
+         str(r.health)][not several:] for r in runs.itertuples()]
     sections = [f"<p>{_text(repro.spec.paper)}</p>",
                 f"<p>{_text(repro.spec.description or '')}</p>",
-                *claims_section(outcome.verdicts),
-                "<h2>Health of every evaluation run</h2>", _table(health, message_col=3),
-                *tune_sections(repro.tune, outcome.tuning, figures)]
+                *([f"<p>{_text(repro.spec.note)}</p>"] if repro.spec.note else [])]
+    for regime in repro.tunes:
+        described = repro.regime(regime)
+        title = f"Claims and verdicts: {described.title}" if described else None
+        sections += claims_section([v for v in outcome.verdicts if v["regime"] == regime],
+                                   title, described.note if described else "")
+    sections += ["<h2>Health of every evaluation run</h2>",
+                 _table(health, message_col=3 + several)]
+    for regime, tune in repro.tunes.items():
+        if several:
+            sections.append(f"<h2>The study of regime {_text(regime)}</h2>")
+        sections += tune_sections(tune, outcome.tunings[regime], figures.get(regime, []))
     meta = f"{repro.name}, {outcome.out}"
     return write_file(out, _page(f"Reproduction: {repro.spec.title}", meta, sections))
 
 
-def claims_section(verdicts: list[dict]) -> list[str]:
+def claims_section(verdicts: list[dict], title: str | None = None, note: str = "") -> list[str]:
     """The reproduction's verdict per claim (tune/reproduce.py's ``verdict_cells``): a prose
     table, so that it fits the page however long the paper's statements and the reasons are."""
-    return ["<h2>Claims and verdicts</h2>",
-            ("<p>Holds / does not hold: the 95 % confidence intervals over the evaluation "
-             "seeds of the tuned settings do not overlap, in the paper's direction or the "
-             "other way; inconclusive: they overlap, or a compared run was unhealthy.</p>"),
+    return [f"<h2>{_text(title or 'Claims and verdicts')}</h2>",
+            *([f"<p>{_text(note)}</p>"] if note else []),
+            ("<p>A comparison is judged on the per-seed paired ratio of the tuned settings (the "
+             "methods share the evaluation seeds): holds / does not hold when its 95 % interval "
+             "is wholly past the claimed factor, one way or the other; inconclusive when it "
+             "contains it, written 'not reproduced (inconclusive)' when the paired estimate "
+             "goes against the paper, or when a compared run was unhealthy. 'Decided by "
+             "per-round cost alone': the loser reached the target at its first evaluation, so "
+             "the verdict says nothing about convergence.</p>"),
             _table(verdict_cells(verdicts), prose=True)]
 
 

@@ -508,10 +508,11 @@ def is_tune_document(doc: object) -> bool:
 
 
 def is_reproduction_document(doc: object) -> bool:
-    """A reproduction file names a tune file and lists claims (docs/tuning.md, "Reproductions");
-    it names no scenario."""
-    return (isinstance(doc, dict) and isinstance(doc.get("tune"), str) and "claims" in doc
-            and "scenario" not in doc)
+    """A reproduction file names a tune file (or regimes, each with one) and lists claims
+    (docs/tuning.md, "Reproductions"); it names no scenario."""
+    return (isinstance(doc, dict) and (isinstance(doc.get("tune"), str)
+                                       or isinstance(doc.get("regimes"), list))
+            and "claims" in doc and "scenario" not in doc)
 
 
 def file_kind(doc: object) -> str | None:
@@ -545,7 +546,9 @@ def refuse_other_kind(path: Path, doc: object, given: str, wanted: str) -> None:
     if kind is None or kind == wanted:
         return
     what, command = _KINDS[kind]
-    what = what.format(scenario=doc.get("scenario"), tune=doc.get("tune"))
+    tune = doc.get("tune") or ", ".join(str(r.get("tune")) for r in doc.get("regimes") or []
+                                        if isinstance(r, dict))
+    what = what.format(scenario=doc.get("scenario"), tune=tune)
     raise UserError(f"{path}: this is {what}, not {_KINDS[wanted][0].split(' (')[0]}; run it "
                     f"with 'wirelessfl {command} {given}'")
 

@@ -93,6 +93,9 @@ class Claim(BaseModel):
     below: float | None = None
     target: ClaimTarget | None = Field(
         None, description="to-target metrics: read at this target instead of the study's")
+    regimes: list[str] | None = Field(
+        None, min_length=1, description="a reproduction with regimes: judge it only in these "
+                                        "(default: every regime)")
 
     @model_validator(mode="after")
     def _one_kind(self):
