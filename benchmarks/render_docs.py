@@ -332,18 +332,23 @@ def seed002_reproduction() -> str:
 
 
 def _nearest_rows(rows: list[dict], column: str, targets: list[float]) -> list[dict]:
-    """Of ``rows``, those whose ``column`` is nearest (in log) to each of ``targets``."""
-    picked = []
+    """Of ``rows``, those whose ``column`` is nearest (in log) to each of ``targets``, each
+    value once (targets beyond a bounded axis share its end)."""
+    picked, seen = [], set()
     for target in targets:
         best = min({float(r[column]) for r in rows}, key=lambda v: abs(math.log(v / target)))
-        picked += [r for r in rows if float(r[column]) == best]
+        if best not in seen:
+            seen.add(best)
+            picked += [r for r in rows if float(r[column]) == best]
     return picked
 
 
 @block("seed002-crossover", f"{SEED002}/crossover.json", f"{SEED002}/crossover_boundary.csv")
 def seed002_crossover() -> str:
     """Where DZOFL wins: the tuned methods' costs at the scenario's point and the throughput
-    above which DZOFL is faster than each baseline, at uplink rates a decade apart."""
+    above which DZOFL is faster than each baseline, at uplink rates a decade apart, with the
+    evaluation seeds' spread. A crossover recorded before the spread and the MCS bound on the
+    rate axis (issue 35) has no band columns: its table says so instead of showing them."""
     c = _json(f"{SEED002}/crossover.json")
     with (ROOT / SEED002 / "crossover_boundary.csv").open() as fh:
         boundary = list(csv.DictReader(fh))
@@ -360,17 +365,27 @@ def seed002_crossover() -> str:
                    + (f", not than {', '.join(loses)}" if loses else ""))
         lines.append(f"* {metric['title']}: {values} ({verdict})")
     rows = _nearest_rows(boundary, "uplink_rate_bps", [rate0 * 10.0**k for k in (-2, -1, 0, 1, 2)])
+    banded = bool(boundary) and "time_boundary_low_macs_per_s" in boundary[0]
     cells = []
     for r in rows:
         edge = float(r["time_boundary_macs_per_s"]) if r["time_boundary_macs_per_s"] else math.nan
         side = r["time"]
         faster = (f"{side} {edge:.3g} MAC/s" if math.isfinite(edge) else side)
-        cells.append([f"{float(r['uplink_rate_bps']):.3g}", r["baseline"], faster,
-                      "yes" if r["energy_wins"] == "True" else "no",
-                      "yes" if r["system_energy_wins"] == "True" else "no"])
+        energy = ["yes" if r[key] == "True" else "no"
+                  for key in ("energy_wins", "system_energy_wins")]
+        if banded:
+            low, high = (r[f"time_boundary_{end}_macs_per_s"] for end in ("low", "high"))
+            faster += f" (seeds: {float(low):.3g} to {float(high):.3g})" if low else ""
+            energy = [f"{answer} ({r[key]}/{r['seed_pairs']} seeds)" for answer, key in
+                      zip(energy, ("energy_wins_seeds", "system_energy_wins_seeds"))]
+        cells.append([f"{float(r['uplink_rate_bps']):.3g}", r["baseline"], faster, *energy])
+    spread = ("; in brackets the throughputs over which the evaluation seeds disagree, and on "
+              "how many seeds it spends less" if banded else
+              "; recorded before the crossover gave the evaluation seeds' spread and bounded "
+              "the rate axis by what the MCS table carries, which the next recording adds")
     return ("\n".join(lines) + f"\n\nAcross the map ({method} against each tuned baseline; the "
             "throughput at which the times to target are equal, and whether "
-            f"{method} spends less energy at that rate):\n\n"
+            f"{method} spends less energy at that rate{spread}):\n\n"
             + table(["uplink rate [bit/s]", "against", f"{method} faster",
                      "less device energy", "less system energy"], cells))
 

@@ -1,21 +1,33 @@
-"""wirelessfl crossover: the boundary against a hand-solved case, the re-costing against the
-simulator itself (the run's own totals at its own point, and a second run at another throughput
-and uplink rate), and the command end to end with its error lines."""
+"""wirelessfl crossover: the boundary against a hand-solved case, its band over the evaluation
+seeds against the seeds' hand-solved boundaries, the rate axis bounded by the MCS table, the
+re-costing against the simulator itself (the run's own totals at its own point, and a second run
+at another throughput and uplink rate), and the command end to end with its error lines."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from tests.conftest import cli as _cli
+from wirelessfl.channel.mcs import carried_rate_range_bps
 from wirelessfl.cli import main
+from wirelessfl.errors import UserError
 from wirelessfl.results.records import read_run
 from wirelessfl.results.summary import summarize
-from wirelessfl.tune.crossover import Cost, _setting, compute, row_cost, run_costs
+from wirelessfl.tune.crossover import (
+    Cost,
+    _setting,
+    compute,
+    rate_axis,
+    row_cost,
+    run_costs,
+    seed_means,
+)
 
 THETA0, RATE0 = 4e9, 10e6
 
@@ -27,7 +39,7 @@ def _cost(label, rounds, devices, compute_s, bits, energy_compute_j, slot_s=1e-1
                 transmissions=rounds * devices, payload_bits=bits, downlink_s=0.0,
                 energy_fixed_j=rounds * devices * energy_compute_j, energy_bs_j=0.0,
                 tx_draw_w=0.2, header_bits=0.0, slot_s=slot_s, theta0=THETA0, rate0=RATE0,
-                rounds=rounds)
+                bandwidth_hz=2e6, rounds=rounds)
 
 
 def test_boundary_is_where_k_times_the_per_round_times_are_equal():
@@ -60,6 +72,106 @@ def test_boundary_is_where_k_times_the_per_round_times_are_equal():
     # the seconds themselves, at the scenario point: k x (4 ms + 1.6 us) vs 12 ms + 640 ms
     assert float(ours.time_s(THETA0, RATE0)) == pytest.approx(1000 * (4e-3 + 16 / 1e7))
     assert float(other.time_s(THETA0, RATE0)) == pytest.approx(10 * (12e-3 + 0.64))
+
+
+# the hand-solved case above: per round DZOFL 4 ms and 1e-4 J of compute, FedSGD 12 ms and 3e-4 J
+K_CASE = {"n": 50, "c_d": 4e-3, "c_b": 12e-3, "e_d": 1e-4, "e_b": 3e-4, "w": 0.2}
+
+
+def _hand_theta(k, rate, n, c_d, c_b, e_d, e_b, w):
+    """Theta* of the case above for DZOFL taking k times FedSGD's rounds (by hand)."""
+    return THETA0 * rate * (k * c_d - c_b) / (64e5 - 16 * k)
+
+
+def _hand_rate(k, n, c_d, c_b, e_d, e_b, w):
+    """The rate below which DZOFL spends less device energy (by hand)."""
+    return w * (64e5 - 16 * k) / (k * e_d - e_b)
+
+
+def _seeds(ks):
+    """Per evaluation seed, DZOFL taking k x 10 rounds and FedSGD 10 (the case above)."""
+    c = K_CASE
+    return {"DZOFL": {s: _cost("DZOFL", k * 10, c["n"], c["c_d"], 16, c["e_d"])
+                      for s, k in enumerate(ks)},
+            "FedSGD": {s: _cost("FedSGD", 10, c["n"], c["c_b"], 64e5, c["e_b"])
+                       for s in range(len(ks))}}
+
+
+def test_band_is_the_seeds_boundaries_around_the_mean_and_collapses_when_they_agree():
+    """Seeds needing k = 90, 100 and 110 times FedSGD's rounds: the band is the three seeds'
+    hand-solved boundaries' min and max, the mean (k = 100) inside it; three equal seeds give a
+    band that is the mean boundary; a seed on which DZOFL is faster at every throughput (k = 2:
+    less compute and less radio) opens the band down to 0, one never faster up to inf, and a seed that crosses where the
+    means do not still has its band. Energy: the seeds' counts are how
+    many of the hand-solved rates r*_k lie above each rate."""
+    # half decades, and two rates between the seeds' r*: 1.20e8, 1.32e8 and 1.47e8 bit/s
+    rate = np.sort(np.r_[np.geomspace(1e5, 1e9, 9), 1.25e8, 1.4e8])
+    theta = np.geomspace(1e7, 1e12, 5)
+
+    def run(ks, method="DZOFL"):
+        per_seed = _seeds(ks)
+        means, counts = seed_means(per_seed)
+        return compute(means, counts, method, theta, rate, per_seed)
+
+    spread = run([90, 100, 110])
+    mean, side = spread.boundary["FedSGD"]
+    low, high = spread.band["FedSGD"]
+    np.testing.assert_allclose(mean, _hand_theta(100, rate, **K_CASE), rtol=1e-6)
+    np.testing.assert_allclose(low, _hand_theta(90, rate, **K_CASE), rtol=1e-6)
+    np.testing.assert_allclose(high, _hand_theta(110, rate, **K_CASE), rtol=1e-6)
+    assert (side == 1).all() and (low < mean).all() and (mean < high).all()
+    assert spread.pairs["FedSGD"] == 3
+    # FedSGD as the method is faster below the same lines: the seeds disagree at the same places
+    turned = run([90, 100, 110], "FedSGD")
+    assert (turned.boundary["DZOFL"][1] == -1).all()
+    np.testing.assert_allclose(turned.band["DZOFL"], spread.band["FedSGD"], rtol=1e-12)
+    stars = [_hand_rate(k, **K_CASE) for k in (90, 100, 110)]
+    wins = sum((rate < r).astype(int) for r in stars)
+    assert (spread.seed_wins["energy"]["FedSGD"] == wins).all()
+    assert set(wins) == {0, 1, 2, 3}  # rates that split the seeds: the count can fail
+
+    same = run([100, 100, 100])
+    for edge in same.band["FedSGD"]:
+        np.testing.assert_allclose(edge, same.boundary["FedSGD"][0], rtol=1e-12)
+    assert set(same.seed_wins["energy"]["FedSGD"]) <= {0, 3}
+
+    opened = run([2, 100, 110])
+    low, high = opened.band["FedSGD"]
+    assert (low == 0).all()
+    np.testing.assert_allclose(high, _hand_theta(110, rate, **K_CASE), rtol=1e-6)
+    assert (opened.boundary["FedSGD"][0] < high).all()
+
+    # a seed on which DZOFL is never faster (k = 5e5: its 16-bit uploads outweigh FedSGD's)
+    never = run([100, 110, 5e5])
+    low, high = never.band["FedSGD"]
+    np.testing.assert_allclose(low, _hand_theta(100, rate, **K_CASE), rtol=1e-6)
+    assert (high == np.inf).all() and (never.boundary["FedSGD"][1] == 1).all()
+    np.testing.assert_allclose(run([100, 110, 5e5], "FedSGD").band["DZOFL"], (low, high),
+                               rtol=1e-12)  # there FedSGD is faster everywhere
+
+    # the means never cross (k = 2: DZOFL faster everywhere), one seed does (k = 4)
+    lone = run([1, 1, 4])
+    assert (lone.boundary["FedSGD"][1] == 2).all() and np.isnan(lone.boundary["FedSGD"][0]).all()
+    low, high = lone.band["FedSGD"]
+    assert (low == 0).all()
+    np.testing.assert_allclose(high, _hand_theta(4, rate, **K_CASE), rtol=1e-6)
+
+
+def test_rate_axis_is_bounded_by_what_the_mcs_table_carries():
+    """3GPP TS 38.214 Table 5.2.2.1-2 (wirelessfl/channel/mcs.py): CQI 1 is 0.1523 bit/s/Hz and
+    CQI 15 5.5547, so 2 MHz carries 304,600 to 11,109,400 bit/s (by hand). A range given beyond
+    it is refused; the default (the scenario's / 100 to x 100) is clipped to it."""
+    assert carried_rate_range_bps(2e6) == pytest.approx((2e6 * 0.1523, 2e6 * 5.5547), rel=1e-12)
+    assert carried_rate_range_bps(2e6) == pytest.approx((304_600, 11_109_400), rel=1e-12)
+    ref = _cost("DZOFL", 10, 5, 1e-3, 16, 1e-4)  # 2 MHz, r0 = 10 Mbit/s
+    assert rate_axis(None, ref) == pytest.approx((304_600, 11_109_400, True))
+    assert rate_axis((1e6, 1e7), ref) == (1e6, 1e7, False)
+    assert rate_axis((304_600, 1.11094e7), ref)[:2] == (304_600, 1.11094e7)  # the printed edge
+    with pytest.raises(UserError, match=r"--rate 1e\+06 2e\+07 goes beyond .* 304600 to "
+                                        r"1\.11094e\+07 bit/s"):
+        rate_axis((1e6, 2e7), ref)
+    far = replace(ref, rate0=1e10)  # 3 decades above what 2 MHz carries
+    assert rate_axis(None, far) == pytest.approx((304_600, 11_109_400, True))
 
 
 def test_a_method_that_missed_the_target_loses_everywhere():
@@ -134,7 +246,16 @@ def test_recosting_gives_back_the_run_and_predicts_another_setting(runs):
 def test_command_writes_the_table_figure_and_marks_the_scenario(runs, capsys, tmp_path):
     base, _, _ = runs
     out = tmp_path / "x"
-    code, text, err = _cli(capsys, "crossover", base / "study", "--out", out, "--points", "9")
+    # a second evaluation seed, its runs a copy of the first's: paired by seed, the band is
+    # the boundary itself
+    study = tmp_path / "study"
+    shutil.copytree(base / "study", study)
+    runs_dir = study / "evaluation" / "runs"
+    shutil.copytree(runs_dir / "s0", runs_dir / "s1")
+    manifest = json.loads((runs_dir / "s1" / "manifest.json").read_text())
+    manifest["seed"] = manifest["seed"] + 1
+    (runs_dir / "s1" / "manifest.json").write_text(json.dumps(manifest))
+    code, text, err = _cli(capsys, "crossover", study, "--out", out, "--points", "9")
     assert code == 0, err
     assert "DZOFL against FedSGD, FedAvg" in text and "4e+09 MAC/s" in text
     for name in ("crossover_grid.csv", "crossover_boundary.csv", "crossover.json",
@@ -143,9 +264,22 @@ def test_command_writes_the_table_figure_and_marks_the_scenario(runs, capsys, tm
     grid = pd.read_csv(out / "crossover_grid.csv")
     assert len(grid) == 81
     assert grid.throughput_macs_per_s.min() == pytest.approx(4e7)
-    assert grid.uplink_rate_bps.max() == pytest.approx(4e8)
+    # the default 4e4 to 4e8 bit/s, clipped to what 2 MHz carries (0.1523 and 5.5547 bit/s/Hz)
+    assert grid.uplink_rate_bps.min() == pytest.approx(2e6 * 0.1523)
+    assert grid.uplink_rate_bps.max() == pytest.approx(2e6 * 5.5547)
+    assert "note: the uplink rate axis is 304600 to 1.11094e+07 bit/s" in err
     info = json.loads((out / "crossover.json").read_text())
     assert info["throughput0_macs_per_s"] == 4e9 and info["uplink_rate0_bps"] == 4e6
+    assert info["uplink_rate_clipped"] and info["seeds"]["DZOFL"] == 2
+    assert set(info["seed_costs"]["DZOFL"]) == {str(manifest["seed"] - 1), str(manifest["seed"])}
+    boundary = pd.read_csv(out / "crossover_boundary.csv")
+    assert (boundary.seed_pairs == 2).all()
+    crossing = boundary.time_boundary_macs_per_s.notna()
+    assert crossing.any()
+    for edge in ("time_boundary_low_macs_per_s", "time_boundary_high_macs_per_s"):
+        np.testing.assert_allclose(boundary[edge][crossing],
+                                   boundary.time_boundary_macs_per_s[crossing], rtol=1e-12)
+    assert set(boundary.energy_wins_seeds) <= {0, 2}
     # a reproduce folder (the study under tune/) is found too
     shutil.copytree(base / "study", tmp_path / "repro" / "tune")
     code, _, err = _cli(capsys, "crossover", tmp_path / "repro", "--points", "3")
@@ -156,6 +290,9 @@ def test_command_writes_the_table_figure_and_marks_the_scenario(runs, capsys, tm
     (None, ["--throughput", "5", "1"], "--throughput needs 0 < LO < HI"),
     (None, ["--method", "ZOO"], "no tuned method labelled 'ZOO'"),
     (None, ["--points", "1"], "--points must be at least 2"),
+    (None, ["--rate", "1e5", "1e7"], ("--rate 100000 1e+07 goes beyond the rates the uplink's "
+                                      "MCS table carries on its 2e+06 Hz band, 304600 to "
+                                      "1.11094e+07 bit/s")),
     ("adaptive", [], "uplink mode 'adaptive' has no one rate to vary"),
     ("empty", [], "no evaluation runs found"),
 ])

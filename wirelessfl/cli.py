@@ -279,24 +279,32 @@ def _cmd_crossover(args) -> int:
 
     from wirelessfl.report.crossover_plots import draw_crossover
     from wirelessfl.results.summary import text_table
-    from wirelessfl.tune.crossover import boundary_table, run_crossover, summary_lines
+    from wirelessfl.tune.crossover import boundary_table, range_note, run_crossover, summary_lines
 
     out = Path(args.out) if args.out else Path(args.study) / "crossover"
     result = run_crossover(Path(args.study), out, args.method, args.throughput, args.rate,
                            args.points)
     figure = draw_crossover(result, out / "crossover.png")
+    note = range_note(result)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     print("\n".join(summary_lines(result)))
     table = boundary_table(result)
     step = max(1, (len(result.rate) - 1) // 4)  # five rates across the range
     shown = table[table.uplink_rate_bps.isin(result.rate[::step])]
-    rows = [["rate [bit/s]", "against", "time: equal at [MAC/s]", "time", "device energy",
-             "system energy"]]
+    rows = [["rate [bit/s]", "against", "time: equal at [MAC/s]", "seeds: from - to", "time",
+             "device energy", "system energy"]]
     for row in shown.itertuples():
-        theta = row.time_boundary_macs_per_s
+        theta, low, high = (row.time_boundary_macs_per_s, row.time_boundary_low_macs_per_s,
+                            row.time_boundary_high_macs_per_s)
+        pairs = row.seed_pairs
         rows.append([f"{row.uplink_rate_bps:.4g}", row.baseline,
-                     f"{theta:.4g}" if math.isfinite(theta) else "-", row.time,
-                     "less" if row.energy_wins else "more",
-                     "less" if row.system_energy_wins else "more"])
+                     f"{theta:.4g}" if math.isfinite(theta) else "-",
+                     f"{low:.4g} - {high:.4g}" if not math.isnan(low) else "-", row.time,
+                     (f"{'less' if row.energy_wins else 'more'} "
+                      f"({row.energy_wins_seeds}/{pairs} seeds less)"),
+                     (f"{'less' if row.system_energy_wins else 'more'} "
+                      f"({row.system_energy_wins_seeds}/{pairs} seeds less)")])
     print(text_table(rows))
     print(f"wrote {out}/crossover_grid.csv, crossover_boundary.csv, crossover.json and {figure}",
           file=sys.stderr)
@@ -775,7 +783,8 @@ def build_parser() -> argparse.ArgumentParser:
     cx.add_argument("--throughput", type=float, nargs=2, metavar=("LO", "HI"),
                     help="device throughput range [MAC/s] (default: the scenario's / 100 to x 100)")
     cx.add_argument("--rate", type=float, nargs=2, metavar=("LO", "HI"),
-                    help="uplink rate range [bit/s] (default: the scenario's / 100 to x 100)")
+                    help="uplink rate range [bit/s], within what the MCS table carries on the "
+                         "uplink band (default: the scenario's / 100 to x 100, clipped to it)")
     cx.add_argument("--points", type=int, default=41, help="grid points per axis (default: 41)")
     cx.set_defaults(func=_cmd_crossover)
 

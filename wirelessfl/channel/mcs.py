@@ -64,6 +64,15 @@ def cqi_efficiency(cqi) -> np.ndarray:
     return CQI_EFFICIENCY[np.maximum(np.asarray(cqi, dtype=np.int64), 1) - 1]
 
 
+def carried_rate_range_bps(bandwidth_hz: float) -> tuple[float, float]:
+    """The lowest and highest rate [bit/s] the CQI table carries on ``bandwidth_hz`` [Hz]:
+    CQI 1's and CQI 15's efficiency x B (TS 38.214 Table 5.2.2.1-2), the rates ``mcs`` mode can
+    pick (``cqi_efficiency``). No MCS of the table sends faster on that band, none slower
+    (wirelessfl crossover bounds its rate axis by it)."""
+    low, high = cqi_efficiency([1, len(CQI_EFFICIENCY)]) * float(bandwidth_hz)
+    return float(low), float(high)
+
+
 def bler(snr_db, threshold_db, slope_per_db: float) -> np.ndarray:
     """BLER = 1 / (1 + 9 exp(s (snr_db - threshold_db))); 0.1 at the threshold."""
     z = slope_per_db * (np.asarray(snr_db, dtype=float) - np.asarray(threshold_db, dtype=float))

@@ -24,6 +24,27 @@ accelerator model, where throughput sets time only). [D] Idle energy is held as 
 seed 002). [D] A method's cost is the mean over its evaluation seeds of the re-costed per-seed
 costs (all linear in Theta0/Theta and a(r), so the mean keeps the form); a method that missed the
 target on any evaluation seed is "not reached" everywhere, as in the study's verdict.
+
+The spread over the evaluation seeds: each seed's runs are re-costed alone and, paired by seed
+(the same seed gives every method the same data split, cell and draws), give that seed's
+boundary. [D] The band drawn around the seed-mean boundary is the min-max of the per-seed
+boundaries: the throughputs at which the seeds disagree about who is faster (below it every seed
+gives one verdict, above it every seed the other). Why not a percentile band or a confidence
+interval of the ratio: a study evaluates on a few seeds (5 in seed 002), where the 2.5/97.5 %
+points are interpolations between the two extreme seeds and a CI of a ratio of five-sample means
+leans on a normality it cannot check; min-max states what the runs say, and, the seed mean's
+time difference being the mean of the seeds' differences, it always contains the mean boundary
+(and is that boundary when the seeds agree). A seed on which the method is faster at every
+throughput, at none, or on the other side opens the band to 0 or infinity; where the means do
+not cross but some seeds do, the band is there without a line. Energy does not depend on the
+throughput, so its spread is a count per rate: on how many seed pairs the method spends less
+energy there. Seeds are paired when every method ran the same ones; otherwise every combination
+is a pair (the mean is then still contained).
+
+The rate axis stays within what the cell carries: the configured uplink band times the lowest
+and highest spectral efficiency of the MCS table (``channel.mcs.carried_rate_range_bps``, 3GPP
+TS 38.214 Table 5.2.2.1-2). A ``--rate`` range beyond it is refused; the default range (the
+scenario's rate / 100 to x 100) is clipped to it, with a note.
 """
 
 from __future__ import annotations
@@ -37,7 +58,9 @@ import numpy as np
 import pandas as pd
 
 from wirelessfl.channel.cell import dbm_to_w
+from wirelessfl.channel.config import UplinkConfig
 from wirelessfl.channel.link import airtime_s
+from wirelessfl.channel.mcs import carried_rate_range_bps
 from wirelessfl.errors import UserError
 from wirelessfl.results.records import read_run, write_csv, write_json
 from wirelessfl.results.summary import reached_mask
@@ -60,6 +83,9 @@ CELL_BYTES, CELL_CSV_BYTES = 320, 270
 # uplink rates (1e2 to 1e12 bit/s) of pipeline/preflight.py PLAUSIBLE fit with room; 600
 # decades (1e-300 to 1e300) overflowed matplotlib's log ticker.
 MAX_DECADES = 16
+# [D] Relative slack on the carried rate range: a --rate edge typed from the printed range (six
+# significant digits) is within it.
+CARRIED_RTOL = 1e-6
 
 
 @dataclass(frozen=True)
@@ -79,6 +105,7 @@ class Cost:
     slot_s: float
     theta0: float  # recorded throughput [MAC/s]
     rate0: float  # recorded uplink rate [bit/s]
+    bandwidth_hz: float  # a device's uplink band [Hz]: with the MCS table, the rates carried
     rounds: float  # rounds to the target (mean over seeds)
     seeds: int = 1
 
@@ -185,6 +212,8 @@ def _setting(manifest: dict, where: Path) -> dict:
             + number(up, "circuit_power_w", "channel.uplink", 0.0))
     return {"theta0": number(energy, "throughput_macs_per_s", "energy", positive=True),
             "rate0": number(up, "rate_bps", "channel.uplink", positive=True),
+            "bandwidth_hz": number(up, "bandwidth_hz", "channel.uplink",
+                                   UplinkConfig.model_fields["bandwidth_hz"].default, True),
             "slot_s": number(channel, "slot_s", "channel", positive=True),
             "header_bits": number(up, "header_bits", "channel.uplink", 0),
             "tx_draw_w": _number(draw, f"{file}: the devices' transmit draw")}
@@ -264,9 +293,10 @@ def mean_cost(costs: list[Cost]) -> Cost:
     """The seed mean of per-seed costs of one method (same packet size and setting)."""
     first = costs[0]
     for c in costs[1:]:
-        same = (c.payload_bits, c.theta0, c.rate0, c.slot_s, c.header_bits, c.tx_draw_w)
+        same = (c.payload_bits, c.theta0, c.rate0, c.slot_s, c.header_bits, c.tx_draw_w,
+                c.bandwidth_hz)
         if same != (first.payload_bits, first.theta0, first.rate0, first.slot_s,
-                    first.header_bits, first.tx_draw_w):
+                    first.header_bits, first.tx_draw_w, first.bandwidth_hz):
             raise UserError(f"{first.label}: evaluation runs differ in packet size or setting; "
                             "the crossover needs one setting across seeds")
     fields = ("compute_s", "phases", "transmissions", "downlink_s", "energy_fixed_j",
@@ -304,17 +334,82 @@ def study_names(folder: Path) -> dict[str, str]:
     return names
 
 
-def study_costs(folder: Path) -> tuple[dict[str, Cost | None], dict[str, int]]:
-    """Tuned label -> seed-mean cost (None if some seed missed the target), and the seed count
-    per label; untuned settings are left out."""
-    per_label: dict[str, list] = {}
+def _seed_of(run: Path):
+    """The evaluation seed a run folder ran (its manifest's ``seed``), or the folder's name
+    where the manifest holds no whole number (run_costs has read it already)."""
+    seed = json.loads((run / "manifest.json").read_text()).get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else run.name
+
+
+def study_costs(folder: Path) -> dict[str, dict[object, Cost | None]]:
+    """Tuned label -> evaluation seed -> that seed's cost (None: missed the target); untuned
+    settings are left out."""
+    per_label: dict[str, dict] = {}
     for run in study_runs(folder):
-        for label, cost in run_costs(run).items():
+        costs = run_costs(run)
+        seed = _seed_of(run)
+        for label, cost in costs.items():
             if not label.endswith(UNTUNED_SUFFIX):
-                per_label.setdefault(label, []).append(cost)
-    means = {label: (None if any(c is None for c in costs) else mean_cost(costs))
-             for label, costs in per_label.items()}
-    return means, {label: len(costs) for label, costs in per_label.items()}
+                per_label.setdefault(label, {})[seed] = cost
+    return per_label
+
+
+def seed_means(per_seed: dict[str, dict[object, Cost | None]]
+               ) -> tuple[dict[str, Cost | None], dict[str, int]]:
+    """Label -> seed-mean cost (None if some seed missed the target), and the seed count."""
+    means = {label: (None if any(c is None for c in costs.values())
+                     else mean_cost(list(costs.values())))
+             for label, costs in per_seed.items()}
+    return means, {label: len(costs) for label, costs in per_seed.items()}
+
+
+def seed_pairs(ours: dict[object, Cost | None], other: dict[object, Cost | None]) -> list[tuple]:
+    """(ours, other) per evaluation seed when both ran the same seeds, else every combination
+    (either way the pairs' mean time difference is the seed means' difference)."""
+    if set(ours) == set(other):
+        return [(ours[seed], other[seed]) for seed in ours]
+    return [(a, b) for a in ours.values() for b in other.values()]
+
+
+def time_band(pairs: list[tuple], rate) -> tuple[np.ndarray, np.ndarray]:
+    """Per uplink rate, the throughputs [low, high] over which the seed pairs disagree about who
+    is faster: the narrowest range outside which every pair gives the same verdict (NaN where
+    all pairs agree at every throughput, or a pair has a method that missed the target).
+
+    A pair's win region is an interval (``time_boundary``): above its Theta_s (side +1), below
+    it (-1), everywhere (2) or nowhere (0). Where no pair is faster below, low is the lowest
+    throughput at which some pair wins (Theta_s, or 0 for a pair faster everywhere) and high the
+    one above which every pair wins (Theta_s; 0 everywhere; inf never); where no pair is faster
+    above, the same in 1 / Theta; where both occur, the seeds disagree near 0 and near inf."""
+    rate = np.asarray(rate, float)
+    if not pairs or any(a is None or b is None for a, b in pairs):
+        return np.full(rate.shape, np.nan), np.full(rate.shape, np.nan)
+    theta, sides = map(np.array, zip(*(time_boundary(a, b, rate) for a, b in pairs)))  # [S, R]
+    below = (sides == -1).any(axis=0) & ~(sides == 1).any(axis=0)  # [R]: turned around
+    with np.errstate(divide="ignore"):
+        theta = np.where(below, 1.0 / theta, theta)
+        sides = np.where(below & (np.abs(sides) == 1), -sides, sides)
+        win_from = np.select([sides == 1, sides == 2, sides == -1], [theta, 0.0, 0.0], np.inf)
+        all_from = np.select([sides == 1, sides == 2], [theta, 0.0], np.inf)
+        low, high = win_from.min(axis=0), all_from.max(axis=0)
+        low, high = np.where(below, 1.0 / high, low), np.where(below, 1.0 / low, high)
+    agree = (low == high) & ((low == 0) | (low == np.inf))
+    return np.where(agree, np.nan, low), np.where(agree, np.nan, high)
+
+
+def energy_seed_wins(pairs: list[tuple], name: str, rate) -> np.ndarray:
+    """Per uplink rate, on how many seed pairs the method spends less of metric ``name``
+    ("energy" or "system", neither depends on throughput); a method that missed the target on
+    a seed loses that pair."""
+    rate = np.asarray(rate, float)
+    wins = np.zeros(rate.shape, int)
+    for ours, other in pairs:
+        if ours is None:
+            continue
+        mine = ours.metric(name, ours.theta0, rate)
+        theirs = np.inf if other is None else other.metric(name, other.theta0, rate)
+        wins += (mine < theirs) & np.isfinite(mine)
+    return wins
 
 
 def time_boundary(ours: Cost, other: Cost, rate) -> tuple[np.ndarray, np.ndarray]:
@@ -353,15 +448,28 @@ class Crossover:
     boundary: dict[str, tuple[np.ndarray, np.ndarray]]  # baseline -> time (Theta*, side) [R]
     theta0: float
     rate0: float
+    # baseline -> the seeds' min-max band (low, high) [R] around the time boundary (time_band)
+    band: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # "energy" / "system" -> baseline -> seed pairs on which the method spends less [R]
+    seed_wins: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    pairs: dict[str, int] = field(default_factory=dict)  # baseline -> seed pairs
+    # the rates [bit/s] the MCS table carries on the uplink band, and whether the default range
+    # was clipped to them (run_crossover); None when not known
+    carried: tuple[float, float] | None = None
+    clipped: bool = False
+    per_seed: dict[str, dict[object, Cost | None]] = field(default_factory=dict)
     # label -> algorithm name (the runs' scenario entries): the figure's colours, which follow
     # the algorithm (report/colours.py); empty when not read
     names: dict[str, str] = field(default_factory=dict)
 
 
 def compute(costs: dict[str, Cost | None], seeds: dict[str, int], method: str,
-            theta: np.ndarray, rate: np.ndarray) -> Crossover:
+            theta: np.ndarray, rate: np.ndarray,
+            per_seed: dict[str, dict[object, Cost | None]] | None = None) -> Crossover:
     """Who wins in each cell of ``theta`` x ``rate``: ``method`` against every other label in
-    ``costs``. A method that never reached the target loses to one that did, everywhere."""
+    ``costs`` (the seed means). A method that never reached the target loses to one that did,
+    everywhere. ``per_seed`` (label -> seed -> cost) gives the spread over the evaluation seeds;
+    without it each mean is its own one seed, and the band is the boundary itself."""
     if method not in costs:
         raise UserError(f"no tuned method labelled '{method}' in the study (tuned: "
                         f"{', '.join(costs) or 'none'})")
@@ -389,8 +497,16 @@ def compute(costs: dict[str, Cost | None], seeds: dict[str, int], method: str,
         else:  # someone never reached: no crossing
             side = 2 if costs[method] is not None else 0
             boundary[b] = (np.full(rate.shape, np.nan), np.full(rate.shape, side))
+    if per_seed is None:
+        per_seed = {label: {0: c} for label, c in costs.items()}
+    pairs = {b: seed_pairs(per_seed[method], per_seed[b]) for b in baselines}
+    band = {b: time_band(pairs[b], rate) for b in baselines}
+    seed_wins = {name: {b: energy_seed_wins(pairs[b], name, rate) for b in baselines}
+                 for name in ("energy", "system")}
     return Crossover(method, baselines, costs, seeds, np.asarray(theta), np.asarray(rate),
-                     values, wins, boundary, ref.theta0, ref.rate0)
+                     values, wins, boundary, ref.theta0, ref.rate0, band=band,
+                     seed_wins=seed_wins, pairs={b: len(p) for b, p in pairs.items()},
+                     per_seed=per_seed)
 
 
 def grid_table(result: Crossover) -> pd.DataFrame:
@@ -409,17 +525,25 @@ SIDES = {1: "faster above", -1: "faster below", 2: "faster everywhere", 0: "neve
 
 
 def boundary_table(result: Crossover) -> pd.DataFrame:
-    """One row per uplink rate: the closed-form time boundary against each baseline, and whether
-    the method spends less device and system energy there (neither depends on throughput)."""
+    """One row per uplink rate: the closed-form time boundary against each baseline with the
+    seeds' min-max band around it (``time_band``; 0 or inf where some seed is faster at every
+    throughput or at none), and whether the method spends less device and system energy there
+    (neither depends on throughput), with on how many of the seed pairs it does."""
     rows = []
     for j, rate in enumerate(result.rate):
         for b in result.baselines:
             theta, side = result.boundary[b]
+            low, high = result.band[b]
             rows.append({"uplink_rate_bps": rate, "baseline": b,
                          "time_boundary_macs_per_s": theta[j],
+                         "time_boundary_low_macs_per_s": low[j],
+                         "time_boundary_high_macs_per_s": high[j],
                          "time": SIDES[int(side[j])],
                          "energy_wins": bool(result.wins["energy"][b][0, j]),
-                         "system_energy_wins": bool(result.wins["system"][b][0, j])})
+                         "system_energy_wins": bool(result.wins["system"][b][0, j]),
+                         "seed_pairs": result.pairs[b],
+                         "energy_wins_seeds": int(result.seed_wins["energy"][b][j]),
+                         "system_energy_wins_seeds": int(result.seed_wins["system"][b][j])})
     return pd.DataFrame(rows)
 
 
@@ -434,6 +558,62 @@ def at_scenario(result: Crossover) -> dict:
             b: ours is not None and (vals[b] is None or ours < vals[b])
             for b in result.baselines}}
     return out
+
+
+def _finite(value) -> float | None:
+    """A JSON number, or null for NaN and infinity (json.dumps would write neither as JSON)."""
+    return float(value) if math.isfinite(value) else None
+
+
+def band_at_scenario(result: Crossover) -> dict:
+    """Per baseline, at the scenario's own rate r0: the time boundary from the seed means and
+    the seeds' band (``time_band``; null: no crossing, the seeds all agreeing, or no upper edge,
+    some seed never faster)."""
+    rate = np.array([result.rate0])
+    out = {}
+    for b in result.baselines:
+        ours, other = result.costs[result.method], result.costs[b]
+        if ours is None or other is None:
+            theta, side = np.array([np.nan]), np.array([2 if ours is not None else 0])
+        else:
+            theta, side = time_boundary(ours, other, rate)
+        pairs = seed_pairs(result.per_seed[result.method], result.per_seed[b])
+        low, high = time_band(pairs, rate)
+        out[b] = {"time": SIDES[int(side[0])], "time_boundary_macs_per_s": _finite(theta[0]),
+                  "low_macs_per_s": _finite(low[0]), "high_macs_per_s": _finite(high[0]),
+                  "seed_pairs": len(pairs)}
+    return out
+
+
+def rate_axis(given: tuple[float, float] | None, ref: Cost) -> tuple[float, float, bool]:
+    """The uplink rate axis (lo, hi) [bit/s] and whether the default was clipped: within the
+    rates the MCS table carries on the uplink band (``carried_rate_range_bps``). A range the
+    user gave beyond it is refused; the default, the scenario's / 100 to x 100, is clipped to
+    it (to the whole carried range when the scenario's own rate lies far outside it)."""
+    lo_c, hi_c = carried_rate_range_bps(ref.bandwidth_hz)
+    if given is not None:
+        lo, hi = given
+        if lo < lo_c * (1 - CARRIED_RTOL) or hi > hi_c * (1 + CARRIED_RTOL):
+            raise UserError(f"--rate {lo:g} {hi:g} goes beyond the rates the uplink's MCS "
+                            f"table carries on its {ref.bandwidth_hz:g} Hz band, {lo_c:.6g} to "
+                            f"{hi_c:.6g} bit/s (CQI 1 to 15, 3GPP TS 38.214 Table "
+                            "5.2.2.1-2); give a range within it")
+        return lo, hi, False
+    lo, hi = ref.rate0 / 100, ref.rate0 * 100
+    inside = (max(lo, lo_c), min(hi, hi_c))
+    if inside[0] >= inside[1]:
+        inside = (lo_c, hi_c)
+    return *inside, inside != (lo, hi)
+
+
+def range_note(result: Crossover) -> str | None:
+    """The note that the default rate axis was clipped to what the MCS table carries."""
+    if not result.clipped or result.carried is None:
+        return None
+    return (f"the uplink rate axis is {result.rate[0]:.6g} to {result.rate[-1]:.6g} bit/s: the "
+            f"default ({result.rate0:.4g} bit/s / 100 to x 100) clipped to the "
+            f"{result.carried[0]:.6g} to {result.carried[1]:.6g} bit/s the MCS table carries on "
+            "the uplink band (3GPP TS 38.214 Table 5.2.2.1-2)")
 
 
 def check_points(points: int) -> None:
@@ -490,20 +670,21 @@ def run_crossover(folder: Path, out: Path, method: str = "DZOFL",
     for given, flag in ((throughput, "--throughput"), (rate, "--rate")):
         if given is not None:  # the ranges given, before the study is read
             check_range(flag, *given)
-    costs, seeds = study_costs(folder)
+    per_seed = study_costs(folder)
+    costs, seeds = seed_means(per_seed)
     ref = next((c for c in costs.values() if c is not None), None)
     if ref is None:
         raise UserError(f"{folder}: no tuned method reached the target on every evaluation "
                         "seed; nothing to compare")
-    axes = []
-    for given, centre, flag in ((throughput, ref.theta0, "--throughput"),
-                                (rate, ref.rate0, "--rate")):
-        lo, hi = given if given is not None else (centre / 100, centre * 100)
-        check_range(flag, lo, hi)
-        axes.append(np.geomspace(lo, hi, points))
+    lo, hi = throughput if throughput is not None else (ref.theta0 / 100, ref.theta0 * 100)
+    check_range("--throughput", lo, hi)
+    r_lo, r_hi, clipped = rate_axis(rate, ref)
+    check_range("--rate", r_lo, r_hi)
+    axes = [np.geomspace(lo, hi, points), np.geomspace(r_lo, r_hi, points)]
     _check_finite(costs, axes[0], axes[1])
-    result = replace(compute(costs, seeds, method, axes[0], axes[1]),
-                     names=study_names(folder))
+    result = replace(compute(costs, seeds, method, axes[0], axes[1], per_seed),
+                     names=study_names(folder), clipped=clipped,
+                     carried=carried_rate_range_bps(ref.bandwidth_hz))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "crossover_grid.csv", grid_table(result))
@@ -512,7 +693,16 @@ def run_crossover(folder: Path, out: Path, method: str = "DZOFL",
         "study": str(folder), "method": method, "baselines": result.baselines,
         "throughput0_macs_per_s": result.theta0, "uplink_rate0_bps": result.rate0,
         "seeds": seeds, "at_scenario": at_scenario(result),
-        "costs": {label: (asdict(c) if c is not None else None) for label, c in costs.items()}})
+        "time_band": {"kind": "min-max over the evaluation seeds' boundaries, paired by seed "
+                              "(every combination where the methods ran different seeds)",
+                      "at_scenario_rate": band_at_scenario(result)},
+        "uplink_rate_axis_bps": [float(r_lo), float(r_hi)], "uplink_rate_clipped": clipped,
+        "uplink_bandwidth_hz": ref.bandwidth_hz,
+        "uplink_rate_carried_bps": list(result.carried),
+        "costs": {label: (asdict(c) if c is not None else None) for label, c in costs.items()},
+        "seed_costs": {label: {str(seed): (asdict(c) if c is not None else None)
+                               for seed, c in by_seed.items()}
+                       for label, by_seed in per_seed.items()}})
     return result
 
 
