@@ -11,8 +11,11 @@ a temporary folder. Kept under ``docs/data/<key>/``: the run's ``summary.csv`` a
 devices.parquet, the host time of the run and the versions). No parquet file is kept: every kept
 file is a few KB. ``benchmarks/render_docs.py`` builds the tables of docs/results.md from these.
 
-seed002-digits28 is recorded through its reproduction (``--only seed002-reproduction``:
-``wirelessfl reproduce seed002`` then ``wirelessfl crossover`` on its study, every method tuned);
+seed002-digits28 is recorded through its reproduction (``--only seed002-quick``:
+``wirelessfl reproduce seed002-quick`` then ``wirelessfl crossover`` on its study, every method
+tuned), and seed 002 on FashionMNIST through ``--only seed002-fashionmnist`` (hours: run
+``wirelessfl reproduce seed002 --out DIR`` in the background and collect it with ``--study DIR
+--host-s SECONDS``);
 ``profile-seed002-cnn`` keeps ``wirelessfl profile``'s JSON of its model, which is computed from the
 model and the energy profile, not measured.
 """
@@ -263,40 +266,70 @@ def _study_facts(out_dir: Path, host_s: float, commands: dict) -> dict:
 
 
 # Reproductions (wirelessfl reproduce) whose verdicts the docs quote: key -> reproduction name.
-REPRODUCTIONS = {"seed002-reproduction": "seed002"}
-REPRODUCTION_FILES = ("claims.csv", "runs.csv", "reproduce.json", "tune/tune.json",
-                      "tune/tuning.csv", "tune/evaluation.csv", "crossover/crossover.json",
-                      "crossover/crossover_boundary.csv")
-# The crossover figure of each reproduction, kept with the docs' images.
-CROSSOVER_FIGURES = {"seed002-reproduction": ROOT / "docs" / "img" / "seed002_crossover.png"}
+REPRODUCTIONS = {"seed002-quick": "seed002-quick", "seed002-fashionmnist": "seed002"}
+REPRODUCTION_FILES = ("claims.csv", "runs.csv", "reproduce.json")
+STUDY_FILES = ("tune.json", "tuning.csv", "evaluation.csv")
+CROSSOVER_FILES = ("crossover.json", "crossover_boundary.csv")
+IMG = ROOT / "docs" / "img"
 
 
-def record_reproduction(key: str, name: str) -> dict:
-    """Run ``wirelessfl reproduce NAME`` (2 local workers) and ``wirelessfl crossover`` on its
-    study; keep the verdicts, the tuning and evaluation tables and the crossover's table."""
+def crossover_figure(key: str, regime: str) -> Path:
+    """Where the crossover figure of a recorded reproduction's study (one per regime) is kept
+    with the docs' images."""
+    return IMG / f"{key.replace('-', '_')}{'_' + regime.replace('-', '_') if regime else ''}" \
+        "_crossover.png"
+
+
+def record_reproduction(key: str, name: str, study: Path | None = None,
+                        host_s: float | None = None) -> dict:
+    """Run ``wirelessfl reproduce NAME`` (2 local workers) and ``wirelessfl crossover`` on each
+    regime's study; keep the verdicts, each study's tuning and evaluation tables and its
+    crossover's table (a regime's in a folder named after it). With ``study``, a folder the
+    same command already filled (a long study run in the background): the command finishes it
+    (finished runs are skipped), and ``host_s`` is the time that run took."""
     out_dir = DATA / key
     with tempfile.TemporaryDirectory(prefix="wfl-record-") as tmp:
-        study = Path(tmp) / "study"
-        reproduce = [sys.executable, "-m", "wirelessfl", "reproduce", name, "--out", str(study),
+        folder = Path(study) if study is not None else Path(tmp) / "study"
+        reproduce = [sys.executable, "-m", "wirelessfl", "reproduce", name, "--out", str(folder),
                      "--quiet", "--workers", "2"]
-        crossover = [sys.executable, "-m", "wirelessfl", "crossover", str(study / "tune"),
-                     "--out", str(study / "crossover")]
         start = time.perf_counter()
         subprocess.run(reproduce, check=True, env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
-        host_s = time.perf_counter() - start
-        subprocess.run(crossover, check=True, env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        if host_s is None:
+            host_s = time.perf_counter() - start
+        studies = sorted(folder.glob("tune-*")) or [folder / "tune"]
         if out_dir.exists():
             shutil.rmtree(out_dir)
         out_dir.mkdir(parents=True)
         for file in REPRODUCTION_FILES:
-            shutil.copyfile(study / file, out_dir / Path(file).name)
-        if key in CROSSOVER_FIGURES:
-            shutil.copyfile(study / "crossover" / "crossover.png", CROSSOVER_FIGURES[key])
-    return _study_facts(out_dir, host_s, {
+            shutil.copyfile(folder / file, out_dir / file)
+        for tune in studies:
+            regime = tune.name.removeprefix("tune").removeprefix("-")
+            crossover = [sys.executable, "-m", "wirelessfl", "crossover", str(tune), "--out",
+                         str(tune / "crossover")]
+            subprocess.run(crossover, check=True, env=_env(), cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            kept = out_dir / regime
+            kept.mkdir(exist_ok=True)
+            for file in STUDY_FILES:
+                shutil.copyfile(tune / file, kept / file)
+            for file in CROSSOVER_FILES:
+                shutil.copyfile(tune / "crossover" / file, kept / file)
+            shutil.copyfile(tune / "crossover" / "crossover.png", crossover_figure(key, regime))
+        first = studies[0].name.removeprefix("tune").removeprefix("-")
+        if first:  # _study_facts reads the run counts of every study from the first's tune.json
+            shutil.copyfile(out_dir / first / "tune.json", out_dir / "tune.json")
+    facts = _study_facts(out_dir, host_s, {
         "command": f"wirelessfl reproduce {name} --workers 2",
-        "crossover_command": f"wirelessfl crossover reproduced/{name}/tune"})
+        "crossover_command": " ; ".join(
+            f"wirelessfl crossover reproduced/{name}/{t.name}" for t in studies)})
+    if first:
+        (out_dir / "tune.json").unlink()
+        failed = any(r["failed"] for t in studies
+                     for r in json.loads((t / "tune.json").read_text())["runs"].values())
+        facts["status"] = "failed runs" if failed else "complete"
+        (out_dir / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
+    return facts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="a run key or a scenario name (all its runs); repeatable")
     parser.add_argument("--list", action="store_true", help="print the run keys and exit")
+    parser.add_argument("--study", type=Path, help="with one reproduction's key in --only: the "
+                        "folder its reproduce command already filled (run in the background)")
+    parser.add_argument("--host-s", type=float, help="with --study: the seconds that run took")
     args = parser.parse_args(argv)
     keys = list(RUNS) + list(PROFILES) + list(TUNES) + list(REPRODUCTIONS)
     if args.list:
@@ -320,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter()
     for key in keys:
         if key in REPRODUCTIONS:
-            facts = record_reproduction(key, REPRODUCTIONS[key])
+            facts = record_reproduction(key, REPRODUCTIONS[key], args.study, args.host_s)
             print(f"{key}: {facts['status']}, {facts['host_s']:.1f} s", flush=True)
             continue
         if key in TUNES:

@@ -307,3 +307,31 @@ def test_stop_when_unhealthy_ends_a_run_at_the_first_row_whose_loss_broke_the_li
     for label in ("DZOFL", "FedAvg"):
         assert len(b.rounds[b.rounds.algorithm == label]) == \
             len(a.rounds[a.rounds.algorithm == label])
+
+
+def test_a_test_loss_target_stops_the_run_and_is_scored_there(tmp_path):
+    """target_loss: the run ends at the first evaluated round whose test loss is at or below it
+    (stop_at_target), the summary's to-target columns are that round's, a tuning objective
+    scores it, and a scenario without it keeps the resolved document (and so the fingerprint)
+    it had before the key existed."""
+    import wirelessfl
+    from tests.conftest import small_doc, small_scenario
+    from wirelessfl.scenario.loader import resolved_document
+    from wirelessfl.tune.objectives import score
+
+    assert "target_loss" not in resolved_document(small_scenario())
+    fedsgd = {"name": "fedsgd", "label": "FedSGD", "rounds": 40, "eval_every": 2, "lr": 0.5}
+    free = wirelessfl.run(small_doc(algorithms=[fedsgd]), tmp_path / "free", figures=False)
+    evaluated = free.rounds[free.rounds.test_loss.notna() & (free.rounds["round"] > 0)]
+    losses = evaluated.test_loss.to_numpy()
+    bound = float(np.quantile(losses, 0.5))  # reached part-way, at a round found by hand
+    first = int(evaluated["round"].to_numpy()[np.argmax(losses <= bound)])
+    doc = small_doc(algorithms=[fedsgd], target_loss=bound, stop_at_target=True)
+    assert resolved_document(small_scenario(target_loss=bound))["target_loss"] == bound
+    stopped = wirelessfl.run(doc, tmp_path / "stopped", figures=False)
+    assert int(stopped.rounds["round"].max()) == first
+    summary = stopped.summary.iloc[0]
+    at = stopped.rounds[stopped.rounds["round"] == first].iloc[0]
+    assert summary.energy_to_target_j == at.energy_j
+    got = score(OBJECTIVES["rounds_to_target"], free.rounds, None, None, bound)
+    assert got["reached"] and got["value"] == first

@@ -314,6 +314,10 @@ def study_runs(folder: Path) -> list[Path]:
             found = sorted(p for p in runs.iterdir() if (p / "manifest.json").is_file())
             if found:
                 return found
+    regimes = sorted(p.name for p in folder.glob("tune-*") if p.is_dir())
+    if regimes:
+        raise UserError(f"{folder}: a reproduction with regimes, one study each "
+                        f"({', '.join(regimes)}); pass one of them, e.g. {folder / regimes[0]}")
     raise UserError(f"{folder}: no evaluation runs found (looked for evaluation/runs/ and "
                     "tune/evaluation/runs/); pass the folder 'wirelessfl tune --out' or "
                     "'wirelessfl reproduce --out' wrote")
