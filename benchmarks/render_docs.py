@@ -298,37 +298,120 @@ def _study_tables(folder: str, study: dict, f: dict) -> str:
 # ---------------------------------------------------------------- seed002-digits28
 
 
-SEED002 = "docs/data/seed002-reproduction"
+SEED002 = "docs/data/seed002-quick"
+SEED002_FASHION = "docs/data/seed002-fashionmnist"
+
+
+def _reproduction(folder: str, regime: str = "") -> str:
+    """A recorded reproduction's study of ``regime`` ("" for a single-regime one) as
+    `wirelessfl reproduce` printed it: what each method was tuned to, the evaluation, every
+    claim's verdict, what the claims measured of the paper's quantities (T/T', the energy
+    shares) and the health of every run."""
+    import pandas as pd
+
+    from wirelessfl.tune.reproduce import verdict_cells
+
+    study_folder = f"{folder}/{regime}" if regime else folder
+    repro = _json(f"{folder}/reproduce.json")
+    study = _json(f"{study_folder}/tune.json")
+    f = _json(f"{folder}/facts.json")
+    runs = pd.read_csv(ROOT / folder / "runs.csv", keep_default_na=False,
+                       na_values=[""])
+    if "regime" in runs:
+        runs = runs[runs.regime.fillna("").astype(str) == regime]
+    mine = [v for v in repro["verdicts"] if v.get("regime", "") == regime]
+    verdicts = verdict_cells(mine)
+    health = []
+    for method, group in runs.groupby("method", sort=False):
+        sick = group[~group.healthy.astype(bool)]
+        why = "; ".join(f"seed {r.seed}: {r.health}" for r in sick.itertuples()) or "-"
+        health.append([method, f"{int(group.healthy.sum())}/{len(group)}", why])
+    warnings = "".join(f"\n* {w}" for w in study["warnings"]) or "\n* none"
+    return (_study_tables(study_folder, study, f)
+            + "\n\nThe paper's claims, judged on the evaluation runs of the tuned settings, "
+              "paired by seed (docs/tuning.md, \"Reproductions\"):\n\n"
+            + table(verdicts[0], verdicts[1:]) + _measured_quantities(mine)
+            + "\n\nHealth of the evaluation runs:\n\n"
+            + table(["method", "healthy runs", "unhealthy: why"], health)
+            + f"\n\nWarnings:{warnings}")
+
+
+def _measured_quantities(verdicts: list[dict]) -> str:
+    """The paper's quantities as the claims measured them: T/T' (the paired ratio of DZOFL's
+    iterations to FedSGD's rounds) and the radio and compute shares of the energy."""
+    by_id = {v["claim"]: v for v in verdicts}
+    parts = []
+    paired = by_id.get("iterations", {}).get("paired")
+    if paired:
+        interval = (f" (95 % CI {g3(paired['low'])} to {g3(paired['high'])})"
+                    if math.isfinite(paired["low"]) else "")
+        parts.append(f"T/T' (DZOFL's iterations over FedSGD's rounds to the target, paired by "
+                     f"seed) = {g3(paired['estimate'])}{interval}")
+    for claim, method, what in (("fl-radio", "FedSGD", "radio"),
+                                ("dzofl-compute", "DZOFL", "compute")):
+        m = by_id.get(claim, {}).get("measured", {}).get(method)
+        if m and m["scored"]:
+            parts.append(f"{method}'s {what} share of the devices' energy to the target "
+                         f"{pct(m['mean'], 1)}")
+    return ("\n\nMeasured: " + "; ".join(parts) + ".") if parts else ""
 
 
 @block("seed002-reproduction", f"{SEED002}/reproduce.json", f"{SEED002}/tune.json",
        f"{SEED002}/tuning.csv", f"{SEED002}/evaluation.csv", f"{SEED002}/runs.csv",
        f"{SEED002}/facts.json")
 def seed002_reproduction() -> str:
-    """The seed-002 reproduction as `wirelessfl reproduce seed002` printed it: what each method
-    was tuned to, the evaluation, every claim's verdict and the health of every run."""
-    import pandas as pd
-
-    from wirelessfl.tune.reproduce import verdict_cells
-
+    """The quick seed-002 reproduction (`wirelessfl reproduce seed002-quick`)."""
     repro = _json(f"{SEED002}/reproduce.json")
-    study = _json(f"{SEED002}/tune.json")
-    f = _json(f"{SEED002}/facts.json")
-    runs = pd.read_csv(ROOT / SEED002 / "runs.csv")
-    verdicts = verdict_cells(repro["verdicts"])
-    health = []
-    for method, group in runs.groupby("method", sort=False):
-        sick = group[~group.healthy.astype(bool)]
-        why = "; ".join(f"seed {r.seed}: {r.health}" for r in sick.itertuples()) or "-"
-        health.append([method, f"{int(group.healthy.sum())}/{len(group)}", why])
-    warnings = "".join(f"\n* {w}" for w in repro["warnings"]) or "\n* none"
-    return (_study_tables(SEED002, study, f)
-            + "\n\nThe paper's claims, judged on the evaluation runs of the tuned settings "
-              "(a claim holds when the 95 % intervals do not overlap in its direction; a claim "
-              "with an unhealthy run is inconclusive):\n\n" + table(verdicts[0], verdicts[1:])
-            + "\n\nHealth of the evaluation runs:\n\n"
-            + table(["method", "healthy runs", "unhealthy: why"], health)
-            + f"\n\nWarnings:{warnings}")
+    note = repro["reproduction"].get("note", "")
+    return (f"{note}\n\n" if note else "") + _reproduction(SEED002)
+
+
+def _fashion_block(regime: str):
+    files = [f"{SEED002_FASHION}/{name}" for name in ("reproduce.json", "runs.csv",
+                                                         "facts.json")]
+    files += [f"{SEED002_FASHION}/{regime}/{name}" for name in ("tune.json", "tuning.csv",
+                                                                 "evaluation.csv")]
+
+    @block(f"seed002-fashionmnist-{regime}", *files)
+    def render() -> str:
+        return _reproduction(SEED002_FASHION, regime)
+    return render
+
+
+for _regime in ("shirt-sneaker", "ten-class"):
+    _fashion_block(_regime)
+
+
+@block("seed002-fashionmnist-verdicts", f"{SEED002_FASHION}/reproduce.json",
+       f"{SEED002_FASHION}/facts.json")
+def seed002_fashionmnist_verdicts() -> str:
+    """Every claim's verdict in each regime side by side: where DZOFL's advantage holds and
+    where it ends."""
+    repro = _json(f"{SEED002_FASHION}/reproduce.json")
+    f = _json(f"{SEED002_FASHION}/facts.json")
+    regimes = [r["name"] for r in repro["reproduction"]["regimes"]]
+    verdict = {(v["regime"], v["claim"]): v for v in repro["verdicts"]}
+    rows = []
+    for claim in repro["reproduction"]["claims"]:
+        cells = []
+        for regime in regimes:
+            v = verdict.get((regime, claim["id"]))
+            if v is None:
+                cells.append("(not judged here)")
+                continue
+            text = v["verdict"]
+            if str(v.get("note", "")).startswith("decided by per-round cost alone"):
+                text += " (decided by per-round cost alone)"
+            paired = v.get("paired")
+            if paired:
+                text += (f"; paired {g3(paired['estimate'])}, {paired['seeds_past']} of "
+                         f"{paired['seeds']} seeds")
+            cells.append(text)
+        rows.append([claim["id"], *cells])
+    return (f"`{f['command']}` (recorded {f['recorded']}, {g3(f['host_s'])} s of host time on "
+            f"{f['cpus']} cores), every claim in each regime (the paired estimate is the "
+            "loser's value over the winner's, per seed):\n\n"
+            + table(["claim", *regimes], rows))
 
 
 def _nearest_rows(rows: list[dict], column: str, targets: list[float]) -> list[dict]:
@@ -343,14 +426,13 @@ def _nearest_rows(rows: list[dict], column: str, targets: list[float]) -> list[d
     return picked
 
 
-@block("seed002-crossover", f"{SEED002}/crossover.json", f"{SEED002}/crossover_boundary.csv")
-def seed002_crossover() -> str:
+def _crossover(folder: str) -> str:
     """Where DZOFL wins: the tuned methods' costs at the scenario's point and the throughput
     above which DZOFL is faster than each baseline, at uplink rates a decade apart, with the
     evaluation seeds' spread. A crossover recorded before the spread and the MCS bound on the
     rate axis (issue 35) has no band columns: its table says so instead of showing them."""
-    c = _json(f"{SEED002}/crossover.json")
-    with (ROOT / SEED002 / "crossover_boundary.csv").open() as fh:
+    c = _json(f"{folder}/crossover.json")
+    with (ROOT / folder / "crossover_boundary.csv").open() as fh:
         boundary = list(csv.DictReader(fh))
     method, theta0, rate0 = c["method"], c["throughput0_macs_per_s"], c["uplink_rate0_bps"]
     seeds = ", ".join(f"{k} {v} seeds" for k, v in c["seeds"].items())
@@ -388,6 +470,24 @@ def seed002_crossover() -> str:
             f"{method} spends less energy at that rate{spread}):\n\n"
             + table(["uplink rate [bit/s]", "against", f"{method} faster",
                      "less device energy", "less system energy"], cells))
+
+
+@block("seed002-crossover", f"{SEED002}/crossover.json", f"{SEED002}/crossover_boundary.csv")
+def seed002_crossover() -> str:
+    return _crossover(SEED002)
+
+
+def _fashion_crossover(regime: str):
+    @block(f"seed002-fashionmnist-{regime}-crossover",
+           f"{SEED002_FASHION}/{regime}/crossover.json",
+           f"{SEED002_FASHION}/{regime}/crossover_boundary.csv")
+    def render() -> str:
+        return _crossover(f"{SEED002_FASHION}/{regime}")
+    return render
+
+
+for _regime in ("shirt-sneaker", "ten-class"):
+    _fashion_crossover(_regime)
 
 
 @block("seed002-profile", "docs/data/profile-seed002-cnn/profile.json")

@@ -40,6 +40,16 @@ def test_a_misspelt_key_says_did_you_mean(capsys, override, meant):
     assert message == f"--set {override}: {key}: unknown key; did you mean '{meant}'?"
 
 
+@pytest.mark.parametrize("spelling", ["algorithms[0].rounds", "algorithms[FedSGD].rounds",
+                                      "algorithms.0.rounds"])
+def test_a_list_entry_in_brackets_is_the_dotted_entry(spelling):
+    """The bracket spelling other tools use for a list entry (algorithms[0].rounds) sets the
+    same key as the dotted one, by position or by label (it was 'unknown key' before)."""
+    fedsgd = {"name": "fedsgd", "label": "FedSGD", "rounds": 6, "lr": 0.5}
+    scenario = small_scenario([f"{spelling}=17"], algorithms=[fedsgd])
+    assert scenario.algorithms[0].rounds == 17
+
+
 def test_a_misspelt_key_in_the_file_names_the_file_and_the_key(capsys, tmp_path):
     doc = small_doc(quantisation_bits=8)
     del doc["quantization_bits"]

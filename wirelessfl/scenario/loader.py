@@ -252,14 +252,19 @@ def apply_override(doc: dict, assignment: str) -> tuple:
     return set_key(doc, key.strip(), _parse_value(text, f"--set {key.strip()}"))
 
 
+_BRACKETS = re.compile(r"\[([^\[\].]+)\]")
+
+
 def set_key(doc: dict, key: str, value, origin: str = "--set ") -> tuple:
     """Set the dotted ``key`` of a raw scenario document to ``value`` in place; returns the key
     path written, lists by position (what validation errors name).
 
     Segments index mappings by key and lists by position or by an entry's name/label
-    (``algorithms.dzofl.rounds``). A profile named by a string (``channel: seed002-cell``) is
-    opened up to ``{profile: ...}``. Errors start with ``origin`` and the path so far.
+    (``algorithms.dzofl.rounds``; the bracket spelling ``algorithms[0].rounds`` many tools use
+    means the same). A profile named by a string (``channel: seed002-cell``) is opened up to
+    ``{profile: ...}``. Errors start with ``origin`` and the path so far.
     """
+    key = _BRACKETS.sub(r".\1", key)
     parts = key.split(".")
     node, path = doc, ()
     for depth, part in enumerate(parts):
