@@ -69,15 +69,16 @@ def runs_in_this_process(before_each=None):
     of CPU each). For tests of what a study does with its runs' results; the executors
     themselves (worker processes, their deaths and signals, Dask) are tested with real processes
     in the slow tier (tests/test_sweep.py, tests/test_hostile_procs.py, tests/test_tune.py).
-    ``before_each(k, task)``, when given, is called before the k-th run (from 0)."""
+    ``before_each(k, task)``, when given, is called before the k-th run (from 0). Each run's
+    progress events go straight to the sweep's printer (``on_event``)."""
     from wirelessfl.sweep import executors
     from wirelessfl.sweep.worker import run_point
 
-    def one_by_one(tasks, workers):
+    def one_by_one(tasks, workers, on_event=None):
         for k, task in enumerate(tasks):
             if before_each is not None:
                 before_each(k, task)
-            yield run_point(task)
+            yield run_point(task, on_event)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(executors, "run_local", one_by_one)
@@ -136,6 +137,20 @@ def small_doc(**changes) -> dict:
     doc = copy.deepcopy(SMALL)
     doc.update(copy.deepcopy(changes))
     return doc
+
+
+def tiny_tune_file(folder: Path) -> Path:
+    """A tune file of seconds (``folder/tiny-tune.yaml``, its scenario beside it): FedSGD on the
+    small scenario (6 rounds, its own step size 0.2), two step sizes on one tuning seed (2
+    runs), then the choice and the scenario's own step size on two evaluation seeds (4 runs)."""
+    fedsgd = {"name": "fedsgd", "label": "FedSGD", "rounds": 6, "eval_every": 2, "lr": 0.2}
+    (folder / "base.yaml").write_text(yaml.safe_dump(small_doc(algorithms=[fedsgd])))
+    path = folder / "tiny-tune.yaml"
+    path.write_text(yaml.safe_dump({"name": "tiny", "scenario": "base.yaml",
+                                    "objective": "energy_to_target", "tuning_seeds": [100],
+                                    "evaluation_seeds": [0, 1],
+                                    "search": {"FedSGD": {"lr": [0.1, 0.5]}}}))
+    return path
 
 
 def small_scenario(overrides=(), **changes):

@@ -302,8 +302,9 @@ def test_on_a_terminal_a_bar_and_quiet_silences_it(tmp_path, scenario_file, monk
 
 # --- sweeps ----------------------------------------------------------------------------------
 
-def test_sweep_in_a_log_prints_a_line_per_run(tmp_path, capsys, monkeypatch, in_process_runs):
-    monkeypatch.setattr(progress, "LINE_EVERY_S", math.inf)
+def test_sweep_in_a_log_prints_a_line_per_run(tmp_path, capsys, in_process_runs):
+    """A line per finished run (its start and round lines, and the estimate of the time left:
+    tests/test_study_progress.py)."""
     base = small_doc(algorithms=[{"name": "fedsgd", "rounds": 4, "eval_every": 2, "lr": 0.5}])
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(base, sort_keys=False))
     path = tmp_path / "study.yaml"
@@ -312,9 +313,9 @@ def test_sweep_in_a_log_prints_a_line_per_run(tmp_path, capsys, monkeypatch, in_
     code, _, err = _cli(capsys, "sweep", path, "--out", tmp_path / "out", "--workers", "1",
                         "--no-compare")
     assert code == 0 and "\r" not in err
-    lines = [line.rsplit(", ", 1)[0] for line in err.splitlines() if line.startswith("progress")]
-    assert lines == ["progress: two run 1/2 (failed 0, remaining 1)",
-                     "progress: two run 2/2 (failed 0, remaining 0)"]
+    lines = [line.split(", ")[0] for line in err.splitlines() if "runs done" in line]
+    assert lines == ["progress: two: 1/2 runs done (failed 0)",
+                     "progress: two: 2/2 runs done (failed 0)"]
 
 
 # --- the Progress counter itself -------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import cli as _cli
-from tests.conftest import small_doc
+from tests.conftest import tiny_tune_file
 from wirelessfl.tune.objectives import OBJECTIVES
 from wirelessfl.tune.select import edge_warnings, summarize_configurations
 from wirelessfl.tune.spec import Range
@@ -196,15 +196,8 @@ def test_a_tiny_tune_end_to_end_in_process(tmp_path, capsys, in_process_runs):
     the rules pick from tuning.csv (recomputed by hand), warned about when at the grid's edge;
     the evaluation runs use exactly the evaluation seeds; the figure and the report are
     written."""
-    fedsgd = {"name": "fedsgd", "label": "FedSGD", "rounds": 6, "eval_every": 2, "lr": 0.2}
-    (tmp_path / "base.yaml").write_text(yaml.safe_dump(small_doc(algorithms=[fedsgd])))
-    path = tmp_path / "tiny-tune.yaml"
-    path.write_text(yaml.safe_dump({"name": "tiny", "scenario": "base.yaml",
-                                    "objective": "energy_to_target", "tuning_seeds": [100],
-                                    "evaluation_seeds": [0, 1],
-                                    "search": {"FedSGD": {"lr": [0.1, 0.5]}}}))
     out = tmp_path / "out"
-    code, stdout, err = _cli(capsys, "tune", path, "--out", out, "--quiet")
+    code, stdout, err = _cli(capsys, "tune", tiny_tune_file(tmp_path), "--out", out, "--quiet")
     assert code == 0, err
     assert "verdict:" in stdout and "FedSGD (untuned)" in stdout
     tuning = pd.read_csv(out / "tuning.csv")

@@ -1,15 +1,18 @@
 """Where a sweep's runs execute: local worker processes (default) or a Dask distributed cluster
 (a LocalCluster, or an existing scheduler: a workstation, several machines, dask-jobqueue on
-SLURM). Both yield each run's result as it finishes; results do not depend on the executor, nor
-on the threads each run gets (host/threads.py)."""
+SLURM). Both yield each run's result as it finishes and hand each run's progress events
+(sweep/heartbeat.py) to ``on_event`` as they arrive; results do not depend on the executor, nor
+on the threads each run gets (host/threads.py), nor on whether progress is reported."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import multiprocessing
+import queue
 import signal
 import time
+import uuid
 from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -17,9 +20,13 @@ from multiprocessing.connection import Connection, wait
 
 from wirelessfl.errors import UserError
 from wirelessfl.host import threads as host_threads
-from wirelessfl.sweep.worker import STOPPED, run_point, serve
+from wirelessfl.sweep.heartbeat import Report
+from wirelessfl.sweep.worker import STOPPED, run_on_dask, serve
 
 EXECUTORS = ("local", "dask")
+# Seconds between two looks at a Dask study's finished runs and progress events when neither
+# came (the client's own thread receives both; this loop hands them on). [D]
+DASK_POLL_S = 0.2
 
 
 def default_workers() -> int:
@@ -104,9 +111,30 @@ def _stop_workers(live: list[_Worker], grace_s: float = 10.0) -> None:
             w.process.join()
 
 
-def run_local(tasks: list[dict], workers: int) -> Generator[dict, None, None]:
+def _receive(w: _Worker, on_event: Report) -> dict | None:
+    """What the worker ``w`` has sent since the last look: its run's progress events go to
+    ``on_event``; its result, once there, is returned (None: not yet, or it died before or
+    while sending: its death is seen next)."""
+    try:
+        while w.conn.poll():
+            message = w.conn.recv()
+            if "event" not in message:
+                return message
+            on_event(message)
+    except (EOFError, OSError):
+        pass
+    return None
+
+
+def _ignore(event: dict) -> None:
+    """An ``on_event`` for callers that show no progress."""
+
+
+def run_local(tasks: list[dict], workers: int,
+              on_event: Report = _ignore) -> Generator[dict, None, None]:
     """Worker processes on this machine ('spawn': a fresh interpreter each, one torch thread),
-    supervised here, one task at a time each. A worker that dies (the OOM killer's SIGKILL, a
+    supervised here, one task at a time each; what each run reports while it runs goes to
+    ``on_event``, here, between the results. A worker that dies (the OOM killer's SIGKILL, a
     crash) fails only the run it held, with the reason; a new worker takes its place and the
     other runs go on. Closing the generator (the sweep finished, Ctrl-C, SIGTERM) stops every
     worker. Every worker started takes a task at once, and one that dies holding a task fails
@@ -136,12 +164,7 @@ def run_local(tasks: list[dict], workers: int) -> Generator[dict, None, None]:
                     w.conn.close()  # nothing left for it: it exits at EOF
             wait([w.conn for w in live if not w.conn.closed] + [w.process.sentinel for w in live])
             for w in list(live):
-                result = None
-                if w.task is not None and w.conn.poll():
-                    try:
-                        result = w.conn.recv()
-                    except (EOFError, OSError):  # it died before or while sending
-                        result = None
+                result = _receive(w, on_event) if w.task is not None else None
                 if result is not None:
                     w.task = None
                     yield result
@@ -215,10 +238,23 @@ def _private_cluster(workers: int):
     return cluster, client
 
 
-def run_dask(tasks: list[dict], workers: int, address: str | None) -> Generator[dict, None, None]:
+def _worker_threads(client) -> int:
+    """The task slots of a scheduler's workers now (a cluster that scales, dask-jobqueue's,
+    has more or fewer as its jobs come and go)."""
+    try:
+        return sum(client.nthreads().values())
+    except Exception:  # noqa: BLE001 - a lost scheduler: the result loop says so
+        return 0
+
+
+def run_dask(tasks: list[dict], workers: int, address: str | None,
+             on_event: Report = _ignore) -> Generator[dict, None, None]:
     """Dask distributed: an existing scheduler at ``address`` (its security is its operator's:
     docs/sweeps.md), or a private LocalCluster of ``workers`` processes (started and stopped
-    here)."""
+    here). The runs' progress events come as worker events on a topic of this sweep's own
+    (sweep/worker.py ``run_on_dask``); on an existing scheduler, ``on_event`` also gets a
+    ``workers`` event with its task slots before every result (the study's estimate of the
+    time left divides by them, not by ``workers``)."""
     try:
         from distributed import Client
         from distributed import as_completed as dask_completed
@@ -235,15 +271,29 @@ def run_dask(tasks: list[dict], workers: int, address: str | None) -> Generator[
                             "'dask scheduler' or check host and port") from None
     else:
         cluster, client = _private_cluster(workers)
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    topic = f"wirelessfl-progress-{uuid.uuid4().hex}"
     try:
-        futures = client.map(run_point, tasks, pure=False,
+        if tasks[0].get("progress") is not None:
+            client.subscribe_topic(topic, lambda event: events.put(event[1]))
+            tasks = [{**t, "progress": {**t["progress"], "topic": topic}} for t in tasks]
+        futures = client.map(run_on_dask, tasks, pure=False,
                              key=[f"wirelessfl-{t['run_id']}" for t in tasks])
         by_key = {f.key: t for f, t in zip(futures, tasks)}
-        for future in dask_completed(futures):
-            try:
-                yield future.result()
-            except Exception as err:  # noqa: BLE001 - KilledWorker, lost connection
-                yield _lost(by_key[future.key], err)
+        finished = dask_completed(futures)
+        while not finished.is_empty():
+            while not events.empty():
+                on_event(events.get())
+            ready = finished.next_batch(block=False)
+            if not ready:
+                time.sleep(DASK_POLL_S)
+            for future in ready:
+                if address:
+                    on_event({"event": "workers", "count": _worker_threads(client)})
+                try:
+                    yield future.result()
+                except Exception as err:  # noqa: BLE001 - KilledWorker, lost connection
+                    yield _lost(by_key[future.key], err)
     finally:
         client.close()  # the client first, then the cluster we started (if any)
         if cluster is not None:
@@ -255,14 +305,16 @@ def _nothing() -> Generator[dict, None, None]:
 
 
 def execute(tasks: list[dict], executor: str, workers: int,
-            address: str | None = None, threads: int | None = None) -> Generator[dict, None, None]:
-    """Each task's result (run_point's dict), in the order they finish. ``threads``: host
-    threads per run (default: chosen by ``thread_plan``). Close the generator when done with it
-    (also on an exception): that stops the workers."""
+            address: str | None = None, threads: int | None = None,
+            on_event: Report = _ignore) -> Generator[dict, None, None]:
+    """Each task's result (run_point's dict), in the order they finish; the runs' progress
+    events (sweep/heartbeat.py) go to ``on_event`` as they come, in this thread. ``threads``:
+    host threads per run (default: chosen by ``thread_plan``). Close the generator when done
+    with it (also on an exception): that stops the workers."""
     if not tasks:
         return _nothing()
     plan = thread_plan(threads, workers, address)
     tasks = [{**task, "threads": plan} for task in tasks]
     if executor == "dask":
-        return run_dask(tasks, workers, address)
-    return run_local(tasks, workers)
+        return run_dask(tasks, workers, address, on_event)
+    return run_local(tasks, workers, on_event)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from wirelessfl.errors import UserError
-from wirelessfl.host.progress import Progress
+from wirelessfl.host.progress import StudyProgress
 from wirelessfl.plugins import worker_plugins
 from wirelessfl.results.compare import table_value
 from wirelessfl.results.records import (
@@ -24,6 +24,7 @@ from wirelessfl.results.records import (
     write_csv,
     write_json,
 )
+from wirelessfl.sweep import heartbeat
 from wirelessfl.sweep.executors import execute
 from wirelessfl.sweep.spec import Sweep, SweepPoint
 
@@ -73,6 +74,11 @@ def _clean_leftovers(runs_dir: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _named(values: dict, seed: int) -> str:
+    """A run in a progress line: its swept values and its seed (``lr=0.1, seed 2``)."""
+    return ", ".join([f"{k}={table_value(v)}" for k, v in values.items()] + [f"seed {seed}"])
+
+
 def _write(out: Path, sweep: Sweep, entries: list[dict], executor: dict) -> None:
     manifest = {"name": sweep.name, "file": str(sweep.path), "sweep": sweep.document,
                 "base_scenario": sweep.spec.scenario, "keys": sweep.keys,
@@ -90,9 +96,11 @@ def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str
               quiet: bool = False, threads: int | None = None) -> SweepCounts:
     """Run every unfinished point of ``sweep`` into ``out``; the table is rewritten (atomically)
     after every run, so a kill loses at most the runs in flight. A second sweep on the same
-    folder while this one runs is refused (the folder's lock, results/records.py). ``threads``: host threads
-    per run (default: the available CPUs divided among the workers; results do not depend on
-    it)."""
+    folder while this one runs is refused (the folder's lock, results/records.py). ``threads``:
+    host threads per run (default: the available CPUs divided among the workers; results do
+    not depend on it). Progress on stderr (host/progress.py ``StudyProgress``): a line as each
+    run starts, its rounds now and then, the runs done and an estimate of the time left; none
+    with ``quiet``."""
     runs_dir = Path(out) / RUNS
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
@@ -110,6 +118,7 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     entries, tasks, replaced = [], [], {}
     plugins = worker_plugins()  # what the workers import to resolve the same names
+    progress = heartbeat.settings(workers, quiet)  # what each run reports while it runs
     for point in sweep.points:
         old = previous.get(point.run_id, {})
         folder = runs_dir / point.run_id
@@ -130,7 +139,7 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
             if old.get("status") == "failed":
                 entry["status"] = "failed"  # until retried below
             tasks.append({"run_id": point.run_id, "scenario": point.scenario,
-                          "plugins": plugins,
+                          "plugins": plugins, "progress": progress,
                           "source": f"{sweep.path} [{point.run_id}]",
                           "sweep": {"name": sweep.name, "run": point.run_id,
                                     "values": point.values, "file": str(sweep.path)}})
@@ -146,11 +155,11 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
           f"{len(tasks)} to run ({retried} failed before, retried) on {where} -> {out}",
           file=sys.stderr)
     failed = 0
-    bar = Progress(len(entries), "run", name=sweep.name, initial=skipped, quiet=quiet)
-    bar.set_detail(f"failed 0, remaining {len(tasks)}")
-    results = execute(tasks, executor, workers, address, threads)
+    bar = StudyProgress({t["run_id"]: _named(t["sweep"]["values"], by_run[t["run_id"]]["seed"])
+                         for t in tasks}, workers, name=sweep.name, quiet=quiet or not tasks)
+    results = execute(tasks, executor, workers, address, threads, bar.event)
     try:
-        for k, result in enumerate(results, start=1):
+        for result in results:
             entry = by_run[result["run_id"]]
             if result["files"]:
                 try:
@@ -168,8 +177,7 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
                 failed += 1
                 bar.write(f"failed: {result['run_id']}: {result['message']}")
             _write(Path(out), sweep, entries, info)
-            bar.set_detail(f"failed {failed}, remaining {len(tasks) - k}")
-            bar.update(1)
+            bar.finished(result["run_id"], result["wall_s"], result["status"] == "failed")
     except BaseException:
         bar.abandon()  # the error or interruption line that follows stands alone
         raise

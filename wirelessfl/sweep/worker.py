@@ -5,8 +5,10 @@ private temporary folder and sends the files back; the sweep process puts them i
 rename. So a Dask worker on another machine needs no shared filesystem.
 
 A local worker process (sweep/executors.py) runs ``serve``: one task at a time from its pipe, the
-result back on it. It never outlives the sweep process: when that one is gone (even killed with
-SIGKILL, which no handler sees) the worker stops its run like SIGTERM would and exits.
+result back on it, preceded by the run's progress events (sweep/heartbeat.py); a Dask worker runs
+``run_on_dask``, whose events travel as the worker's events on the task's topic. A local worker
+never outlives the sweep process: when that one is gone (even killed with SIGKILL, which no
+handler sees) the worker stops its run like SIGTERM would and exits.
 """
 
 from __future__ import annotations
@@ -23,15 +25,17 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from wirelessfl.host import threads
+from wirelessfl.sweep.heartbeat import Heartbeat, Report
 
 # The package's __init__.py this worker imported (what ``wirelessfl.__file__`` is: submodules are
 # found in the package's folder), named from here: the top package is above the sweep layer.
 PACKAGE_FILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "__init__.py")
 
 
-def run_point(task: dict) -> dict:
+def run_point(task: dict, report: Report | None = None) -> dict:
     """Run one sweep point; never raises: a failure comes back as ``status: failed`` with its
-    message, so the sweep records it and carries on.
+    message, so the sweep records it and carries on. ``report``: where its progress events go
+    (sweep/heartbeat.py; ``task["progress"]`` None: none are sent).
 
     ``task["threads"]``: {"requested": N or None, "used": the pool size, "busy": the load seen}
     (sweep/executors.py's ``thread_plan``; without it, chosen here). One intra-op thread either way
@@ -45,6 +49,8 @@ def run_point(task: dict) -> dict:
     from wirelessfl.scenario.loader import scenario_from_document
 
     start, start_cpu = time.perf_counter(), time.process_time()
+    heartbeat = Heartbeat(task, report)
+    heartbeat.started()
     result = {"run_id": task["run_id"], "host": socket.gethostname(), "pid": os.getpid(),
               "module": PACKAGE_FILE, "files": {}}
     warnings: list[str] = []
@@ -60,7 +66,10 @@ def run_point(task: dict) -> dict:
                 out = Path(tmp) / "run"
                 status, _ = run_scenario(scenario, out, warn=warnings.append,
                                          extra={"sweep": task["sweep"]},
-                                         threads=setting.requested)
+                                         threads=setting.requested,
+                                         **heartbeat.callbacks(
+                                             [(p.display_name, p.rounds)
+                                              for p in scenario.algorithms]))
                 result["files"] = folder_files(out)
         result.update(status=status, message="; ".join(warnings))
     except UserError as err:
@@ -71,6 +80,18 @@ def run_point(task: dict) -> dict:
     result["wall_s"] = time.perf_counter() - start
     result["cpu_s"] = time.process_time() - start_cpu
     return result
+
+
+def run_on_dask(task: dict) -> dict:
+    """``run_point`` on a Dask worker: its progress events are logged as the worker's events
+    on ``task["progress"]["topic"]``, which the sweep's client subscribes to
+    (sweep/executors.py ``run_dask``); the scheduler forwards them, so they need no channel of
+    their own between the machines."""
+    from distributed import get_worker
+
+    topic = (task.get("progress") or {}).get("topic")
+    worker = get_worker()
+    return run_point(task, (lambda event: worker.log_event(topic, event)) if topic else None)
 
 
 # Exit code of a worker whose run SIGTERM stopped (128 + the signal, as a shell reports it).
@@ -98,10 +119,10 @@ def _exit_with_parent() -> None:
 
 
 def serve(conn) -> None:
-    """The loop of a local worker process: receive a task, send back ``run_point``'s result,
-    until the sweep closes the pipe. Ctrl-C is left to the sweep process (it reaches the whole
-    process group; the sweep stops its workers with SIGTERM): a worker that also stopped on it
-    could lose a result it was sending. One torch/BLAS thread, as ``threads.single_intra_op``
+    """The loop of a local worker process: receive a task, send back ``run_point``'s progress
+    events and then its result, until the sweep closes the pipe. Ctrl-C is left to the sweep
+    process (it reaches the whole process group; the sweep stops its workers with SIGTERM): a
+    worker that also stopped on it could lose a result it was sending. One torch/BLAS thread, as ``threads.single_intra_op``
     sets for every run."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threads.single_intra_op()
@@ -112,7 +133,7 @@ def serve(conn) -> None:
         except (EOFError, OSError):
             return  # the sweep is done with this worker, or gone
         try:
-            result = run_point(task)
+            result = run_point(task, conn.send)
         except KeyboardInterrupt:  # SIGTERM stopped the run: nothing to send
             sys.exit(STOPPED)
         conn.send(result)
