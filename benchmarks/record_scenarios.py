@@ -230,7 +230,7 @@ def record_profile(key: str, args: list[str]) -> None:
 
 # Tuning studies (wirelessfl tune) whose tables the docs quote: key -> tune file.
 TUNES = {"quickstart-tune": "quickstart-tune"}
-TUNE_FILES = ("tune.json", "tuning.csv", "evaluation.csv")
+TUNE_FILES = ("tune.json", "tuning.csv", "evaluation.csv", "report.html")
 
 
 def record_tune(key: str, name: str) -> dict:
@@ -267,7 +267,9 @@ def _study_facts(out_dir: Path, host_s: float, commands: dict) -> dict:
 
 # Reproductions (wirelessfl reproduce) whose verdicts the docs quote: key -> reproduction name.
 REPRODUCTIONS = {"seed002-quick": "seed002-quick", "seed002-fashionmnist": "seed002"}
-REPRODUCTION_FILES = ("claims.csv", "runs.csv", "reproduce.json")
+# report.html is kept so that a reader can open the study as `reproduce` showed it (issue 34);
+# it embeds its figures.
+REPRODUCTION_FILES = ("claims.csv", "runs.csv", "reproduce.json", "report.html")
 STUDY_FILES = ("tune.json", "tuning.csv", "evaluation.csv")
 CROSSOVER_FILES = ("crossover.json", "crossover_boundary.csv")
 IMG = ROOT / "docs" / "img"
