@@ -325,6 +325,9 @@ def record_reproduction(key: str, name: str, study: Path | None = None,
         "command": f"wirelessfl reproduce {name} --workers 2",
         "crossover_command": " ; ".join(
             f"wirelessfl crossover reproduced/{name}/{t.name}" for t in studies)})
+    facts["samples_per_device"] = {
+        t.name.removeprefix("tune").removeprefix("-"): _device_samples(t) for t in studies}
+    (out_dir / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
     if first:
         (out_dir / "tune.json").unlink()
         failed = any(r["failed"] for t in studies
@@ -332,6 +335,17 @@ def record_reproduction(key: str, name: str, study: Path | None = None,
         facts["status"] = "failed runs" if failed else "complete"
         (out_dir / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
     return facts
+
+
+def _device_samples(study: Path) -> dict:
+    """The fewest and most training samples a device held in a study's evaluation runs (from
+    each run manifest's partition label counts)."""
+    counts = []
+    for manifest in sorted((study / "evaluation" / "runs").glob("*/manifest.json")):
+        labels = json.loads(manifest.read_text()).get("partition", {}).get("label_counts")
+        if labels:
+            counts += [sum(device) for device in labels]
+    return {"fewest": min(counts), "most": max(counts)} if counts else {}
 
 
 def main(argv: list[str] | None = None) -> int:

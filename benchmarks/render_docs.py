@@ -327,7 +327,10 @@ def _reproduction(folder: str, regime: str = "") -> str:
         why = "; ".join(f"seed {r.seed}: {r.health}" for r in sick.itertuples()) or "-"
         health.append([method, f"{int(group.healthy.sum())}/{len(group)}", why])
     warnings = "".join(f"\n* {w}" for w in study["warnings"]) or "\n* none"
-    return (_study_tables(study_folder, study, f)
+    held = f.get("samples_per_device", {}).get(regime)
+    samples = (f"\n\nIn every evaluation run each device held {held['fewest']:,} to "
+               f"{held['most']:,} training samples." if held else "")
+    return (_study_tables(study_folder, study, f) + samples
             + "\n\nThe paper's claims, judged on the evaluation runs of the tuned settings, "
               "paired by seed (docs/tuning.md, \"Reproductions\"):\n\n"
             + table(verdicts[0], verdicts[1:]) + _measured_quantities(mine)
