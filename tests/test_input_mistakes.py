@@ -256,3 +256,26 @@ def test_a_profile_path_to_another_file_never_quotes_its_lines(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "a key that is not a field name" in err and str(other) in err
     assert "hashhash" not in err and "saltsalt" not in err and "root:" not in err
+
+
+# ---- the study files' own keys ---------------------------------------------------------------
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    ({"name": "t", "scenario": "quickstart", "objective": "energy_to_target",
+      "tuning_seed": [1], "evaluation_seeds": [0], "search": {"FedSGD": {"lr": [0.1]}}},
+     "tuning_seed: unknown key; did you mean 'tuning_seeds'?"),
+    ({"name": "s", "scenario": "quickstart", "grid": {"population.num_devices": [3]},
+      "seed": [0]}, "seed: unknown key; did you mean 'seeds'?"),
+    ({"name": "s", "scenario": "quickstart", "grids": {"population.num_devices": [3]}},
+     "but has neither a sweep's 'grid' or 'points' nor a tune file's 'search'; 'grids' (did "
+     "you mean 'grid'?)"),
+])
+def test_a_misspelt_key_of_a_sweep_or_tune_file_says_did_you_mean(capsys, tmp_path, doc,
+                                                                   expected):
+    """validate names the key meant; so do the commands that read the file (tune, sweep, and
+    run for a file that is neither)."""
+    path = write_yaml(tmp_path, doc, "study.yaml")
+    own = "tune" if "objective" in doc else "sweep" if "grid" in doc else "run"
+    for command in ("validate", own):
+        code, _, err = cli(capsys, command, path)
+        assert expected in _one_error(code, err), err

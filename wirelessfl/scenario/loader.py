@@ -544,10 +544,27 @@ _KINDS = {"scenario": ("a scenario", "run"),
                            "reproduce")}
 
 
+# The keys that make a file naming a base 'scenario' a sweep or a tune file (is_sweep_document,
+# is_tune_document).
+_STUDY_KEYS = {"grid": "sweep", "points": "sweep", "search": "tune", "objective": "tune"}
+
+
 def refuse_other_kind(path: Path, doc: object, given: str, wanted: str) -> None:
     """Refuse, in one line naming the command that reads it, a file of another kind than
-    ``wanted`` ('scenario', 'sweep', 'tune' or 'reproduction') given as ``given``."""
+    ``wanted`` ('scenario', 'sweep', 'tune' or 'reproduction') given as ``given``. A file that
+    names a base scenario but lacks what makes it a sweep or a tune file (a misspelt 'grids')
+    is refused as that, with the key it most likely meant, not as a scenario missing its
+    channel."""
     kind = file_kind(doc)
+    if kind is None and wanted == "scenario" and isinstance(doc, dict) \
+            and isinstance(doc.get("scenario"), str):
+        meant = [f"'{k}' (did you mean '{m}'?)" for k in doc if isinstance(k, str)
+                 and (m := suggest_key(k, _STUDY_KEYS)) and k != m]
+        raise UserError(f"{path}: names a base 'scenario', as a sweep or tune file does, but has "
+                        "neither a sweep's 'grid' or 'points' "
+                        "nor a tune file's 'search'" + (f"; {', '.join(meant)}" if meant else
+                                                        "; add them (docs/sweeps.md, "
+                                                        "docs/tuning.md)"))
     if kind is None or kind == wanted:
         return
     what, command = _KINDS[kind]

@@ -193,7 +193,8 @@ def load_sweep(name_or_path: str) -> Sweep:
     try:
         spec = SweepFile.model_validate(doc)
     except ValidationError as err:
-        raise UserError(_one_line(format_validation_error(err, source))) from None
+        raise UserError(_one_line(format_validation_error(err, source, model=SweepFile,
+                                                          raw=doc))) from None
     _check_shape(spec, source)
     _check_size(spec, source)  # from the counts alone, before any point is built
     base_path = catalog.find("scenarios", spec.scenario, f"{source}: scenario", path.parent)

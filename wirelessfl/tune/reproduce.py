@@ -141,7 +141,8 @@ def load_reproduction(name_or_path: str) -> Reproduction:
     try:
         spec = ReproductionFile.model_validate(doc)
     except ValidationError as err:
-        raise UserError("; ".join(format_validation_error(err, str(path)).splitlines())) from None
+        raise UserError("; ".join(format_validation_error(
+            err, str(path), model=ReproductionFile, raw=doc).splitlines())) from None
     files = {"": spec.tune} if spec.tune is not None else {r.name: r.tune for r in spec.regimes}
     tunes = {}
     for regime, file in files.items():

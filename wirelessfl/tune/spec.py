@@ -213,7 +213,8 @@ def load_tune(name_or_path: str) -> Tune:
     try:
         spec = TuneFile.model_validate(doc)
     except ValidationError as err:
-        raise UserError(_one_line(format_validation_error(err, source))) from None
+        raise UserError(_one_line(format_validation_error(err, source, model=TuneFile,
+                                                          raw=doc))) from None
     if spec.objective not in OBJECTIVES:
         _fail(source, "objective", f"unknown objective '{spec.objective}'; choose one of "
                                    f"{', '.join(OBJECTIVES)}")
