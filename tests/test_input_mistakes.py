@@ -111,6 +111,17 @@ def test_a_check_of_the_whole_scenario_names_the_file_with_the_sets(capsys):
         "dataset 'digits' does not have; its labels are [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]")
 
 
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_schema_check_of_the_whole_scenario_names_the_sets_too(capsys, command):
+    """A check across keys (stop_at_target without a target) cannot blame one key: run and
+    validate name the file and every --set it was given with."""
+    code, _, err = cli(capsys, command, "quickstart", "--set", "stop_at_target=true",
+                       "--set", "target_accuracy=null")
+    message = _one_error(code, err)
+    assert "quickstart.yaml with --set stop_at_target=true, --set target_accuracy=null: " \
+           "(top level): stop_at_target needs" in message, message
+
+
 def test_a_mistake_in_the_file_is_still_the_file_s_with_a_set_given(capsys, tmp_path):
     path = write_yaml(tmp_path, small_doc(population={"num_devices": -3}))
     message = _one_error(*cli(capsys, "validate", path, "--set", "seed=4")[::2])

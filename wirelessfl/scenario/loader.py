@@ -131,10 +131,16 @@ def _where(source: str, loc: tuple, sets: Sets = ()) -> str:
     loc = tuple(loc)
     for path, given in reversed(sets):  # the last override of a key is the one that holds
         if loc[:len(path)] == path or (loc and path[:len(loc)] == loc):
-            shown = given if given.isprintable() else repr(given)
-            shown = shown if len(shown) <= 86 else shown[:83] + "..."
-            return f"{shown}: {format_path(loc)}"
+            return f"{_shown_set(given)}: {format_path(loc)}"
+    if not loc and sets:  # a check of the whole scenario: the file and the values it got
+        return f"{source} with {', '.join(_shown_set(g) for _, g in sets)}: {format_path(loc)}"
     return f"{source}: {format_path(loc)}"
+
+
+def _shown_set(given: str) -> str:
+    """A --set as a message quotes it: printable, at most 86 characters."""
+    shown = given if given.isprintable() else repr(given)
+    return shown if len(shown) <= 86 else shown[:83] + "..."
 
 
 def format_validation_error(err: ValidationError, source: str, prefix: tuple = (),
