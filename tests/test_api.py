@@ -186,6 +186,21 @@ def test_in_memory_run_gives_the_cli_files_numbers_and_writes_nothing(cli_run, t
     assert list(result.summary.algorithm) == ["dzofl", "fedsgd", "fedavg"]
 
 
+def test_the_run_notes_reach_the_api_and_the_report_not_only_the_terminal(cli_run, tmp_path):
+    """The notes the CLI prints (pipeline/notes.py: DZOFL's 16-bit scalar takes the same slots
+    at any width) are the manifest's, so a notebook user reads them as ``Result.notes`` and
+    report --html shows them."""
+    from wirelessfl.report.html import run_html
+
+    path, folder = cli_run
+    result = wirelessfl.run(path)
+    written = json.loads((folder / "manifest.json").read_text())["notes"]
+    assert result.notes == written and len(written) == 1
+    assert written[0].startswith("the bit width changes nothing on air for dzofl")
+    page = run_html(wirelessfl.load_run(folder), [["a"], ["b"]], [], tmp_path / "r.html")
+    assert "<h2>Notes</h2>" in page.read_text() and "changes nothing on air" in page.read_text()
+
+
 def test_run_into_a_folder_writes_the_cli_folder(cli_run, tmp_path):
     path, folder = cli_run
     result = wirelessfl.run(path, tmp_path / "api", figures=False)

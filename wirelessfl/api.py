@@ -252,6 +252,12 @@ class Result(RunRecord):
             self._scenario = scenario_from_document(self.manifest["scenario"], where)
         return self._scenario
 
+    @property
+    def notes(self) -> list[str]:
+        """What the run's setting tells beside its numbers (the CLI prints them as ``note:``
+        lines), e.g. that a bit width changes nothing on air."""
+        return list(self.manifest.get("notes", []))
+
     def figure(self, name: str) -> Figure | None:
         """The figure ``name`` (a PNG's stem in a run folder: ``accuracy_vs_energy`` ...; see
         ``figure_names()``), or None when this run has nothing to draw in it."""

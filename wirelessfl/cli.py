@@ -63,7 +63,6 @@ def _interruptible(run, study, out: Path, args):
 
 def _cmd_run(args) -> int:
     from wirelessfl.host.progress import RunProgress
-    from wirelessfl.pipeline.notes import same_slots_note
     from wirelessfl.pipeline.runner import run_scenario
     from wirelessfl.report.plots import draw_report
     from wirelessfl.results.records import FINISHED, read_run
@@ -100,11 +99,8 @@ def _cmd_run(args) -> int:
         out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-{stamp}"
     progress = RunProgress([(p.display_name, p.rounds) for p in scenario.algorithms], done,
                            quiet=args.quiet)
-    notes = []  # what the world tells about the run, printed after its tables
-
     def announce(world) -> None:
         """What is about to run, once the pipeline has built the world."""
-        notes.append(same_slots_note(world))
         d = world.evaluator.d
         what = (f"model {scenario.model.name} (d = {d:,}), dataset {scenario.data.name}"
                 if world.flat is not None else f"problem {scenario.problem.name} (d = {d:,})")
@@ -133,9 +129,8 @@ def _cmd_run(args) -> int:
                          target_loss=scenario.target_loss))
     for line in health_lines(table):
         print(f"warning: {line}", file=sys.stderr)
-    for note in notes:
-        if note is not None:
-            print(f"note: {note}", file=sys.stderr)
+    for note in json.loads((out / "manifest.json").read_text()).get("notes", []):
+        print(f"note: {note}", file=sys.stderr)
     if len(scenario.algorithms) > 1:
         print("note: each algorithm ran at the scenario's own setting (untuned); name a winner "
               "only from tuned runs: wirelessfl tune (docs/tuning.md)", file=sys.stderr)

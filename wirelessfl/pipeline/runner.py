@@ -27,7 +27,7 @@ from wirelessfl.pipeline.build import World, build_world
 from wirelessfl.pipeline.checkpoint import CHECKPOINT_NAME, read_checkpoint, refuse_legacy
 from wirelessfl.pipeline.fingerprint import MANIFEST_KEY, check_resumable, scenario_fingerprint
 from wirelessfl.pipeline.memory import check_memory_from_scenario
-from wirelessfl.pipeline.notes import small_share_warning
+from wirelessfl.pipeline.notes import same_slots_note, small_share_warning
 from wirelessfl.pipeline.preflight import check_runnable
 from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.results.health import manifest_entry
@@ -112,8 +112,12 @@ def run_to_record(scenario: Scenario, out: Path | None, *,
         writer = RunWriter.reopen(out)
         every = checkpoint_every or writer.manifest.get("checkpoint_every") or 0
     else:
+        # what the world tells about the run beside its numbers (pipeline/notes.py): kept in
+        # the manifest, so the API, report --html and the CLI show the same notes
+        notes = [n for n in (same_slots_note(world),) if n is not None]
         facts = (resolved_document(scenario), scenario.seed,
                  {"model": model_facts(world), "problem": world.problem_record(),
+                  **({"notes": notes} if notes else {}),
                   "checkpoint_every": checkpoint_every, "threads": setting.record(),
                   MANIFEST_KEY: scenario_fingerprint(scenario), **(extra or {})},
                  world.partition_record())

@@ -183,7 +183,10 @@ def run_html(record, table_cells: list[list[str]], figures: list[Path], out: Pat
         health = ["<h2>Health</h2>",
                   _table(cells, ["" if r.healthy else "failed" for r in table.itertuples()],
                          message_col=2)]
-    sections = ["<h2>Summary</h2>", _table(table_cells), *health, "<h2>Figures</h2>",
+    notes = record.manifest.get("notes") or []
+    noted = ["<h2>Notes</h2>", "<ul>" + "".join(f"<li>{_text(str(n))}</li>" for n in notes)
+             + "</ul>"] if notes else []
+    sections = ["<h2>Summary</h2>", _table(table_cells), *health, *noted, "<h2>Figures</h2>",
                 *(_figure(p, p.stem.replace("_", " ")) for p in figures),
                 "<h2>Scenario</h2>", _yaml_block("the resolved scenario", scenario, open_=True),
                 _yaml_block("versions", record.manifest.get("versions", {}))]
