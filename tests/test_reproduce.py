@@ -146,6 +146,26 @@ def test_to_target_claims_with_missed_targets_and_unhealthy_runs():
     assert sick["verdict"] == INCONCLUSIVE and "unhealthy runs of A" in sick["reason"]
 
 
+def test_an_unhealthy_run_leaves_the_claim_inconclusive_and_says_what_the_healthy_seeds_say():
+    """A diverged run (seed 3 of A) makes the claim inconclusive, naming the method and the
+    seed; the paired estimate of the seeds on which every compared run was healthy is given
+    beside it (ratios 9, 5, 11/3 and 8/2 = 4 on seeds 0, 1, 2, 4), worked by hand."""
+    nan = math.nan
+    runs_a = _runs([1, 2, 3, nan, 2])
+    runs_a[3]["healthy"] = False
+    v = judge(PAIR, {"A": runs_a, "B": _runs([9, 10, 11, 12, 8])})
+    assert v["verdict"] == INCONCLUSIVE
+    assert v["reason"].startswith("unhealthy runs of A (seed 3); on the 4 seeds where every "
+                                  "compared run was healthy: holds")
+    logs = [math.log(9), math.log(5), math.log(11 / 3), math.log(4)]
+    mean = sum(logs) / 4
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 3)
+    half = stats.t.ppf(0.975, 3) * sd / 2
+    assert v["paired"]["estimate"] == pytest.approx(math.exp(mean))
+    assert v["paired"]["low"] == pytest.approx(math.exp(mean - half))
+    assert v["paired"]["seeds"] == 4 and v["paired"]["seeds_past"] == 4
+
+
 def test_claims_against_a_constant():
     claim = Claim(id="c", statement="mostly compute", metric="compute_share", algorithm="A",
                   above=0.5)

@@ -192,6 +192,34 @@ def judge(claim: Claim, runs: dict[str, list[dict]]) -> dict:
     it applies, the regime note (``note``)."""
     out = {"claim": claim.id, "statement": claim.statement, "where": claim.where,
            "metric": claim.metric, "target": claim.target.describe() if claim.target else None}
+    measured = out["measured"] = _measure(claim, runs)
+    unhealthy = [m for m, r in measured.items() if r["healthy"] < r["seeds"]]
+    missing = [m for m, r in measured.items() if r["seeds"] == 0]
+    if missing:
+        return {**out, "verdict": INCONCLUSIVE, "reason": f"no runs of {', '.join(missing)}"}
+    if unhealthy:
+        sick = "; ".join(f"{m} (seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))})"
+                         for m in unhealthy if (s := _unhealthy_seeds(runs.get(m, []))))
+        verdict = {**out, "verdict": INCONCLUSIVE, "reason": f"unhealthy runs of {sick}"}
+        if claim.algorithm is None:  # what the seeds on which every run was healthy say
+            healthy = _healthy_seeds(claim, runs)
+            if len(healthy) >= 2:
+                kept = {m: [g for i, g in enumerate(runs.get(m, []))
+                            if g.get("seed", i) in healthy] for m in claim.methods}
+                alone = _comparison(claim, kept, _measure(claim, kept))
+                verdict["reason"] += (f"; on the {len(healthy)} seeds where every compared run "
+                                      f"was healthy: {alone['verdict']} ({alone['reason']})")
+                if "paired" in alone:
+                    verdict["paired"] = alone["paired"]
+        return verdict
+    if claim.algorithm is not None:
+        return {**out, **_against_constant(claim, measured[claim.algorithm])}
+    return {**out, **_comparison(claim, runs, measured)}
+
+
+def _measure(claim: Claim, runs: dict[str, list[dict]]) -> dict:
+    """Per method: the mean and 95 % half-width of its values, seeds scored, seeds in all and
+    seeds healthy."""
     measured = {}
     for method in claim.methods:
         got = runs.get(method, [])
@@ -199,17 +227,20 @@ def judge(claim: Claim, runs: dict[str, list[dict]]) -> dict:
         mean, half, n = _interval(values)
         measured[method] = {"mean": mean, "ci95": half, "scored": n, "seeds": len(got),
                             "healthy": sum(bool(g["healthy"]) for g in got)}
-    out["measured"] = measured
-    unhealthy = [m for m, r in measured.items() if r["healthy"] < r["seeds"]]
-    missing = [m for m, r in measured.items() if r["seeds"] == 0]
-    if missing:
-        return {**out, "verdict": INCONCLUSIVE, "reason": f"no runs of {', '.join(missing)}"}
-    if unhealthy:
-        return {**out, "verdict": INCONCLUSIVE,
-                "reason": f"unhealthy runs of {', '.join(unhealthy)}"}
-    if claim.algorithm is not None:
-        return {**out, **_against_constant(claim, measured[claim.algorithm])}
-    return {**out, **_comparison(claim, runs, measured)}
+    return measured
+
+
+def _unhealthy_seeds(got: list[dict]) -> list:
+    return [g.get("seed", i) for i, g in enumerate(got) if not g["healthy"]]
+
+
+def _healthy_seeds(claim: Claim, runs: dict[str, list[dict]]) -> set:
+    """The seeds on which every compared method ran, and ran healthy."""
+    seeds = None
+    for method in claim.methods:
+        mine = {g.get("seed", i) for i, g in enumerate(runs.get(method, [])) if g["healthy"]}
+        seeds = mine if seeds is None else seeds & mine
+    return seeds or set()
 
 
 def _against_constant(claim: Claim, r: dict) -> dict:
