@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import operator
 import os
 import signal
@@ -37,8 +38,8 @@ TINY = [{"name": "dzofl", "rounds": 20, "eval_every": 10},
         {"name": "fedsgd", "rounds": 4, "eval_every": 2, "lr": 0.5}]
 
 
-def _sweep_file(folder: Path, seeds: list[int]) -> Path:
-    (folder / "base.yaml").write_text(yaml.safe_dump(small_doc(algorithms=TINY)))
+def _sweep_file(folder: Path, seeds: list[int], algorithms: list[dict] = TINY) -> Path:
+    (folder / "base.yaml").write_text(yaml.safe_dump(small_doc(algorithms=algorithms)))
     path = folder / "study.yaml"
     path.write_text(yaml.safe_dump({"scenario": "base.yaml", "seeds": seeds,
                                     "grid": {"channel.uplink.tx_power_dbm": [10]}}))
@@ -359,6 +360,46 @@ def test_the_dask_local_cluster_serves_only_this_process():
     finally:
         client.close()
         cluster.close()
+
+
+@pytest.mark.slow
+def test_a_lost_dask_scheduler_is_one_error_line_and_keeps_the_finished_runs(tmp_path):
+    """The scheduler given with --address goes away after the first run finished (here the
+    LocalCluster it belongs to is closed): the sweep stops with one `error:` line naming the
+    scheduler and how to go on (exit 2), nothing else on stderr (before: distributed's own
+    loggers added their lines there, tracebacks too depending on where the connection broke,
+    and each unfinished run was recorded as failed: 'worker lost: FutureCancelledError'), and
+    the runs that finished are kept; the others stay pending for the same command to run."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                       host="127.0.0.1", dashboard_address=None,
+                                       silence_logs=logging.CRITICAL,
+                                       env={"PYTHONPATH": ENV["PYTHONPATH"],
+                                            "OMP_NUM_THREADS": "1"})
+    address = cluster.scheduler_address
+    out = tmp_path / "out"
+    # a run of about a second, so that the cluster is gone before the last one finishes
+    proc = _start("sweep", _sweep_file(tmp_path, [0, 1, 2, 3], SLOW[1:]), "--out", out,
+                  "--executor", "dask", "--address", address, "--quiet", "--no-compare",
+                  cwd=tmp_path)
+    try:
+        _until(lambda: _finished_runs(out), proc)
+        cluster.close()
+        _, err = _finish(proc, set(), timeout=60)
+    finally:
+        cluster.close()
+        _kill_all(proc, set())
+    assert proc.returncode == 2, err
+    lines = err.rstrip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("study: 4 runs"), err  # nothing else
+    assert lines[1].startswith(f"error: the Dask scheduler at {address} was lost"), err
+    assert lines[1].endswith("the runs that finished are kept: start the scheduler again (or "
+                             "give another with --address) and run the same command again to "
+                             "finish the rest"), err
+    table = pd.read_csv(out / "runs.csv")
+    done = table[table.status == "complete"]
+    assert 1 <= len(done) < 4 and set(table.status) <= {"complete", "pending"}, table
+    assert sorted(p.name for p in _finished_runs(out)) == sorted(done.run)
 
 
 def test_compare_refuses_a_run_folder_given_twice(tmp_path):

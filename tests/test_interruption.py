@@ -218,6 +218,97 @@ def test_sigterm_in_process_stops_cleanly_keeps_the_rounds_and_resume_finishes(
     _assert_identical(out, ref)
 
 
+# Two algorithms of two rounds: a run of well under a second, interrupted after each of its writes.
+QUICK = [{"name": "fedsgd", "rounds": 2, "eval_every": 1, "lr": 0.5, "label": "A"},
+         {"name": "fedavg", "rounds": 2, "eval_every": 1, "local_steps": 2, "label": "B"}]
+
+
+def _count_renames(patch, after: int | None = None, handlers: list | None = None) -> list[int]:
+    """Count the run's atomic renames (records.sync's call on the folder that follows each
+    os.replace, results/records.py atomic_write); with ``after``, raise what SIGTERM raises
+    (runner.sigterm_as_interrupt) right after that rename, noting the SIGTERM disposition of
+    that moment in ``handlers``. Returns the count, as a one-item list that the calls update."""
+    from wirelessfl.results import records
+
+    original, count = records.sync, [0]
+
+    def sync(path, folder=False):
+        original(path, folder)
+        if folder:
+            count[0] += 1
+            if count[0] == after:
+                handlers.append(signal.getsignal(signal.SIGTERM))
+                raise KeyboardInterrupt("SIGTERM")
+
+    patch.setattr(records, "sync", sync)
+    return count
+
+
+def test_sigterm_right_after_any_write_leaves_a_manifest_that_the_message_matches(
+        tmp_path, scenario_file, monkeypatch, capsys):
+    """SIGTERM right after each atomic rename of a run, the first included (rounds.parquet in
+    the new folder): the folder always holds its manifest, with status 'interrupted' (only the
+    last write, summary.csv, comes after the manifest said 'complete'), the line printed states
+    that status and --resume finishes the run with the uninterrupted tables. The handler that
+    turns SIGTERM into Ctrl-C is in place at each of these points. Before: SIGTERM before the
+    algorithm loop (the folder's first writes included) was the default action, the process
+    ended silently and left tables without a manifest, which neither --resume nor report
+    reads; and an interruption outside an algorithm's rounds printed "manifest status
+    'interrupted'" above a manifest that said 'running'."""
+    path = scenario_file(small_doc(algorithms=QUICK))
+    ref = tmp_path / "ref"
+    with monkeypatch.context() as patch:
+        renames = _count_renames(patch)
+        assert main(["run", str(path), "--out", str(ref), "--quiet", "--no-report"]) == 0
+    capsys.readouterr()
+    assert renames == [13]  # 3 files at the start, after A, after B and at the end; summary.csv
+    for after in range(1, 14):
+        out, handlers = tmp_path / f"run-{after}", []
+        with monkeypatch.context() as patch:
+            _count_renames(patch, after, handlers)
+            code = main(["run", str(path), "--out", str(out), "--quiet", "--no-report"])
+        err = capsys.readouterr().err
+        assert code == 130 and "Traceback" not in err, (after, err)
+        assert handlers and callable(handlers[0]), (after, handlers)  # not SIG_DFL: no silent end
+        status = json.loads((out / "manifest.json").read_text())["status"]
+        assert status == ("complete" if after == 13 else "interrupted"), after
+        assert err.rstrip().splitlines()[-1] == (
+            f"interrupted: SIGTERM; the rounds recorded so far are in {out} (manifest status "
+            f"'{status}'); finish the run with: wirelessfl run --resume {out}"), (after, err)
+        assert not (out / ".lock").exists(), after
+        assert main(["run", "--resume", str(out), "--quiet", "--no-report"]) == 0, (
+            after, capsys.readouterr().err)
+        _assert_identical(out, ref)
+
+
+def test_sigterm_before_the_run_folder_is_written_says_so(tmp_path, scenario_file, monkeypatch,
+                                                          capsys):
+    """SIGTERM while the world is built, before anything is written: the line says that nothing
+    was recorded and that the same command starts again (not '--resume', which has no folder to
+    read); the folder holds no run. Before: SIGTERM had its default action there, and the
+    command ended without a word."""
+    from wirelessfl.pipeline import runner
+
+    handlers = []
+    original = runner.build_world
+
+    def build_world(scenario):
+        handlers.append(signal.getsignal(signal.SIGTERM))
+        raise KeyboardInterrupt("SIGTERM")
+
+    monkeypatch.setattr(runner, "build_world", build_world)
+    path, out = scenario_file(small_doc(algorithms=QUICK)), tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--no-report"]) == 130
+    err = capsys.readouterr().err
+    assert handlers and callable(handlers[0])
+    assert err.rstrip().splitlines()[-1] == (
+        f"interrupted: SIGTERM; nothing was recorded in {out} yet; start the run again with "
+        "the same command")
+    assert not (out / "manifest.json").exists()
+    monkeypatch.setattr(runner, "build_world", original)
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--no-report"]) == 0
+
+
 def test_a_diverging_algorithm_stops_with_a_message_and_the_others_finish(tmp_path,
                                                                           scenario_file, capsys):
     algos = [{"name": "fedsgd", "rounds": 6, "eval_every": 1, "lr": 1e38, "label": "blows up"},

@@ -116,10 +116,7 @@ def _cmd_run(args) -> int:
                                 threads=args.threads)
     except KeyboardInterrupt as stop:
         progress.close()
-        why = f"{stop}; " if str(stop) else ""
-        print(f"interrupted: {why}the rounds recorded so far are in {out} (manifest status "
-              f"'interrupted'); finish the run with: wirelessfl run --resume {out}",
-              file=sys.stderr)
+        print(_interrupted_run(out, stop), file=sys.stderr)
         return EXIT_INTERRUPTED
     except BaseException:
         progress.abandon()  # the error line (cli.main) stands alone
@@ -140,6 +137,24 @@ def _cmd_run(args) -> int:
     if stale_html:
         _renew_html(out, table, figures, args.no_report)
     return 0
+
+
+def _interrupted_run(out: Path, stop: KeyboardInterrupt) -> str:
+    """The line for a run that Ctrl-C or SIGTERM stopped, as its folder now reads, so that it
+    never names a manifest that is not there: the status the manifest holds (the runner writes
+    'interrupted' once the folder exists; a resumed folder stopped before its first write keeps
+    its status) and the --resume that finishes the run, or, stopped before the folder's first
+    write, that nothing was recorded."""
+    why = f"{stop}; " if str(stop) else ""
+    try:
+        status = json.loads((out / "manifest.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        status = None
+    if not isinstance(status, str):
+        return (f"interrupted: {why}nothing was recorded in {out} yet; start the run again with "
+                "the same command")
+    return (f"interrupted: {why}the rounds recorded so far are in {out} (manifest status "
+            f"'{status}'); finish the run with: wirelessfl run --resume {out}")
 
 
 def _renew_html(out: Path, table, figures: list[Path], no_report: bool) -> None:

@@ -65,6 +65,24 @@ def model_facts(world: World) -> dict:
     return facts
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (a scheduler, `kill`) stops a run like Ctrl-C: at a clean point, results kept.
+    Outside the main thread (a Dask worker) signals are left alone."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_scenario(scenario: Scenario, out: Path | None, **options) -> tuple[str, pd.DataFrame]:
     """Simulate every algorithm of ``scenario`` into the run folder ``out`` (nothing written when
     None); returns the run's status and its summary table (``run_to_record`` says the rest)."""
@@ -72,6 +90,7 @@ def run_scenario(scenario: Scenario, out: Path | None, **options) -> tuple[str, 
     return status, table
 
 
+@sigterm_as_interrupt()
 def run_to_record(scenario: Scenario, out: Path | None, *,
                   on_world: Callable[[World], None] | None = None,
                   on_round: Callable[[int], None] | None = None,
@@ -92,10 +111,13 @@ def run_to_record(scenario: Scenario, out: Path | None, *,
     kept, the one that was running continues from its checkpoint (or its start), the rest run.
     ``checkpoint_every``: save the running algorithm's state every that many rounds. The
     preflight and the memory check run first; ``on_world`` is called with the built world
-    before any algorithm runs (the CLI prints its facts). Ctrl-C / SIGTERM record the
+    before any algorithm runs (the CLI prints its facts). Ctrl-C / SIGTERM (a handler for the
+    whole call: SIGTERM's default action would end the process silently, mid-write) record the
     running algorithm's rounds as ``interrupted``, mark the run ``interrupted`` and re-raise
-    KeyboardInterrupt. ``threads``: host threads (host/threads.py; default: the CPUs
-    available), recorded in the manifest; the results do not depend on it."""
+    KeyboardInterrupt; once the folder has been written, wherever it comes (between
+    algorithms, in a write), so the folder always holds a manifest that says so. ``threads``:
+    host threads (host/threads.py; default: the CPUs available), recorded in the manifest; the
+    results do not depend on it."""
     if out is None and (resume or checkpoint_every):
         raise UserError("resuming and checkpoints need a run folder: give out=FOLDER")
     setting = ensure_threads(threads)  # before any numerics, building the world's included
@@ -107,70 +129,85 @@ def run_to_record(scenario: Scenario, out: Path | None, *,
         warn(f"warning: {short}")
     if on_world is not None:
         on_world(world)
-    if resume:
-        check_folder(out, scenario, warn)
-        writer = RunWriter.reopen(out)
-        every = checkpoint_every or writer.manifest.get("checkpoint_every") or 0
-    else:
-        # what the world tells about the run beside its numbers (pipeline/notes.py): kept in
-        # the manifest, so the API, report --html and the CLI show the same notes
-        notes = [n for n in (same_slots_note(world),) if n is not None]
-        facts = (resolved_document(scenario), scenario.seed,
-                 {"model": model_facts(world), "problem": world.problem_record(),
-                  **({"notes": notes} if notes else {}),
-                  "checkpoint_every": checkpoint_every, "threads": setting.record(),
-                  MANIFEST_KEY: scenario_fingerprint(scenario), **(extra or {})},
-                 world.partition_record())
-        writer = MemoryWriter(*facts) if out is None else RunWriter(out, *facts)
-        every = checkpoint_every or 0
-    checkpoint_path = Path(out) / CHECKPOINT_NAME if out is not None else None
-    finished = writer.manifest["algorithms"]
-    status = "complete" if all(v.get("status") == "complete" for v in finished.values()) \
-        else "partial"
-    with sigterm_as_interrupt():
-        for params in scenario.algorithms:
-            if params.display_name in finished:
-                continue
-            if on_algorithm is not None:
-                on_algorithm(params.display_name)
-            saved = read_checkpoint(checkpoint_path) if resume else None
-            if saved is not None and saved.label in finished:
-                saved = None  # from an algorithm that has since finished
-            if saved is not None:  # run_algorithm refuses one of another run or scenario
-                warn(f"{params.display_name}: continuing from the checkpoint after round "
-                     f"{saved.completed}")
-            run = run_algorithm(world, params, on_round=on_round, checkpoint_every=every,
-                                checkpoint_path=checkpoint_path, resume=saved)
-            info = {"status": run.status, "message": run.message,
-                    "params": params.model_dump(mode="json"), **run.extra,
-                    "health": manifest_entry(run.rows, run.status, scenario.health,
-                                             type(params).model_fields)}
-            devices, summary = device_records(run.label, run.device_columns(world),
-                                              world.device_ranks)
-            if summary is not None:  # a large population: rows of a sample (records.py)
-                info["devices"] = summary
-            listed = world.accuracy_devices
-            if listed is not None:  # whose accuracies the rounds rows' lists hold
-                info["device_accuracy_devices"] = listed.tolist()
-            writer.add(run.label, run.rows, devices, info)
-            if run.status == "interrupted":
-                writer.finish("interrupted")
-                raise KeyboardInterrupt(run.message)
-            if isinstance(run.error, MemoryError):  # the next algorithm would run out too
-                writer.finish("failed")
-                raise run.error
-            if checkpoint_path is not None:
-                checkpoint_path.unlink(missing_ok=True)
-            if run.status != "complete":
-                status = "partial"
-                where = " (its traceback is in manifest.json)" if run.status == "failed" else ""
-                warn(f"warning: {run.message}{where}; the other algorithms continue")
-    writer.finish(status)
+    writer = None
+    try:
+        if resume:
+            check_folder(out, scenario, warn)
+            writer = RunWriter.reopen(out)
+            every = checkpoint_every or writer.manifest.get("checkpoint_every") or 0
+        else:
+            # what the world tells about the run beside its numbers (pipeline/notes.py): kept
+            # in the manifest, so the API, report --html and the CLI show the same notes
+            notes = [n for n in (same_slots_note(world),) if n is not None]
+            facts = (resolved_document(scenario), scenario.seed,
+                     {"model": model_facts(world), "problem": world.problem_record(),
+                      **({"notes": notes} if notes else {}),
+                      "checkpoint_every": checkpoint_every, "threads": setting.record(),
+                      MANIFEST_KEY: scenario_fingerprint(scenario), **(extra or {})},
+                     world.partition_record())
+            writer = MemoryWriter(*facts) if out is None else RunWriter(out, *facts)
+            every = checkpoint_every or 0
+        status = _run_algorithms(world, scenario, writer, out, resume, every, on_round,
+                                 on_algorithm, warn)
+        writer.finish(status)
+    except KeyboardInterrupt:
+        if writer is not None:  # None: nothing written (RunWriter finishes its own first write)
+            writer.finish("interrupted")
+        raise
     record = writer.record()
     table = summarize(record.rounds, scenario.target_accuracy, world.num_devices,
                       scenario.target_suboptimality, manifest=record.manifest)
     writer.save_summary(table)
     return status, table, record
+
+
+def _run_algorithms(world: World, scenario: Scenario, writer: MemoryWriter, out: Path | None,
+                    resume: bool, every: int, on_round, on_algorithm, warn) -> str:
+    """Every algorithm the writer has not recorded as finished, each into ``writer`` as it
+    ends; returns the run's status. An interrupted algorithm's rounds are recorded, then its
+    KeyboardInterrupt raised (``run_to_record`` marks the run); a MemoryError marks the run
+    ``failed`` and is raised."""
+    checkpoint_path = Path(out) / CHECKPOINT_NAME if out is not None else None
+    finished = writer.manifest["algorithms"]
+    status = "complete" if all(v.get("status") == "complete" for v in finished.values()) \
+        else "partial"
+    for params in scenario.algorithms:
+        if params.display_name in finished:
+            continue
+        if on_algorithm is not None:
+            on_algorithm(params.display_name)
+        saved = read_checkpoint(checkpoint_path) if resume else None
+        if saved is not None and saved.label in finished:
+            saved = None  # from an algorithm that has since finished
+        if saved is not None:  # run_algorithm refuses one of another run or scenario
+            warn(f"{params.display_name}: continuing from the checkpoint after round "
+                 f"{saved.completed}")
+        run = run_algorithm(world, params, on_round=on_round, checkpoint_every=every,
+                            checkpoint_path=checkpoint_path, resume=saved)
+        info = {"status": run.status, "message": run.message,
+                "params": params.model_dump(mode="json"), **run.extra,
+                "health": manifest_entry(run.rows, run.status, scenario.health,
+                                         type(params).model_fields)}
+        devices, summary = device_records(run.label, run.device_columns(world),
+                                          world.device_ranks)
+        if summary is not None:  # a large population: rows of a sample (records.py)
+            info["devices"] = summary
+        listed = world.accuracy_devices
+        if listed is not None:  # whose accuracies the rounds rows' lists hold
+            info["device_accuracy_devices"] = listed.tolist()
+        writer.add(run.label, run.rows, devices, info)
+        if run.status == "interrupted":
+            raise KeyboardInterrupt(run.message)
+        if isinstance(run.error, MemoryError):  # the next algorithm would run out too
+            writer.finish("failed")
+            raise run.error
+        if checkpoint_path is not None:
+            checkpoint_path.unlink(missing_ok=True)
+        if run.status != "complete":
+            status = "partial"
+            where = " (its traceback is in manifest.json)" if run.status == "failed" else ""
+            warn(f"warning: {run.message}{where}; the other algorithms continue")
+    return status
 
 
 def check_folder(out: Path, scenario: Scenario, warn: Callable[[str], None]) -> None:
@@ -187,21 +224,3 @@ def check_folder(out: Path, scenario: Scenario, warn: Callable[[str], None]) -> 
     if note:
         warn(note)
     refuse_legacy(out)
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM (a scheduler, `kill`) stops a run like Ctrl-C: at a clean point, results kept.
-    Outside the main thread (a Dask worker) signals are left alone."""
-    def stop(signum, frame):
-        raise KeyboardInterrupt("SIGTERM")
-
-    try:
-        previous = signal.signal(signal.SIGTERM, stop)
-    except ValueError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

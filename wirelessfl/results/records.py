@@ -543,9 +543,9 @@ class RunWriter(MemoryWriter):
 
     def __init__(self, out_dir: Path, scenario_doc: dict, seed: int, extra: dict | None = None,
                  partition: dict | None = None):
-        self.dir, self.lock = claim_run_folder(out_dir)
         super().__init__(scenario_doc, seed, extra, partition)
-        self.flush()
+        self.dir, self.lock = claim_run_folder(out_dir)
+        self._first_flush()
 
     @classmethod
     def reopen(cls, out_dir: Path) -> RunWriter:
@@ -566,8 +566,20 @@ class RunWriter(MemoryWriter):
         keep = lambda frame: frame[frame.algorithm.isin(list(done))]
         writer.round_rows = keep(record.rounds).to_dict("records")
         writer.device_frames = [keep(record.devices).reset_index(drop=True)]
-        writer.flush()
+        writer._first_flush()
         return writer
+
+    def _first_flush(self) -> None:
+        """The folder's first write (a new run's, or a resumed one's). Ctrl-C or SIGTERM part
+        way through it would leave tables that no manifest describes (a new folder without one,
+        which neither --resume nor report can read), so the write is finished with the
+        manifest saying 'interrupted' before the interruption goes on (here: the caller has no
+        writer to finish yet)."""
+        try:
+            self.flush()
+        except KeyboardInterrupt:
+            self.finish("interrupted")
+            raise
 
     def finish(self, status: str = "complete") -> None:
         super().finish(status)

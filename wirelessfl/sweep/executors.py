@@ -15,6 +15,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Generator
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
@@ -247,6 +248,51 @@ def _worker_threads(client) -> int:
         return 0
 
 
+@contextlib.contextmanager
+def _quiet_distributed() -> Generator[None, None, None]:
+    """distributed's loggers silenced while a study runs on Dask, and restored after. dask's
+    logging configuration gives them a stderr handler of their own, so a lost scheduler added
+    distributed's lines and tracebacks ("Failed to reconnect to scheduler") to the one
+    ``error:`` line the command says it with (``_scheduler_lost``); a worker's lost run is
+    reported by the study as well. A logger created later inherits the raised level from
+    ``distributed``, its ancestor; its children with a level of their own are raised here too."""
+    names = ["distributed"] + [name for name in logging.Logger.manager.loggerDict
+                               if name.startswith("distributed.")]
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _scheduler_lost(client, err: Exception) -> bool:
+    """A run's future came back cancelled (nothing here cancels one) or the client is no longer
+    connected: the scheduler is gone, and with it every run it held (not one worker, whose run
+    alone fails: KilledWorker)."""
+    return isinstance(err, CancelledError) or client.status != "running"
+
+
+def _lost_scheduler_error(address: str | None, err: Exception) -> UserError:
+    """The one line a lost scheduler ends the study with: where, why (distributed's reason),
+    and that the same command finishes the runs that did not (the finished ones are kept)."""
+    reason = getattr(err, "reason", None)  # a cancelled future's ("unknown": none given)
+    if not isinstance(err, CancelledError):
+        reason = f"{type(err).__name__}: {' '.join(str(err).split())}"
+    why = f" ({reason})" if reason and reason != "unknown" else ""
+    if address:
+        return UserError(f"the Dask scheduler at {address} was lost while runs were in flight"
+                         f"{why}; the runs that finished are kept: start the scheduler again "
+                         "(or give another with --address) and run the same command again to "
+                         "finish the rest")
+    return UserError(f"the Dask LocalCluster this command started was lost while runs were in "
+                     f"flight{why}; the runs that finished are kept: run the same command again "
+                     "to finish the rest")
+
+
 def run_dask(tasks: list[dict], workers: int, address: str | None,
              on_event: Report = _ignore) -> Generator[dict, None, None]:
     """Dask distributed: an existing scheduler at ``address`` (its security is its operator's:
@@ -254,13 +300,23 @@ def run_dask(tasks: list[dict], workers: int, address: str | None,
     here). The runs' progress events come as worker events on a topic of this sweep's own
     (sweep/worker.py ``run_on_dask``); on an existing scheduler, ``on_event`` also gets a
     ``workers`` event with its task slots before every result (the study's estimate of the
-    time left divides by them, not by ``workers``)."""
+    time left divides by them, not by ``workers``). A lost scheduler ends it with one UserError
+    (the study keeps the runs that finished), distributed's own log lines silenced meanwhile."""
     try:
-        from distributed import Client
-        from distributed import as_completed as dask_completed
+        import distributed  # noqa: F401 - only whether it is there
     except ImportError:
         raise UserError("--executor dask: the 'distributed' package is not installed; "
                         "pip install 'wirelessfl[sweep]' (or dask distributed)") from None
+    with _quiet_distributed():
+        yield from _on_dask(tasks, workers, address, on_event)
+
+
+def _on_dask(tasks: list[dict], workers: int, address: str | None,
+             on_event: Report) -> Generator[dict, None, None]:
+    """``run_dask``'s work, once distributed is known to be there and quiet."""
+    from distributed import Client
+    from distributed import as_completed as dask_completed
+
     cluster = None
     if address:
         try:
@@ -288,12 +344,15 @@ def run_dask(tasks: list[dict], workers: int, address: str | None,
             if not ready:
                 time.sleep(DASK_POLL_S)
             for future in ready:
+                try:
+                    result = future.result()
+                except Exception as err:  # noqa: BLE001 - KilledWorker, lost connection
+                    if _scheduler_lost(client, err):
+                        raise _lost_scheduler_error(address, err) from None
+                    result = _lost(by_key[future.key], err)
                 if address:
                     on_event({"event": "workers", "count": _worker_threads(client)})
-                try:
-                    yield future.result()
-                except Exception as err:  # noqa: BLE001 - KilledWorker, lost connection
-                    yield _lost(by_key[future.key], err)
+                yield result
     finally:
         client.close()  # the client first, then the cluster we started (if any)
         if cluster is not None:
