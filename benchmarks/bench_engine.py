@@ -37,15 +37,15 @@ import numpy as np
 import simpy
 
 import wirelessfl as wf
-from wirelessfl.contract.payload import Cost, Payload
+from wirelessfl.algorithms.participation import participant_indices
 from wirelessfl.channel import Cell, Downlink, Uplink
+from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.energy import ComputeModel, DevicePower
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.pipeline.build import draw_population
 from wirelessfl.engine.ledger import Ledger
 from wirelessfl.engine.network import VectorNetwork
-from wirelessfl.algorithms.participation import participant_indices
 from wirelessfl.learning.seeds import keyed_rng
+from wirelessfl.pipeline.build import draw_population
 
 # The logistic model of 20 features and 2 classes (d = 42): the priced passes are the engine's
 # arithmetic only, any model would do.

@@ -214,8 +214,8 @@ def _load(folder: Path, name: str) -> np.ndarray:
 def child_prepare(spec: dict, folder: Path) -> dict:
     """Build the case's wirelessfl world; save what pfl's process needs; return the facts."""
     import wirelessfl as wf
-    from wirelessfl.pipeline.build import build_world
     from wirelessfl.algorithms.participation import participant_count
+    from wirelessfl.pipeline.build import build_world
 
     scenario = wf.load_scenario(scenario_doc(spec))
     world = build_world(scenario)

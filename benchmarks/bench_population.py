@@ -102,8 +102,8 @@ def measure(n: int, samples: int, per_device: int | None, queue) -> None:
     try:
         start = time.perf_counter()
         import wirelessfl
-        from wirelessfl.pipeline.build import build_world
         from wirelessfl.engine.ledger import Ledger
+        from wirelessfl.pipeline.build import build_world
         from wirelessfl.pipeline.memory import estimate_memory
         from wirelessfl.report.plots import device_energy, label_histogram
 

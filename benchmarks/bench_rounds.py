@@ -266,8 +266,8 @@ def strategy_comparison(repeats: int, peak: float) -> list[dict]:
     """Per-device model strategies (wirelessfl/learning/stacked.py) on one local step of each
     zoo model: the structural choice against torch.func.vmap, interleaved, medians."""
     from wirelessfl.host import threads
-    from wirelessfl.pipeline.build import build_world
     from wirelessfl.learning.seeds import keyed_generator
+    from wirelessfl.pipeline.build import build_world
     from wirelessfl.scenario.loader import scenario_from_document
 
     threads.configure()

@@ -40,8 +40,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from wirelessfl.pipeline.memory import check_memory_from_scenario, estimate_memory
 from wirelessfl.errors import UserError
+from wirelessfl.pipeline.memory import check_memory_from_scenario, estimate_memory
 from wirelessfl.scenario.loader import scenario_from_document
 
 LOW, HIGH = 0.75, 1.25

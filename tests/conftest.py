@@ -259,8 +259,8 @@ def table_right_edges(page: Path, window: int = 1280) -> list[int] | None:
 
 def run_recording_thetas(monkeypatch, scenario):
     """Run the scenario's first algorithm; return (world, theta after every round, the run)."""
-    from wirelessfl.pipeline.build import build_world
     from wirelessfl.engine.context import RunContext
+    from wirelessfl.pipeline.build import build_world
     from wirelessfl.pipeline.simulation import run_algorithm
 
     seen = []

@@ -21,12 +21,12 @@ import torch
 
 from tests.conftest import algorithm_scenario, small_scenario
 from tests.test_radio_engine import SETTINGS
+from wirelessfl.errors import UserError
 from wirelessfl.pipeline import checkpoint as ck
 from wirelessfl.pipeline import simulation
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.pipeline.state_tree import StateError, capture, restore, skeleton
-from wirelessfl.errors import UserError
 from wirelessfl.plugins import ALGORITHMS
 from wirelessfl.results.records import ROUND_COLUMNS, write_table
 

@@ -19,8 +19,8 @@ import yaml
 
 from tests.conftest import cli as _cli
 from tests.conftest import small_doc
-from wirelessfl.host import progress
 from wirelessfl.cli import main
+from wirelessfl.host import progress
 from wirelessfl.results.summary import SUMMARY_COLUMNS, format_summary
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,10 +16,10 @@ from torch import nn
 from wirelessfl.host import threads
 from wirelessfl.learning.conv_chain import VECTOR_FLOATS, ConvChain
 from wirelessfl.learning.flat_model import FlatModel
-from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.seeds import keyed_generator
 from wirelessfl.learning.stacked import StackedForward, rowwise_update_exact
+from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
 
 
 class Odd(nn.Module):

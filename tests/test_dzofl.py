@@ -12,12 +12,12 @@ import torch
 from tests.conftest import small_scenario
 from wirelessfl.algorithms.dzofl import DZOFL, aggregate_delivered
 from wirelessfl.cli import main
-from wirelessfl.pipeline.build import build_world
 from wirelessfl.engine.context import RunContext
 from wirelessfl.engine.network import VectorNetwork
-from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.learning.quantize import quantize_scalars
 from wirelessfl.learning.seeds import keyed_generator
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.results.health import assess
 from wirelessfl.scenario.loader import load_scenario
 

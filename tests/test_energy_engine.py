@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from tests.conftest import algorithm_scenario, small_scenario
 from tests.test_radio_engine import SETTINGS
 from wirelessfl.channel.link import Downlink
-from wirelessfl.pipeline.build import build_world
 from wirelessfl.engine.ledger import KIND_INDEX, KINDS
-from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.errors import UserError
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.plugins import ALGORITHMS
 from wirelessfl.report import plots
 from wirelessfl.report.plots import draw_report

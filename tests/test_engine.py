@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from tests.conftest import small_scenario
-from wirelessfl.pipeline.build import build_world
 from wirelessfl.engine.ledger import KINDS
+from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
 
 

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from wirelessfl.learning.flat_model import FlatModel
-from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.seeds import keyed_generator
 from wirelessfl.learning.stacked import linear_plan
+from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
 
 CASES = {  # model name -> (input shape, expected strategy)
     "mlp": ((12,), "linear"),

@@ -14,10 +14,10 @@ import torch
 
 from tests.conftest import run_recording_thetas, small_doc
 from wirelessfl.contract.payload import Cost, Payload
-from wirelessfl.pipeline.build import build_world
-from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_generator, keyed_rng
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.problems.bilevel import BilevelQuadratic, bilevel_quadratic
 from wirelessfl.scenario.loader import scenario_from_document
 

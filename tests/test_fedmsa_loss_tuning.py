@@ -17,9 +17,9 @@ from sklearn.metrics import balanced_accuracy_score
 
 from tests.conftest import small_doc
 from tests.test_datasets import make_idx_folder
+from wirelessfl.errors import UserError
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
-from wirelessfl.errors import UserError
 from wirelessfl.problems.loss_tuning import LossTuning, long_tail, q_partition
 from wirelessfl.scenario.loader import scenario_from_document
 

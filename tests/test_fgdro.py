@@ -18,10 +18,10 @@ from scipy.special import logsumexp, softmax
 
 from tests.conftest import record_delivered, run_recording_thetas, small_doc, small_scenario
 from wirelessfl.algorithms.fgdro import FGDROKL
-from wirelessfl.pipeline.build import build_world
-from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_generator
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.report.plots import draw_report
 from wirelessfl.results.records import RunWriter, read_run
 from wirelessfl.scenario.loader import load_scenario, scenario_from_document

@@ -14,13 +14,13 @@ import torch.nn.functional as F
 
 from tests.conftest import run_recording_thetas, small_doc
 from wirelessfl.algorithms.fedavg import FedProxParams
-from wirelessfl.pipeline.build import build_world
 from wirelessfl.engine.ledger import KIND_INDEX
-from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.learning.flat_model import FlatModel
-from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
 from wirelessfl.learning.minibatch import batch_counts, sample_minibatches
 from wirelessfl.learning.models import build_model
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
+from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
 from wirelessfl.problems.logistic import LogisticProblem
 from wirelessfl.scenario.loader import scenario_from_document
 

@@ -13,10 +13,10 @@ import torch
 
 from tests.conftest import algorithm_scenario, small_scenario
 from wirelessfl.cli import main
-from wirelessfl.pipeline.build import build_world
 from wirelessfl.engine.context import RunContext
-from wirelessfl.engine.recorder import Diverged
 from wirelessfl.engine.network import VectorNetwork
+from wirelessfl.engine.recorder import Diverged
+from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.problems.classifier import BatchedEvaluator
 from wirelessfl.results.health import NOT_RECORDED, assess

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ValidationError
 from tests.conftest import small_doc, small_scenario
 from wirelessfl.energy.profile import EnergyProfile
 from wirelessfl.errors import UserError
-from wirelessfl.plugins import ALGORITHMS
 from wirelessfl.pipeline import preflight as checks
+from wirelessfl.plugins import ALGORITHMS
 from wirelessfl.scenario import catalog, names, safe_yaml
 from wirelessfl.scenario.loader import (
     FLOAT32_MAX,

@@ -278,8 +278,8 @@ def test_a_profile_path_to_another_file_never_quotes_its_lines(tmp_path, capsys)
     ({"name": "s", "scenario": "quickstart", "grid": {"population.num_devices": [3]},
       "seed": [0]}, "seed: unknown key; did you mean 'seeds'?"),
     ({"name": "s", "scenario": "quickstart", "grids": {"population.num_devices": [3]}},
-     "but has neither a sweep's 'grid' or 'points' nor a tune file's 'search'; 'grids' (did "
-     "you mean 'grid'?)"),
+     ("but has neither a sweep's 'grid' or 'points' nor a tune file's 'search'; 'grids' (did "
+      "you mean 'grid'?)")),
 ])
 def test_a_misspelt_key_of_a_sweep_or_tune_file_says_did_you_mean(capsys, tmp_path, doc,
                                                                    expected):

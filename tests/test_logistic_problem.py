@@ -18,10 +18,10 @@ from scipy import optimize
 
 from tests.conftest import small_doc
 from wirelessfl.cli import main
-from wirelessfl.pipeline.build import build_world
-from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.errors import UserError
 from wirelessfl.learning.partition import partition
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.problems import logistic as logistic_module
 from wirelessfl.problems.data import split_data
 from wirelessfl.problems.logistic import LogisticProblem

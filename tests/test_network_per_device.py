@@ -27,16 +27,16 @@ import simpy
 from scipy import special, stats
 
 from tests.conftest import algorithm_scenario, small_scenario
-from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.channel import Cell, Downlink, Uplink
 from wirelessfl.channel.fading import FadingProcess, KeyedFading
+from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.energy import ComputeModel, DevicePower
 from wirelessfl.energy.profiler import ModelProfile
-from wirelessfl.pipeline.build import build_world, draw_population
 from wirelessfl.engine.ledger import KINDS, Ledger
 from wirelessfl.engine.network import ENGINES
-from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.learning.seeds import counter_uniform, keyed_rng
+from wirelessfl.pipeline.build import build_world, draw_population
+from wirelessfl.pipeline.simulation import run_algorithm
 
 MODEL = ModelProfile(params=650, macs_per_sample=640, activations_per_sample=10, input_size=64)
 DETERMINISTIC = ["channel.fading=none"]

@@ -18,9 +18,9 @@ import pytest
 
 import wirelessfl
 from tests.conftest import small_doc
+from wirelessfl.learning.partition import label_counts, mean_tv_distance
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.memory import estimate_memory, problem_facts
-from wirelessfl.learning.partition import label_counts, mean_tv_distance
 from wirelessfl.report import plots
 from wirelessfl.results import records
 from wirelessfl.results.records import DEVICE_COLUMNS, device_records, partition_manifest

@@ -16,11 +16,11 @@ import pytest
 
 from tests.conftest import small_doc
 from tests.plugin_problem import SPEC, minimisers
-from wirelessfl.pipeline.memory import estimate_memory
-from wirelessfl.pipeline.runner import run_scenario
 from wirelessfl.errors import UserError
-from wirelessfl.plugins import PROBLEMS
+from wirelessfl.pipeline.memory import estimate_memory
 from wirelessfl.pipeline.preflight import check_runnable
+from wirelessfl.pipeline.runner import run_scenario
+from wirelessfl.plugins import PROBLEMS
 from wirelessfl.scenario.loader import resolved_document, scenario_from_document
 
 REFERENCE = "tests.plugin_problem:SPEC"

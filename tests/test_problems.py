@@ -17,9 +17,9 @@ from scipy import optimize, stats
 from torch.func import functional_call
 
 from tests.conftest import small_doc, small_scenario
+from wirelessfl.errors import UserError
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
-from wirelessfl.errors import UserError
 from wirelessfl.problems.base import Problem
 from wirelessfl.problems.quadratic import QuadraticProblem, fedred_quadratic
 from wirelessfl.results.records import ROUND_COLUMNS, RunWriter, read_run

@@ -10,9 +10,9 @@ import pytest
 import simpy
 
 from tests.conftest import small_scenario
+from wirelessfl.engine.spectrum import SharedSpectrum, schedule_uploads, scheduler_priorities
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
-from wirelessfl.engine.spectrum import SharedSpectrum, schedule_uploads, scheduler_priorities
 
 SHARED = ["channel.uplink.spectrum.mode=shared", "channel.uplink.spectrum.pool_bandwidth_hz=4e6"]
 SETTINGS = {

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from tests.conftest import run_recording_thetas, small_scenario
 from wirelessfl.algorithms.base import Algorithm
 from wirelessfl.channel.link import Downlink
-from wirelessfl.pipeline.build import build_world
 from wirelessfl.engine.context import RunContext
 from wirelessfl.engine.ledger import KIND_INDEX
-from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.learning.seeds import keyed_generator, keyed_rng
+from wirelessfl.pipeline.build import build_world
+from wirelessfl.pipeline.simulation import run_algorithm
 
 EXACT = ["channel=seed002-pinned", "channel.uplink.delivery_probability=1.0",
          "quantization_bits=32", "data.server_fraction=0.3"]

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from wirelessfl.results.compare import mean_ci
