@@ -416,7 +416,7 @@ def test_the_quickstart_example_runs(tmp_path):
 
 
 @pytest.mark.parametrize("loader, folder", [("load_tuning", "quickstart-tune"),
-                                            ("load_reproduction", "seed002-reproduction")])
+                                            ("load_reproduction", "seed002-quick")])
 def test_a_recorded_summary_is_refused_naming_what_it_holds(loader, folder):
     """docs/data ships studies' tables without their runs: the loaders say so (they returned
     an empty table, or blamed a missing tune/ folder's manifest) instead of guessing."""
