@@ -328,8 +328,11 @@ def _reproduction(folder: str, regime: str = "") -> str:
         health.append([method, f"{int(group.healthy.sum())}/{len(group)}", why])
     warnings = "".join(f"\n* {w}" for w in study["warnings"]) or "\n* none"
     held = f.get("samples_per_device", {}).get(regime)
-    samples = (f"\n\nIn every evaluation run each device held {held['fewest']:,} to "
-               f"{held['most']:,} training samples." if held else "")
+    samples = ""
+    if held:
+        count = (f"{held['fewest']:,}" if held["fewest"] == held["most"]
+                 else f"{held['fewest']:,} to {held['most']:,}")
+        samples = f"\n\nIn every evaluation run each device held {count} training samples."
     return (_study_tables(study_folder, study, f) + samples
             + "\n\nThe paper's claims, judged on the evaluation runs of the tuned settings, "
               "paired by seed (docs/tuning.md, \"Reproductions\"):\n\n"
@@ -448,6 +451,9 @@ def _crossover(folder: str) -> str:
         loses = [k for k, w in metric["wins"].items() if not w]
         verdict = (f"{method} lower than {', '.join(wins) or 'none'}"
                    + (f", not than {', '.join(loses)}" if loses else ""))
+        if metric["values"].get(method) is None:  # a seed missed the target: no mean
+            verdict = (f"{method} missed the target on an evaluation seed, so it has no mean "
+                       "and counts as losing here; the seed counts below compare the seeds")
         lines.append(f"* {metric['title']}: {values} ({verdict})")
     rows = _nearest_rows(boundary, "uplink_rate_bps", [rate0 * 10.0**k for k in (-2, -1, 0, 1, 2)])
     banded = bool(boundary) and "time_boundary_low_macs_per_s" in boundary[0]

@@ -338,3 +338,25 @@ def test_devices_short_of_a_batch_compute_less_and_the_slowest_sets_the_phase(tm
         checked += 1
     assert checked >= 10
     assert max(sizes) < 10 and len(set(sizes)) > 1  # every device short, and not alike
+
+
+def test_the_runs_of_an_earlier_choice_set_aside_by_a_retuned_study_are_not_read(tmp_path):
+    """A re-tuned study sets the evaluation runs of its earlier choice aside
+    (``<run>.replaced-<time>``); the crossover reads the runs the evaluation sweep lists, and
+    without a readable sweep.json it still leaves the set-aside folders out."""
+    import json
+
+    from wirelessfl.tune.crossover import study_runs
+
+    runs = tmp_path / "evaluation" / "runs"
+    for name in ("algorithm=FedAvg_seed=0-aaa", "algorithm=FedAvg_seed=0-bbb.replaced-1",
+                 "algorithm=DZOFL_seed=0-ccc"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "manifest.json").write_text("{}")
+    listed = [{"run": n, "folder": f"runs/{n}"} for n in
+              ("algorithm=FedAvg_seed=0-aaa", "algorithm=DZOFL_seed=0-ccc")]
+    (tmp_path / "evaluation" / "sweep.json").write_text(json.dumps({"runs": listed[:1]}))
+    assert [p.name for p in study_runs(tmp_path)] == ["algorithm=FedAvg_seed=0-aaa"]
+    (tmp_path / "evaluation" / "sweep.json").unlink()
+    assert [p.name for p in study_runs(tmp_path)] == ["algorithm=DZOFL_seed=0-ccc",
+                                                      "algorithm=FedAvg_seed=0-aaa"]

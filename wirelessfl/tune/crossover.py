@@ -306,12 +306,17 @@ def mean_cost(costs: list[Cost]) -> Cost:
 
 
 def study_runs(folder: Path) -> list[Path]:
-    """The evaluation run folders of a tune folder, or of a reproduce folder (its tune/)."""
+    """The evaluation run folders of a tune folder, or of a reproduce folder (its tune/): the
+    runs its evaluation sweep lists (sweep.json), so that the folders of an earlier choice,
+    set aside when a re-tuned study replaced them (``*.replaced-<time>``), are not read."""
     folder = Path(folder)
     for base in (folder, folder / "tune"):
         runs = base / "evaluation" / "runs"
         if runs.is_dir():
-            found = sorted(p for p in runs.iterdir() if (p / "manifest.json").is_file())
+            listed = _listed_runs(base / "evaluation")
+            found = sorted(p for p in runs.iterdir() if (p / "manifest.json").is_file()
+                           and (p.name in listed if listed is not None
+                                else ".replaced-" not in p.name))
             if found:
                 return found
     regimes = sorted(p.name for p in folder.glob("tune-*") if p.is_dir())
@@ -321,6 +326,17 @@ def study_runs(folder: Path) -> list[Path]:
     raise UserError(f"{folder}: no evaluation runs found (looked for evaluation/runs/ and "
                     "tune/evaluation/runs/); pass the folder 'wirelessfl tune --out' or "
                     "'wirelessfl reproduce --out' wrote")
+
+
+def _listed_runs(sweep: Path) -> set[str] | None:
+    """The run folders a sweep's manifest lists, or None when it cannot be read."""
+    try:
+        runs = json.loads((sweep / "sweep.json").read_text()).get("runs")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(runs, list):
+        return None
+    return {str(r.get("folder", "")).removeprefix("runs/") for r in runs if isinstance(r, dict)}
 
 
 def study_names(folder: Path) -> dict[str, str]:
