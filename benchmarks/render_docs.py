@@ -315,10 +315,9 @@ def _reproduction(folder: str, regime: str = "") -> str:
     repro = _json(f"{folder}/reproduce.json")
     study = _json(f"{study_folder}/tune.json")
     f = _json(f"{folder}/facts.json")
-    runs = pd.read_csv(ROOT / folder / "runs.csv", keep_default_na=False,
-                       na_values=[""])
-    if "regime" in runs:
-        runs = runs[runs.regime.fillna("").astype(str) == regime]
+    runs = pd.read_csv(ROOT / folder / "runs.csv")
+    if "regime" in runs:  # a single-regime reproduction's regime is "" (read back as NaN)
+        runs = runs[runs.regime.astype(object).where(runs.regime.notna(), "") == regime]
     mine = [v for v in repro["verdicts"] if v.get("regime", "") == regime]
     verdicts = verdict_cells(mine)
     health = []
@@ -406,6 +405,13 @@ def seed002_fashionmnist_verdicts() -> str:
                 cells.append("(not judged here)")
                 continue
             text = v["verdict"]
+            reason = str(v.get("reason", ""))
+            if reason.startswith("unhealthy runs of"):  # what the healthy seeds say beside it
+                sick, _, rest = reason.partition("; on the ")
+                said = rest.partition("healthy: ")[2]
+                healthy = next((k for k in ("not reproduced (inconclusive)", "does not hold",
+                                            "holds", "inconclusive") if said.startswith(k)), "")
+                text += f" ({sick}" + (f"; the others: {healthy}" if healthy else "") + ")"
             if str(v.get("note", "")).startswith("decided by per-round cost alone"):
                 text += " (decided by per-round cost alone)"
             paired = v.get("paired")
@@ -417,7 +423,33 @@ def seed002_fashionmnist_verdicts() -> str:
     return (f"`{f['command']}` (recorded {f['recorded']}, {g3(f['host_s'])} s of host time on "
             f"{f['cpus']} cores), every claim in each regime (the paired estimate is the "
             "loser's value over the winner's, per seed):\n\n"
-            + table(["claim", *regimes], rows))
+            + table(["claim", *regimes], rows) + "\n\n"
+            + "\n".join(_regime_reading(regime, [v for v in repro["verdicts"]
+                                                  if v["regime"] == regime])
+                        for regime in regimes))
+
+
+def _regime_reading(regime: str, verdicts: list[dict]) -> str:
+    """One line per regime: which claims hold, which go the other way, which are open, read
+    from the verdicts (for an unhealthy run, what the healthy seeds give)."""
+    groups: dict[str, list[str]] = {}
+    sick = sorted({v["reason"].partition("; on the ")[0].removeprefix("unhealthy runs of ")
+                   for v in verdicts if v["reason"].startswith("unhealthy runs of")})
+    for v in verdicts:
+        verdict = v["verdict"]
+        if v["reason"].startswith("unhealthy runs of"):
+            said = v["reason"].partition("healthy: ")[2]
+            verdict = next((k for k in ("not reproduced (inconclusive)", "does not hold",
+                                        "holds", "inconclusive") if said.startswith(k)),
+                           "inconclusive")
+        key = {"holds": "hold", "does not hold": "go the other way",
+               "not reproduced (inconclusive)": "are not reproduced (inconclusive)"}.get(
+            verdict, "stay inconclusive")
+        groups.setdefault(key, []).append(v["claim"])
+    parts = [f"{what}: {', '.join(ids)}" for what, ids in groups.items()]
+    where = (f" on the seeds where every compared run was healthy (unhealthy: "
+             f"{'; '.join(sick)})" if sick else "")
+    return f"* {regime}{where}: claims " + "; ".join(parts) + "."
 
 
 def _nearest_rows(rows: list[dict], column: str, targets: list[float]) -> list[dict]:

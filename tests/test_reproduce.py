@@ -164,6 +164,9 @@ def test_an_unhealthy_run_leaves_the_claim_inconclusive_and_says_what_the_health
     assert v["paired"]["estimate"] == pytest.approx(math.exp(mean))
     assert v["paired"]["low"] == pytest.approx(math.exp(mean - half))
     assert v["paired"]["seeds"] == 4 and v["paired"]["seeds_past"] == 4
+    # a loser that reached the target at its first evaluation is still marked
+    first = judge(PAIR, {"A": runs_a, "B": _runs([9, 10, 11, 12, 8], first=True)})
+    assert first["verdict"] == INCONCLUSIVE and PER_ROUND_COST in first["note"]
 
 
 def test_claims_against_a_constant():

@@ -65,8 +65,11 @@ def _text(value) -> str:
 
 # A prose table's columns share the page's width in proportion to their longest cell, counted
 # up to PROSE_CAP characters (a long statement wraps instead of starving the other columns),
-# plus PROSE_PAD for a cell's padding [D].
+# and never less than PROSE_WORD times its longest word (a character is wider than a share of the
+# width counted in characters, so a word like "inconclusive" was broken inside), plus PROSE_PAD
+# for a cell's padding [D].
 PROSE_CAP = 60
+PROSE_WORD = 1.4
 PROSE_PAD = 4
 
 
@@ -87,8 +90,9 @@ def _table(cells: list[list[str]], classes: list[str] | None = None,
     table = f'<thead><tr>{row("th", cells[0])}</tr></thead><tbody>{"".join(body)}</tbody>'
     if not prose:
         return f'<div class="scroll"><table>{table}</table></div>'
-    weights = [min(max(len(r[i]) for r in cells), PROSE_CAP) + PROSE_PAD
-               for i in range(len(cells[0]))]
+    weights = [max(min(max(len(r[i]) for r in cells), PROSE_CAP),
+                   PROSE_WORD * max(len(w) for r in cells for w in (r[i].split() or [""])))
+               + PROSE_PAD for i in range(len(cells[0]))]
     cols = "".join(f'<col style="width: {100 * w / sum(weights):.1f}%">' for w in weights)
     return f'<table class="prose"><colgroup>{cols}</colgroup>{table}</table>'
 

@@ -208,8 +208,9 @@ def judge(claim: Claim, runs: dict[str, list[dict]]) -> dict:
                 alone = _comparison(claim, kept, _measure(claim, kept))
                 verdict["reason"] += (f"; on the {len(healthy)} seeds where every compared run "
                                       f"was healthy: {alone['verdict']} ({alone['reason']})")
-                if "paired" in alone:
-                    verdict["paired"] = alone["paired"]
+                for key in ("paired", "note"):  # the estimate, the per-round-cost mark
+                    if key in alone:
+                        verdict[key] = alone[key]
         return verdict
     if claim.algorithm is not None:
         return {**out, **_against_constant(claim, measured[claim.algorithm])}
