@@ -167,10 +167,22 @@ def test_validate_runs_a_reproductions_pre_run_checks(tmp_path, capsys):
 
 
 def test_a_shipped_reproduction_validates_by_name(capsys):
-    code, out, err = cli(capsys, "validate", "seed002")
+    code, out, err = cli(capsys, "validate", "seed002-quick")
     assert code == 0, err
-    assert out.startswith("seed002: valid reproduction (8 claims) with tune file "
+    assert out.startswith("seed002-quick: valid reproduction (8 claims) with tune file "
                           "seed002-tune.yaml over 'seed002-digits28'"), out
+
+
+def test_the_fashionmnist_reproduction_without_its_data_names_the_package(capsys, monkeypatch):
+    """seed002 reads FashionMNIST where Debian's package puts it; on a machine without it,
+    validate (and reproduce) refuse in one line naming the package and data.root."""
+    from wirelessfl.learning import datasets
+
+    monkeypatch.setitem(datasets.DISTRIBUTION_ROOTS, "fashionmnist",
+                        ("/nonexistent/fashion-mnist", "dataset-fashion-mnist"))
+    code, _, err = cli(capsys, "validate", "seed002")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "apt-get install dataset-fashion-mnist" in err and "data.root" in err
 
 
 @pytest.mark.parametrize("command, given, kind, reader", [
