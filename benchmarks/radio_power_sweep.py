@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from wirelessfl.pipeline.build import build_world
+from wirelessfl.report.colours import algorithm_colours
 from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.results.summary import summarize
 from wirelessfl.scenario.loader import load_scenario
@@ -54,12 +55,16 @@ def sweep(powers: list[float]) -> list[dict]:
 
 
 def plot(rows: list[dict], path: str) -> None:
+    """The two panels, each algorithm in its colour of every other figure (report/colours.py:
+    the scenario's entries name the algorithms)."""
     frame = pd.DataFrame(rows)
+    entries = [(p.display_name, p.name) for p in load_scenario("radio-power-sweep").algorithms]
+    colour = algorithm_colours(entries, frame.algorithm)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for label, group in frame.groupby("algorithm", sort=False):
         group = group.sort_values("tx_power_dbm")
-        axes[0].plot(group.tx_power_dbm, group.time_to_target_s, "o-", label=label)
-        axes[1].plot(group.tx_power_dbm, group.energy_to_target_j, "o-", label=label)
+        for ax, column in zip(axes, ("time_to_target_s", "energy_to_target_j")):
+            ax.plot(group.tx_power_dbm, group[column], "o-", label=label, color=colour[label])
     for ax, name in zip(axes, ("simulated time to target [s]", "energy to target [J]")):
         ax.set_xlabel("device transmit power [dBm]")
         ax.set_ylabel(name)
@@ -77,10 +82,16 @@ def main() -> None:
     parser.add_argument("--powers", type=float, nargs="+", default=[23, 10, 0, -10, -20, -30, -35, -40])
     parser.add_argument("--out", default="benchmarks/radio_power_sweep.json")
     parser.add_argument("--figure", default="docs/img/radio_power_sweep.png")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="draw the figure from the recorded --out file, running nothing")
     args = parser.parse_args()
-    rows = sweep(args.powers)
-    with open(args.out, "w") as fh:
-        json.dump(rows, fh, indent=2, default=float)
+    if args.plot_only:
+        with open(args.out) as fh:
+            rows = json.load(fh)
+    else:
+        rows = sweep(args.powers)
+        with open(args.out, "w") as fh:
+            json.dump(rows, fh, indent=2, default=float)
     plot(rows, args.figure)
     print(f"wrote {args.out} and {args.figure}")
 
