@@ -318,6 +318,8 @@ def record_reproduction(key: str, name: str, study: Path | None = None,
             for file in CROSSOVER_FILES:
                 shutil.copyfile(tune / "crossover" / file, kept / file)
             shutil.copyfile(tune / "crossover" / "crossover.png", crossover_figure(key, regime))
+        samples = {t.name.removeprefix("tune").removeprefix("-"): _device_samples(t)
+                   for t in studies}  # read while a temporary study folder still exists
         first = studies[0].name.removeprefix("tune").removeprefix("-")
         if first:  # _study_facts reads the run counts of every study from the first's tune.json
             shutil.copyfile(out_dir / first / "tune.json", out_dir / "tune.json")
@@ -325,8 +327,7 @@ def record_reproduction(key: str, name: str, study: Path | None = None,
         "command": f"wirelessfl reproduce {name} --workers 2",
         "crossover_command": " ; ".join(
             f"wirelessfl crossover reproduced/{name}/{t.name}" for t in studies)})
-    facts["samples_per_device"] = {
-        t.name.removeprefix("tune").removeprefix("-"): _device_samples(t) for t in studies}
+    facts["samples_per_device"] = samples
     (out_dir / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
     if first:
         (out_dir / "tune.json").unlink()
