@@ -330,7 +330,21 @@ def test_regimes_judge_every_claim_in_each(tmp_path, capsys, in_process_runs):
 
 def test_reproduce_list_names_what_ships(capsys):
     code, out, _ = _cli(capsys, "reproduce", "--list")
-    assert code == 0 and "seed002" in out
+    assert code == 0 and "seed002" in out and "seed002-quick" in out
+
+
+def test_reproduce_list_shows_the_others_when_one_file_cannot_be_read(capsys, tmp_path,
+                                                                      monkeypatch):
+    from wirelessfl.scenario import catalog
+
+    bad, good = tmp_path / "bad.yaml", tmp_path / "good.yaml"
+    bad.write_text("title: a: b\n")
+    good.write_text("title: fine\n")
+    monkeypatch.setattr(catalog, "entries", lambda kind: {"bad": bad, "good": good})
+    code, out, _ = _cli(capsys, "reproduce", "--list")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].startswith("bad") and "cannot be read" in lines[0]
+    assert lines[1].split() == ["good", "fine"]
 
 
 def test_the_recorded_seed002_fashionmnist_reproduction_matches_its_files():

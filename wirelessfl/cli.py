@@ -247,8 +247,12 @@ def _cmd_reproduce(args) -> int:
     if args.list:
         from wirelessfl.scenario import catalog
 
-        for name, path in shipped().items():
-            doc = catalog.read_yaml(path, "reproduction file")
+        for name, path in shipped().items():  # one unreadable file does not hide the others
+            try:
+                doc = catalog.read_yaml(path, "reproduction file")
+            except UserError as err:
+                print(f"{name:<16} (cannot be read: {err})")
+                continue
             print(f"{name:<16} {doc.get('title', '') if isinstance(doc, dict) else ''}")
         return 0
     if not args.name:
