@@ -183,6 +183,32 @@ def test_a_sweep_stopped_midway_reruns_only_the_missing_runs(tmp_path, capsys):
     assert not [p for p in (out / "runs").iterdir() if p.name.startswith(".")]
 
 
+def test_a_stop_right_after_a_run_folder_is_published_still_records_that_run(tmp_path, capsys,
+                                                                           monkeypatch):
+    """SIGTERM between a run folder's publication and its entry's update (the window a slow
+    test hit by chance): runs.csv records the run as its folder says, complete, not pending."""
+    from wirelessfl.sweep import study
+
+    path = _write_sweep(tmp_path, {"grid": {"channel.uplink.tx_power_dbm": [0, 23]},
+                                   "seeds": [0]})
+    out = tmp_path / "out"
+    publish = study.publish_folder
+
+    def publish_then_stop(files, folder):
+        publish(files, folder)
+        raise KeyboardInterrupt("SIGTERM")
+
+    monkeypatch.setattr(study, "publish_folder", publish_then_stop)
+    with runs_in_this_process():
+        code, _, err = _cli(capsys, "sweep", path, "--out", out, "--workers", "1", "--quiet",
+                            "--no-compare")
+    assert code == 130, err
+    table = pd.read_csv(out / "runs.csv")
+    assert len(_finished(out)) == 1
+    assert sorted(table[table.status == "complete"].run) == sorted(_finished(out))
+    assert set(table.status) == {"complete", "pending"}
+
+
 @pytest.mark.slow
 def test_killed_sweep_reruns_only_the_missing_runs(tmp_path, capsys):
     path = _write_sweep(tmp_path, {"grid": {"channel.uplink.tx_power_dbm": [0, 10, 23]},

@@ -92,6 +92,20 @@ def _write(out: Path, sweep: Sweep, entries: list[dict], executor: dict) -> None
     write_csv(out / TABLE, table)
 
 
+def _reconcile(sweep: Sweep, by_run: dict[str, dict], runs_dir: Path) -> None:
+    """Entries whose run folder is in place and finished, but which a stop (Ctrl-C, SIGTERM)
+    caught between the folder's publication and the entry's update, are recorded as that
+    folder says: runs.csv never lists as pending a run whose folder holds its results."""
+    for point in sweep.points:
+        entry = by_run[point.run_id]
+        if entry["status"] in FINISHED or not (runs_dir / point.run_id).is_dir():
+            continue
+        finished, _ = _finished_run(runs_dir / point.run_id, point)
+        if finished:
+            manifest = json.loads((runs_dir / point.run_id / "manifest.json").read_text())
+            entry["status"] = manifest.get("status", "complete")
+
+
 def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str | None = None,
               quiet: bool = False, threads: int | None = None) -> SweepCounts:
     """Run every unfinished point of ``sweep`` into ``out``; the table is rewritten (atomically)
@@ -184,5 +198,6 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
     finally:
         results.close()  # stops the workers now, whatever ended the loop (Ctrl-C, SIGTERM)
         bar.close()
+        _reconcile(sweep, by_run, runs_dir)
         _write(Path(out), sweep, entries, info)
     return SweepCounts(len(entries), skipped, len(tasks), failed)
