@@ -252,15 +252,17 @@ def record_tune(key: str, name: str) -> dict:
     return _study_facts(out_dir, host_s, {"command": f"wirelessfl tune {name} --workers 2"})
 
 
-def _study_facts(out_dir: Path, host_s: float, commands: dict) -> dict:
-    """Write and return ``facts.json`` of a recorded study (its tune.json beside it): the
-    commands, the date, the host time, the versions and whether any run failed."""
-    manifest = json.loads((out_dir / "tune.json").read_text())
+def _study_facts(out_dir: Path, host_s: float, commands: dict, studies: list[Path] = (),
+                 **more) -> dict:
+    """Write and return ``facts.json`` of a recorded study: the commands, the date, the host
+    time, the versions and whether any run failed, from the tune.json of each of ``studies``
+    (default: the one kept in ``out_dir``), and ``more``."""
+    manifests = [json.loads((s / "tune.json").read_text()) for s in studies or [out_dir]]
+    failed = any(r["failed"] for m in manifests for r in m["runs"].values())
     facts = {**commands, "recorded": datetime.date.today().isoformat(),
              "host_s": round(host_s, 1), "cpus": os.cpu_count(),
-             "versions": manifest["versions"],
-             "status": "complete" if not any(r["failed"] for r in manifest["runs"].values())
-             else "failed runs"}
+             "versions": manifests[0]["versions"],
+             "status": "failed runs" if failed else "complete", **more}
     (out_dir / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
     return facts
 
@@ -318,24 +320,14 @@ def record_reproduction(key: str, name: str, study: Path | None = None,
             for file in CROSSOVER_FILES:
                 shutil.copyfile(tune / "crossover" / file, kept / file)
             shutil.copyfile(tune / "crossover" / "crossover.png", crossover_figure(key, regime))
-        samples = {t.name.removeprefix("tune").removeprefix("-"): _device_samples(t)
-                   for t in studies}  # read while a temporary study folder still exists
-        first = studies[0].name.removeprefix("tune").removeprefix("-")
-        if first:  # _study_facts reads the run counts of every study from the first's tune.json
-            shutil.copyfile(out_dir / first / "tune.json", out_dir / "tune.json")
-    facts = _study_facts(out_dir, host_s, {
-        "command": f"wirelessfl reproduce {name} --workers 2",
-        "crossover_command": " ; ".join(
-            f"wirelessfl crossover reproduced/{name}/{t.name}" for t in studies)})
-    facts["samples_per_device"] = samples
-    (out_dir / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
-    if first:
-        (out_dir / "tune.json").unlink()
-        failed = any(r["failed"] for t in studies
-                     for r in json.loads((t / "tune.json").read_text())["runs"].values())
-        facts["status"] = "failed runs" if failed else "complete"
-        (out_dir / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
-    return facts
+        # read while a temporary study folder still exists
+        return _study_facts(out_dir, host_s, {
+            "command": f"wirelessfl reproduce {name} --workers 2",
+            "crossover_command": " ; ".join(
+                f"wirelessfl crossover reproduced/{name}/{t.name}" for t in studies)},
+            studies, samples_per_device={
+                t.name.removeprefix("tune").removeprefix("-"): _device_samples(t)
+                for t in studies})
 
 
 def _device_samples(study: Path) -> dict:

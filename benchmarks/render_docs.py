@@ -392,6 +392,14 @@ for _regime in ("shirt-sneaker", "ten-class"):
 def seed002_fashionmnist_verdicts() -> str:
     """Every claim's verdict in each regime side by side: where DZOFL's advantage holds and
     where it ends."""
+    from wirelessfl.tune.claims import (
+        PER_ROUND_COST,
+        UNHEALTHY,
+        decided_by_round_cost,
+        healthy_seeds_verdict,
+        unhealthy_part,
+    )
+
     repro = _json(f"{SEED002_FASHION}/reproduce.json")
     f = _json(f"{SEED002_FASHION}/facts.json")
     regimes = [r["name"] for r in repro["reproduction"]["regimes"]]
@@ -405,15 +413,13 @@ def seed002_fashionmnist_verdicts() -> str:
                 cells.append("(not judged here)")
                 continue
             text = v["verdict"]
-            reason = str(v.get("reason", ""))
-            if reason.startswith("unhealthy runs of"):  # what the healthy seeds say beside it
-                sick, _, rest = reason.partition("; on the ")
-                said = rest.partition("healthy: ")[2]
-                healthy = next((k for k in ("not reproduced (inconclusive)", "does not hold",
-                                            "holds", "inconclusive") if said.startswith(k)), "")
-                text += f" ({sick}" + (f"; the others: {healthy}" if healthy else "") + ")"
-            if str(v.get("note", "")).startswith("decided by per-round cost alone"):
-                text += " (decided by per-round cost alone)"
+            sick = unhealthy_part(v)
+            if sick is not None:  # what the healthy seeds say beside it
+                healthy = healthy_seeds_verdict(v)
+                text += (f" ({UNHEALTHY} {sick}"
+                         + (f"; the others: {healthy}" if healthy else "") + ")")
+            if decided_by_round_cost(v):
+                text += f" ({PER_ROUND_COST})"
             paired = v.get("paired")
             if paired:
                 text += (f"; paired {g3(paired['estimate'])}, {paired['seeds_past']} of "
@@ -432,16 +438,14 @@ def seed002_fashionmnist_verdicts() -> str:
 def _regime_reading(regime: str, verdicts: list[dict]) -> str:
     """One line per regime: which claims hold, which go the other way, which are open, read
     from the verdicts (for an unhealthy run, what the healthy seeds give)."""
+    from wirelessfl.tune.claims import healthy_seeds_verdict, unhealthy_part
+
     groups: dict[str, list[str]] = {}
-    sick = sorted({v["reason"].partition("; on the ")[0].removeprefix("unhealthy runs of ")
-                   for v in verdicts if v["reason"].startswith("unhealthy runs of")})
+    sick = sorted({part for v in verdicts if (part := unhealthy_part(v)) is not None})
     for v in verdicts:
         verdict = v["verdict"]
-        if v["reason"].startswith("unhealthy runs of"):
-            said = v["reason"].partition("healthy: ")[2]
-            verdict = next((k for k in ("not reproduced (inconclusive)", "does not hold",
-                                        "holds", "inconclusive") if said.startswith(k)),
-                           "inconclusive")
+        if unhealthy_part(v) is not None:
+            verdict = healthy_seeds_verdict(v) or "inconclusive"
         key = {"holds": "hold", "does not hold": "go the other way",
                "not reproduced (inconclusive)": "are not reproduced (inconclusive)"}.get(
             verdict, "stay inconclusive")

@@ -36,6 +36,7 @@ from wirelessfl.results.compare import mean_ci
 from wirelessfl.tune.objectives import OBJECTIVES
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+UNHEALTHY = "unhealthy runs of"
 NOT_REPRODUCED = "not reproduced (inconclusive)"
 PER_ROUND_COST = "decided by per-round cost alone"
 VERDICTS = (HOLDS, FAILS, INCONCLUSIVE, NOT_REPRODUCED)
@@ -133,6 +134,11 @@ class Claim(BaseModel):
     def methods(self) -> list[str]:
         return [m for m in (self.winner, self.loser, self.algorithm) if m is not None]
 
+    def judged_in(self, regime: str) -> bool:
+        """Whether the claim is judged in the reproduction's regime ``regime`` ("" for one
+        without regimes)."""
+        return self.regimes is None or regime in self.regimes
+
     @property
     def column(self) -> str:
         """The runs-table column of this claim's metric (one per metric and target)."""
@@ -199,15 +205,15 @@ def judge(claim: Claim, runs: dict[str, list[dict]]) -> dict:
     if unhealthy:
         sick = "; ".join(f"{m} (seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))})"
                          for m in unhealthy if (s := _unhealthy_seeds(runs.get(m, []))))
-        verdict = {**out, "verdict": INCONCLUSIVE, "reason": f"unhealthy runs of {sick}"}
+        verdict = {**out, "verdict": INCONCLUSIVE, "reason": f"{UNHEALTHY} {sick}"}
         if claim.algorithm is None:  # what the seeds on which every run was healthy say
             healthy = _healthy_seeds(claim, runs)
             if len(healthy) >= 2:
                 kept = {m: [g for i, g in enumerate(runs.get(m, []))
                             if g.get("seed", i) in healthy] for m in claim.methods}
                 alone = _comparison(claim, kept, _measure(claim, kept))
-                verdict["reason"] += (f"; on the {len(healthy)} seeds where every compared run "
-                                      f"was healthy: {alone['verdict']} ({alone['reason']})")
+                verdict["reason"] += (f"{_HEALTHY_SEEDS[0]}{len(healthy)}{_HEALTHY_SEEDS[1]}"
+                                      f"{alone['verdict']} ({alone['reason']})")
                 for key in ("paired", "note"):  # the estimate, the per-round-cost mark
                     if key in alone:
                         verdict[key] = alone[key]
@@ -215,6 +221,34 @@ def judge(claim: Claim, runs: dict[str, list[dict]]) -> dict:
     if claim.algorithm is not None:
         return {**out, **_against_constant(claim, measured[claim.algorithm])}
     return {**out, **_comparison(claim, runs, measured)}
+
+
+# How an unhealthy verdict's reason names what the healthy seeds give (read back below).
+_HEALTHY_SEEDS = ("; on the ", " seeds where every compared run was healthy: ")
+
+
+def unhealthy_part(verdict: dict) -> str | None:
+    """The methods and seeds of a verdict's unhealthy runs ("DZOFL (seed 2)"), or None."""
+    reason = str(verdict.get("reason", ""))
+    if not reason.startswith(UNHEALTHY):
+        return None
+    return reason.partition(_HEALTHY_SEEDS[0])[0].removeprefix(UNHEALTHY).strip()
+
+
+def healthy_seeds_verdict(verdict: dict) -> str | None:
+    """For a verdict left inconclusive by an unhealthy run: the verdict of the seeds on which
+    every compared run was healthy, or None when there is none (or nothing was unhealthy)."""
+    if unhealthy_part(verdict) is None:
+        return None
+    said = str(verdict["reason"]).partition(_HEALTHY_SEEDS[1])[2]
+    return next((v for v in (NOT_REPRODUCED, FAILS, HOLDS, INCONCLUSIVE) if said.startswith(v)),
+                None)
+
+
+def decided_by_round_cost(verdict: dict) -> bool:
+    """Whether the verdict carries the per-round-cost mark (its loser reached the target at its
+    first evaluation)."""
+    return str(verdict.get("note", "")).startswith(PER_ROUND_COST)
 
 
 def _measure(claim: Claim, runs: dict[str, list[dict]]) -> dict:

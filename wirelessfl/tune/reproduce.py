@@ -22,7 +22,7 @@ from wirelessfl.results.summary import TERMINAL_WIDTH, text_table
 from wirelessfl.scenario import catalog
 from wirelessfl.scenario.loader import format_validation_error, refuse_other_kind
 from wirelessfl.scenario.names import safe_name, validated_name
-from wirelessfl.tune.claims import PER_ROUND_COST, Claim, judge
+from wirelessfl.tune.claims import PER_ROUND_COST, Claim, decided_by_round_cost, judge
 from wirelessfl.tune.objectives import OBJECTIVES, score
 from wirelessfl.tune.spec import Tune, load_tune
 from wirelessfl.tune.study import TuneResult, run_tune
@@ -198,7 +198,7 @@ def run_reproduction(repro: Reproduction, out: Path, executor: str, workers: int
                    "healthy": outcome["healthy"], "health": outcome["health"],
                    "run": outcome.get("run", "")}
             for claim in repro.spec.claims:
-                if claim.regimes is None or regime in claim.regimes:
+                if claim.judged_in(regime):
                     row[claim.column], row[f"{claim.column} first"] = _metric(claim, outcome)
             rows.append(row)
     runs = pd.DataFrame(rows)
@@ -224,7 +224,7 @@ def judge_regime(repro: Reproduction, runs: pd.DataFrame, regime: str) -> list[d
     mine = runs[runs.regime == regime] if len(runs) else runs
     verdicts = []
     for claim in repro.spec.claims:
-        if claim.regimes is not None and regime not in claim.regimes:
+        if not claim.judged_in(regime):
             continue
         by_method = {}
         for method, group in mine.groupby("method", sort=False):
@@ -292,7 +292,7 @@ def verdict_cells(verdicts: list[dict]) -> list[list[str]]:
         where = f" ({v['where']})" if v.get("where") else ""
         why = "; ".join(str(t) for t in (v["reason"], v.get("note")) if t)
         verdict = v["verdict"]
-        if str(v.get("note", "")).startswith(PER_ROUND_COST):
+        if decided_by_round_cost(v):
             verdict = f"{verdict} ({PER_ROUND_COST})"
         metric = v["metric"] + (f" at {v['target']}" if v.get("target") else "")
         measured = "; ".join(parts) + (f"; {paired_text(v)}" if v.get("paired") else "")
