@@ -16,7 +16,12 @@ import yaml
 from tests.conftest import cli as _cli
 from tests.conftest import tiny_tune_file
 from wirelessfl.tune.objectives import OBJECTIVES
-from wirelessfl.tune.select import edge_warnings, summarize_configurations
+from wirelessfl.tune.select import (
+    choice_warnings,
+    edge_warnings,
+    grid_neighbours,
+    summarize_configurations,
+)
 from wirelessfl.tune.spec import Range
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -61,6 +66,46 @@ def test_ranking_matches_the_rules_worked_by_hand():
     # a to-target mean over the lucky seeds is not reported (C reached 1 of 2)
     assert math.isnan(table[table.config == 2].value_mean.iloc[0])
     assert table[table.config == 3].health.iloc[0] == "D loss grew"
+
+
+def test_grid_neighbours_are_one_numeric_step_along_one_parameter():
+    """A 3 x 2 grid (alpha0 x gamma0, grid order alpha0-major) and a categorical axis that makes
+    no neighbours: worked by hand."""
+    spaces = {"alpha0": {"values": [10.0, 20.0, 40.0]}, "gamma0": {"values": [0.1, 0.05]},
+              "mode": {"values": ["a"]}}
+    grid = [{"alpha0": a, "gamma0": g, "mode": "a"} for a in (10.0, 20.0, 40.0)
+            for g in (0.1, 0.05)]
+    near = grid_neighbours(grid, spaces)
+    # index: 0 (10, .1) 1 (10, .05) 2 (20, .1) 3 (20, .05) 4 (40, .1) 5 (40, .05); gamma0's
+    # steps follow the values' order, not the order they were listed in
+    assert near == {0: [1, 2], 1: [0, 3], 2: [0, 3, 4], 3: [1, 2, 5], 4: [2, 5], 5: [3, 4]}
+
+
+def test_stability_margin_backs_off_from_a_neighbour_of_divergence():
+    """Steps 1, 2, 4, 8 (one parameter): 8 diverged on a seed, 4 is cheapest but its neighbour
+    8 was unhealthy, so with the margin 2 is chosen (its neighbours 1 and 4 were healthy);
+    without it 4 is. When every healthy configuration lacks the margin, the choice warns."""
+    rows = []
+    for config, (value, healthy) in enumerate([(9.0, True), (5.0, True), (3.0, True),
+                                               (1.0, False)]):
+        for seed in range(2):
+            ok = healthy or seed == 0
+            rows.append(["X", config, seed, value, True, 0.9, ok, "ok" if ok else "grew"])
+    energy = OBJECTIVES["energy_to_target"]
+    plain = summarize_configurations(_outcomes(rows), energy)
+    assert plain[plain.chosen].config.iloc[0] == 2 and "margin" not in plain
+    near = {"X": grid_neighbours([{"step": s} for s in (1, 2, 4, 8)],
+                                 {"step": {"values": [1, 2, 4, 8]}})}
+    table = summarize_configurations(_outcomes(rows), energy, near)
+    assert list(table.margin) == [True, True, False, False]
+    assert list(table["rank"]) == [2, 1, 3, 4]  # margin first: 2 (5 J), 1 (9 J); then 4; 8
+    assert choice_warnings("X", table[table.chosen].iloc[0], energy) == []
+    # only two configurations, the healthy one next to the diverging one: chosen, with a warning
+    two = summarize_configurations(_outcomes([r for r in rows if r[1] >= 2]), energy,
+                                   {"X": {2: [3], 3: [2]}})
+    chosen = two[two.chosen].iloc[0]
+    assert chosen.config == 2 and not chosen.margin
+    assert "one step from divergence" in choice_warnings("X", chosen, energy)[0]
 
 
 def test_final_objectives_rank_larger_accuracy_first():

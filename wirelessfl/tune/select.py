@@ -3,6 +3,9 @@
 Each configuration is summarised over its tuning seeds and ranked (docs/tuning.md):
 
 1. configurations healthy on every seed before any that was unhealthy, diverged or failed on one;
+   with the tune file's ``stability_margin``, then those whose grid neighbours (one step along
+   one numeric parameter: ``grid_neighbours``) were healthy on every seed too, so the choice
+   is never a setting one grid step from divergence [D];
 2. for a to-target objective, those that reached the target on more seeds first;
 3. then by the objective's mean over the seeds (when it reached the target on all of them);
 4. then by how close they came to the target (mean best accuracy, or -log10 of the best f - f*);
@@ -22,11 +25,40 @@ from wirelessfl.results.compare import mean_ci
 from wirelessfl.tune.objectives import Objective
 
 
-def summarize_configurations(outcomes: pd.DataFrame, objective: Objective) -> pd.DataFrame:
+def grid_neighbours(grid: list[dict], spaces: dict[str, dict]) -> dict[int, list[int]]:
+    """For each configuration of one algorithm's grid (its parameter values, in grid order),
+    the indices of those one step away: the same values but one numeric parameter's, which is
+    the next smaller or larger value tried. Non-numeric parameters make no neighbours."""
+    steps = {}
+    for param, info in spaces.items():
+        values = info["values"]
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            ordered = sorted(values)
+            steps[param] = {v: {ordered[i - 1] if i else None,
+                                ordered[i + 1] if i + 1 < len(ordered) else None} - {None}
+                            for i, v in enumerate(ordered)}
+    where = {tuple(sorted(values.items())): index for index, values in enumerate(grid)}
+    out = {}
+    for index, values in enumerate(grid):
+        near = []
+        for param, adjacent in steps.items():
+            for other in sorted(adjacent[values[param]]):
+                key = tuple(sorted({**values, param: other}.items()))
+                if key in where:
+                    near.append(where[key])
+        out[index] = sorted(near)
+    return out
+
+
+def summarize_configurations(outcomes: pd.DataFrame, objective: Objective,
+                             neighbours: dict[str, dict[int, list[int]]] | None = None
+                             ) -> pd.DataFrame:
     """One row per (algorithm, configuration) of ``outcomes`` (one row per tuning run with
     columns algorithm, config, seed, value, reached, closeness, healthy, health), with
     ``seeds``, ``reached``, ``healthy``, ``value_mean``, ``value_ci95``, ``closeness_mean``,
-    ``rank`` (1 = best within its algorithm) and ``chosen``."""
+    ``rank`` (1 = best within its algorithm) and ``chosen``. With ``neighbours`` (algorithm ->
+    ``grid_neighbours``: the stability margin), also ``margin``: the configuration and every
+    grid neighbour were healthy on every seed, which ranks right after its own health."""
     rows = []
     for (algorithm, config), group in outcomes.groupby(["algorithm", "config"], sort=False):
         n = len(group)
@@ -45,6 +77,12 @@ def summarize_configurations(outcomes: pd.DataFrame, objective: Objective) -> pd
     table = pd.DataFrame(rows)
     if table.empty:
         return table.assign(rank=[], chosen=[])
+    if neighbours is not None:
+        sound = {(a, c) for a, c, h, n in zip(table.algorithm, table.config, table.healthy,
+                                              table.seeds) if h == n}
+        table["margin"] = [(a, c) in sound and all((a, other) in sound
+                                                   for other in neighbours.get(a, {}).get(c, []))
+                           for a, c in zip(table.algorithm, table.config)]
     table["sort_key"] = [rank_key(r, objective) for r in table.itertuples()]
     ranked = []
     for _, group in table.groupby("algorithm", sort=False):
@@ -59,10 +97,11 @@ def summarize_configurations(outcomes: pd.DataFrame, objective: Objective) -> pd
 def rank_key(row, objective: Objective) -> tuple:
     """The sorting key of one configuration's summary row (smaller ranks first)."""
     unhealthy = 0 if row.healthy == row.seeds else 1
+    no_margin = 0 if getattr(row, "margin", True) else 1
     reached_share = row.reached / row.seeds if objective.to_target else 0.0
     value = objective.sign * row.value_mean if math.isfinite(row.value_mean) else math.inf
     near = row.closeness_mean if math.isfinite(row.closeness_mean) else -math.inf
-    return (unhealthy, -reached_share, value, -near, row.config)
+    return (unhealthy, no_margin, -reached_share, value, -near, row.config)
 
 
 def edge_warnings(label: str, chosen: dict, spaces: dict[str, dict]) -> list[str]:
@@ -87,6 +126,10 @@ def choice_warnings(label: str, row, objective: Objective) -> list[str]:
     if row.healthy < row.seeds:
         out.append(f"{label}: every configuration was unhealthy on some tuning seed ({row.health});"
                    " the choice is the least bad: change the grid")
+    if row.healthy == row.seeds and not getattr(row, "margin", True):
+        out.append(f"{label}: every configuration healthy on the tuning seeds had a grid "
+                   "neighbour that was not (stability_margin); the choice may sit one step from "
+                   "divergence: add smaller values")
     if objective.to_target and row.reached < row.seeds:
         out.append(f"{label}: no configuration reached the target on every tuning seed "
                    f"(the choice reached it on {row.reached} of {row.seeds}); give it more "

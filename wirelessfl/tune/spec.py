@@ -97,6 +97,11 @@ class TuneFile(BaseModel):
         True, description="tuning runs end as soon as their loss has grown past the health "
                           "limit (they rank below every healthy configuration whatever follows); "
                           "evaluation runs go on to their last round")
+    stability_margin: bool = Field(
+        False, description="choose only among configurations whose grid neighbours (one step "
+                           "along one numeric parameter) were healthy on every tuning seed too, "
+                           "when any is: a step one grid point from divergence on the tuning "
+                           "seeds may diverge on a fresh seed [D]")
     compare_untuned: bool = Field(
         True, description="also evaluate every algorithm at the scenario's own (untuned) "
                           "setting, beside the tuned one")

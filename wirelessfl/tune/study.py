@@ -27,6 +27,7 @@ from wirelessfl.tune.objectives import score
 from wirelessfl.tune.select import (
     choice_warnings,
     edge_warnings,
+    grid_neighbours,
     summarize_configurations,
 )
 from wirelessfl.tune.spec import UNTUNED_SUFFIX, Tune
@@ -172,7 +173,11 @@ def run_tune(tune: Tune, out: Path, executor: str, workers: int, address: str | 
                      "run": rid, **{k: got[k] for k in ("value", "reached", "closeness",
                                                         "healthy", "health")}})
     outcomes = pd.DataFrame(rows)
-    table = summarize_configurations(outcomes, objective)
+    neighbours = None
+    if tune.spec.stability_margin:
+        neighbours = {label: grid_neighbours([c.values for c in grid], tune.spaces[label])
+                      for label, grid in tune.grids.items()}
+    table = summarize_configurations(outcomes, objective, neighbours)
     params = {c.key: c.values for grid in tune.grids.values() for c in grid}
     names = list(dict.fromkeys(p for grid in tune.spaces.values() for p in grid))
     for name in names:
