@@ -93,6 +93,11 @@ TEST_SAMPLES = 2_000  # [D] test set of the synthetic cases (evaluated outside t
 TEST_FRACTION = 0.25  # data.test_fraction's default
 SYNTHETIC = {"num_features": 64, "num_classes": 10, "informative": 16}
 QUICK_MAX_DEVICES = 1_000  # --quick: populations up to this size
+# [D] the model-size axis: MLPs 64-[hidden]-10 on the synthetic data, 100 clients all taking part,
+# d = 1,210 ... 8,546,314 (about 10^3 to 10^7); fewer rounds as a round grows (>= 2 timed)
+SIZE_AXIS = ((16,), (256,), (1024,), (1024, 1024), (2048, 2048, 2048))  # (64,): mlp_synthetic_n100_k100
+QUICK_MAX_PARAMETERS = 100_000  # --quick: sizes up to this d
+SIZE_LR = 0.05
 # [D] agreement: float32 summation order over a few rounds stays well inside 1e-4 (relative);
 # final test losses of the two simulators within 10 % of the loss at theta_0 of each other.
 EQUIVALENCE_RTOL = 1e-4
@@ -141,6 +146,18 @@ def case_specs(quick: bool = False) -> list[dict]:
          "sampled": 10, "rounds": 12, "data": cnn["data"], "model": cnn["model"],
          "lr": cnn["algorithm"]["lr"]},
     ]
+    for hidden in SIZE_AXIS:
+        d = mlp_parameters(SYNTHETIC["num_features"], hidden, SYNTHETIC["num_classes"])
+        if quick and d > QUICK_MAX_PARAMETERS:
+            continue
+        rounds = 8 if d <= 100_000 else 4 if d <= 2_000_000 else 3
+        widths = "-".join(str(w) for w in (SYNTHETIC["num_features"], *hidden,
+                                           SYNTHETIC["num_classes"]))
+        specs.append({"case": f"mlp_size_d{d}", "title": f"MLP {widths} (d = {d:,}), 100 "
+                                                          "clients all taking part (synthetic)",
+                      "registered": 100, "sampled": 100, "rounds": rounds, "d": d,
+                      "data": synthetic_data(100), "model": {"name": "mlp", "hidden": list(hidden)},
+                      "lr": SIZE_LR})
     populations = ((100, 100, 20), (1_000, 100, 10), (10_000, 100, 5), (100_000, 100, 4),
                    (100_000, 1_000, 4), (1_000_000, 100, 4), (1_000_000, 1_000, 4))
     for registered, sampled, rounds in populations:
@@ -153,6 +170,12 @@ def case_specs(quick: bool = False) -> list[dict]:
                       "data": synthetic_data(registered), "model": {"name": "mlp", "hidden": [64]},
                       "lr": 0.1})
     return specs
+
+
+def mlp_parameters(features: int, hidden: tuple[int, ...], classes: int) -> int:
+    """d of the MLP features-[hidden]-classes (weights and biases)."""
+    widths = (features, *hidden, classes)
+    return sum(a * b + b for a, b in itertools.pairwise(widths))
 
 
 def equivalence_spec() -> dict:
@@ -494,15 +517,19 @@ def machine_facts(threads: dict) -> dict:
             "torch": torch.__version__, "pfl": pfl_version()}
 
 
-def summary(results: list[dict], equivalence: dict | None, peak: float, args) -> dict:
-    """The JSON written to --out."""
+def summary(results: list[dict], equivalence: dict | None, peak: float, args,
+            load_before: float) -> dict:
+    """The JSON written to --out; ``load_before``: the 1-minute load average at the start (the
+    machine's own load is recorded with the timings: they need a quiet machine)."""
     for row in results:
         rates = row["achieved_gflops"]
         row["peak_fraction"] = {k: (v / peak if v else None) for k, v in rates.items()}
+    machine = machine_facts({"wirelessfl": args.threads, "pfl": args.pfl_threads})
+    machine["load_average"] = [load_before, os.getloadavg()[0]]
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "benchmarks/bench_peers.py " + " ".join(sys.argv[1:]),
-        "machine": machine_facts({"wirelessfl": args.threads, "pfl": args.pfl_threads}),
+        "machine": machine,
         "settings": {"local_steps": LOCAL_STEPS, "batch_size": BATCH_SIZE,
                      "quantization_bits": FULL_PRECISION_BITS, "channel": PERFECT_CHANNEL,
                      "energy": ENERGY, "seed": SEED, "samples_per_device": SAMPLES_PER_DEVICE,
@@ -575,6 +602,7 @@ def main() -> None:
         specs = [s for s in case_specs() if s["case"] in args.only]
     import torch
 
+    load_before = os.getloadavg()[0]
     torch.set_num_threads(args.threads)
     bench_rounds = _bench_rounds()
     peak = bench_rounds.matmul_peak_gflops(threads=args.threads)
@@ -599,7 +627,7 @@ def main() -> None:
         with contextlib.suppress(OSError):
             shutil.rmtree(work)
     with open(args.out, "w") as fh:
-        json.dump(summary(results, equivalence, peak, args), fh, indent=2)
+        json.dump(summary(results, equivalence, peak, args, load_before), fh, indent=2)
     print(f"wrote {args.out}")
 
 

@@ -39,9 +39,22 @@ def test_the_cases_are_the_issues_table_plus_the_cross_device_populations():
         (1_000_000, 1_000, "mlp", "synthetic")}
     assert all(s["rounds"] >= 3 for s in specs)  # round 1 is a warm-up; at least 2 timed
     quick = peers.case_specs(quick=True)
-    assert [s["case"] for s in quick] == [s["case"] for s in specs
-                                          if s["registered"] <= peers.QUICK_MAX_DEVICES]
-    assert len(quick) == 5
+    assert [s["case"] for s in quick] == [
+        s["case"] for s in specs if s["registered"] <= peers.QUICK_MAX_DEVICES
+        and s.get("d", 0) <= peers.QUICK_MAX_PARAMETERS]
+    assert len(quick) == 8
+
+
+def test_the_model_size_axis_spans_a_thousand_to_ten_million_parameters():
+    """d of 64-[hidden]-10 by hand: 64*16+16 + 16*10+10 = 1,210; 64*2048+2048 + 2*(2048*2048+
+    2048) + 2048*10+10 = 8,546,314. With mlp_synthetic_n100_k100 (64-64-10, d = 4,810) the axis
+    has a point in every decade from 10^3 to 10^7, every one 100 clients all taking part."""
+    sizes = [s for s in peers.case_specs() if s["case"].startswith("mlp_size_")]
+    assert [s["d"] for s in sizes] == [1_210, 19_210, 76_810, 1_126_410, 8_546_314]
+    assert all((s["registered"], s["sampled"]) == (100, 100) for s in sizes)
+    assert peers.mlp_parameters(64, (64,), 10) == 4_810
+    built = peers.scenario_doc(sizes[0])["model"]
+    assert built == {"name": "mlp", "hidden": [16]}
 
 
 def test_synthetic_data_holds_20_samples_a_device_up_to_the_shared_cap():
@@ -148,7 +161,7 @@ def test_the_result_file_has_medians_ratio_rates_checks_and_nulls_for_failures()
         threads, pfl_threads, repeats, case_timeout, quick = 2, 2, 3, 600.0, False
         simulators = peers.SIMULATORS
 
-    out = peers.summary([ok, failed], None, peak=100.0, args=Args)
+    out = peers.summary([ok, failed], None, peak=100.0, args=Args, load_before=0.5)
     json.dumps(out)  # serialisable
     assert set(out) == {"date", "command", "machine", "settings", "matmul_peak_gflops",
                         "equivalence", "cases"}

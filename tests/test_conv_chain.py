@@ -1,4 +1,5 @@
-"""The layer-by-layer pass of convolutional chains (learning/conv_chain.py) against
+"""The layer-by-layer pass of chains (learning/conv_chain.py: convolutional, and MLPs, which
+have no convolutional head) against
 ordinary autograd through the torch module (``FlatModel.forward``: functional_call in
 channels-last layout, the per-device path the chain replaces): losses, gradients, local SGD,
 full-data gradients and shared-model predictions must be EXACTLY equal (shipped results depend on every bit), with short
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from wirelessfl.host import threads
+from wirelessfl.learning import stacked
 from wirelessfl.learning.conv_chain import VECTOR_FLOATS, ConvChain
 from wirelessfl.learning.flat_model import FlatModel
 from wirelessfl.learning.models import build_model
@@ -107,7 +109,16 @@ MODELS = {
     "odd chain, 1x13x13": lambda: (Odd((1, 13, 13), 3), (1, 13, 13)),
     "odd chain, 2x13x13": lambda: (Odd((2, 13, 13), 3), (2, 13, 13)),
     "unfilled chain, 1x14x14": lambda: (Unfilled((1, 14, 14), 3), (1, 14, 14)),
+    # no convolution: run device by device only when large (stacked.PER_DEVICE_MIN_PARAMETERS,
+    # lowered to 0 for these tests), a two-layer tail on features and on flattened images
+    "mlp, 12 features": lambda: (build_model("mlp", (12,), 3, hidden=(7, 5), seed=2), (12,)),
+    "mlp, 2x5x5": lambda: (build_model("mlp", (2, 5, 5), 3, hidden=(9,), seed=2), (2, 5, 5)),
 }
+
+
+@pytest.fixture(autouse=True)
+def _mlps_device_by_device(monkeypatch):
+    monkeypatch.setattr(stacked, "PER_DEVICE_MIN_PARAMETERS", 0)
 
 
 def perturbed(ev, scale=0.05, count=5):
@@ -238,7 +249,18 @@ class UnusedParameter(Odd):
 def test_models_outside_the_chain_shape_keep_autograd(cls):
     assert ConvChain.of(FlatModel(cls((1, 13, 13), 3))) is None
     assert ConvChain.of(FlatModel(Odd((1, 13, 13), 3))) is not None
-    assert ConvChain.of(FlatModel(build_model("mlp", (12,), 3))) is None
+    assert ConvChain.of(FlatModel(build_model("mlp", (12,), 3))) is not None  # no head
+
+
+def test_small_mlps_stay_stacked_and_large_ones_run_device_by_device(monkeypatch):
+    """The strategy follows the model's size alone: the same scenario always takes the same
+    arithmetic path."""
+    monkeypatch.setattr(stacked, "PER_DEVICE_MIN_PARAMETERS", 100)
+    small = evaluator(build_model("mlp", (12,), 3, hidden=(4,), seed=2), (12,))
+    large = evaluator(build_model("mlp", (12,), 3, hidden=(9,), seed=2), (12,))
+    assert small.flat.d < 100 <= large.flat.d
+    assert small.stacked.strategy == "linear" and small.stacked.chain is None
+    assert large.stacked.strategy == "per-device" and large.stacked.chain is not None
 
 
 @pytest.mark.parametrize("faster", [True, False])
@@ -264,8 +286,8 @@ def test_padded_input_gradient_keeps_autograd_bits(name, faster, monkeypatch):
     assert torch.equal(sgd, torch.cat([m for _, m in ev.local_sgd(theta, idx=steps_idx,
                                                                    lr=0.1)]))
     widths = set(chain._padded.values())
-    if name.startswith("odd"):
-        assert widths <= {None}  # the odd chain's second convolution is grouped
+    if name.startswith(("odd", "mlp")):
+        assert widths <= {None}  # the odd chain's second convolution is grouped; no MLP pads
     elif not faster:
         assert widths == {None}
     elif VECTOR_FLOATS == 8:

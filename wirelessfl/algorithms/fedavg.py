@@ -73,7 +73,8 @@ class VectorUploadAlgorithm(Algorithm):
     def device_vectors(self, k: int, devices: np.ndarray
                        ) -> Iterator[tuple[slice, torch.Tensor]]:
         """What the devices ``devices`` upload, chunk by chunk: (rows of ``devices``, [rows, d])
-        before quantisation."""
+        before quantisation; each chunk a tensor of its own, which ``round`` overwrites (no
+        second [rows, d] buffer for the weighted sum)."""
         raise NotImplementedError
 
     def apply(self, mean_vector: torch.Tensor) -> None:
@@ -122,7 +123,8 @@ class VectorUploadAlgorithm(Algorithm):
         if len(devices):
             for rows, vectors in self.device_vectors(k, devices):
                 q = self.quantize(vectors, f"{self.name}-up", k, devices[rows])
-                total += (q * weights[rows, None]).sum(0)
+                total += q.mul_(weights[rows, None]).sum(0)
+                del vectors, q  # freed before the next chunk is computed: one chunk at a time
         mean = (total / weight).unsqueeze(0)
         q_mean = self.quantize(mean, f"{self.name}-down", k, slice(0, 1), direction="down")[0]
         yield from self.broadcast(broadcast)
@@ -186,7 +188,8 @@ class FedAvg(VectorUploadAlgorithm):
         p, ev = self.params, self.ctx.evaluator
         idx = self.minibatches(k, devices, p.local_steps)
         for rows, models in ev.local_sgd(self.theta, idx, p.lr):
-            yield rows, models - self.theta
+            yield rows, models.sub_(self.theta)  # the delta, in the models' own memory
+            del models  # one chunk alive at a time
 
     def server_vector(self, k):
         """E local steps on the server's minibatches (with replacement), as its model delta."""
@@ -225,7 +228,8 @@ class FedProx(FedAvg):
             for e in range(p.local_steps):
                 g = ev.stacked_gradients(models, idx[e, rows])
                 models.sub_(g + self.proximal_pull(models), alpha=p.lr)
-            yield rows, models - self.theta
+            yield rows, models.sub_(self.theta)
+            del models, g  # one chunk alive at a time
 
 
 class ScaffoldParams(FedAvgParams):

@@ -210,6 +210,7 @@ class Problem(ABC):
                     models.sub_(g * keep, alpha=lr)
             self.compute_s += time.perf_counter() - start
             yield rows, models
+            del models, g  # the caller's to keep: not held while the next chunk is made
 
     def stacked_losses_and_gradients(self, models: torch.Tensor, idx: torch.Tensor
                                      ) -> tuple[torch.Tensor, torch.Tensor]:

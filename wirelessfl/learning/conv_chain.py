@@ -1,8 +1,10 @@
-"""One device's pass through a convolutional chain (the seed-002 CNN), layer by layer, with the
-numbers autograd gives, bit for bit.
+"""One device's pass through a chain of layers (the seed-002 CNN, a large MLP), layer by layer,
+with the numbers autograd gives, bit for bit.
 
-A chain is a model whose ``layers()`` are Conv2d / ReLU / MaxPool2d steps (the head), then a
-Flatten and Linear / ReLU layers (the tail). Its per-device passes (learning/stacked.py, the
+A chain is a model whose ``layers()`` are Conv2d / ReLU / MaxPool2d steps (the head, empty for
+an MLP), then a Flatten and Linear / ReLU layers (the tail). An MLP runs as a chain, one device
+at a time, only when it is large (learning/stacked.py ``PER_DEVICE_MIN_PARAMETERS``): its
+device's model then stays in the core's cache over the device's local steps. Its per-device passes (learning/stacked.py, the
 ``per-device`` strategy; ``FlatModel.predict``) call here the kernels autograd and the module
 would call, in the layouts they would get, so every number is theirs
 (tests/test_conv_chain.py compares them exactly). What goes is the work around the kernels,
@@ -125,14 +127,18 @@ class ConvChain:
 
     def __init__(self, head: list, tail: list):
         self.head, self.tail = head, tail
-        self.first = next(k for k, step in enumerate(head) if isinstance(step, _Conv))
+        # the first convolution (len(head) when there is none): steps before it need no backward
+        self.first = next((k for k, step in enumerate(head) if isinstance(step, _Conv)),
+                          len(head))
+        self._first_linear = next(j for j, step in enumerate(tail) if isinstance(step, _Linear))
         self._nhwc_first: dict[tuple, bool] = {}
         self._padded: dict[tuple, int | None] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def of(cls, flat: FlatModel) -> ConvChain | None:
-        """The model's chain, or None when it is not such a chain (or holds buffers)."""
+        """The model's chain, or None when it is not such a chain (or holds buffers, or has no
+        linear layer)."""
         layers = getattr(flat.model, "layers", None)
         if not callable(layers) or not thread_safe_copies(flat.model):
             return None
@@ -157,7 +163,7 @@ class ConvChain:
                 tail.append(_Relu(False))
             else:
                 return None
-        if head is None or not any(isinstance(step, _Conv) for step in head):
+        if head is None or not any(isinstance(step, _Linear) for step in tail):
             return None
         return cls(head, tail)
 
@@ -191,7 +197,7 @@ class ConvChain:
     def _run_head(self, theta: torch.Tensor, x: torch.Tensor, keep: bool) -> list:
         """The head's output and, if ``keep``, per step what its backward needs: (input,
         weight) of a convolution, the output of a ReLU, (input, indices, output) of a pool."""
-        h = to_channels_last(x)
+        h = to_channels_last(x) if self.head else x
         saved: list = []
         for step in self.head:
             if isinstance(step, _Conv):
@@ -247,11 +253,20 @@ class ConvChain:
         return saved, self._run_tail(theta, saved[-1])
 
     def backward(self, theta: torch.Tensor, run: tuple[list, list[torch.Tensor]],
-                 g: torch.Tensor, grad: torch.Tensor) -> None:
+                 g: torch.Tensor, grad: torch.Tensor | None,
+                 sgd: tuple[float, float] | None = None) -> None:
         """Writes into ``grad`` [d] the gradient at theta of a loss whose gradient at the logits
-        of ``run`` (from ``record``) is ``g``."""
+        of ``run`` (from ``record``) is ``g``. With ``sgd`` = (lr, l2) it takes instead the step
+        theta -= lr (gradient + l2 theta) in place, each parameter's part as soon as its
+        gradient is known (after the gradient flowing past it, which reads its old value): no
+        [d] gradient written and read back, the memory traffic of a plain torch loop's
+        autograd and optimizer. Each value is the whole-vector update's where elementwise
+        kernels round alike on every part of a vector (``stacked.rowwise_update_exact``)."""
         saved, outs = run
-        g = self._tail_backward(theta, g, outs, grad).view(saved[-1].shape)
+        g = self._tail_backward(theta, g, outs, grad, sgd)
+        if g is None:  # no convolution: nothing before the tail needs a gradient
+            return
+        g = g.view(saved[-1].shape)
         for k in range(len(self.head) - 1, self.first - 1, -1):
             step = self.head[k]
             if isinstance(step, _Relu):
@@ -269,12 +284,26 @@ class ConvChain:
                     step.ceil_mode, indices)
             else:
                 h, weight = saved[k]
-                g = self._conv_backward(step, g, h, weight, grad)
+                g = self._conv_backward(step, g, h, weight, theta, grad, sgd)
+
+    @staticmethod
+    def _put(theta: torch.Tensor, grad: torch.Tensor | None, where: slice, value: torch.Tensor,
+             sgd: tuple[float, float] | None) -> None:
+        """One parameter's gradient ``value``: written into ``grad[where]``, or (``sgd``) used
+        at once for its step theta[where] -= lr (value + l2 theta[where]) (``backward``)."""
+        if sgd is None:
+            grad[where].view(value.shape).copy_(value)
+            return
+        lr, l2 = sgd
+        p = theta[where].view(value.shape)
+        p.sub_(value + l2 * p if l2 else value, alpha=lr)
 
     def _tail_backward(self, theta: torch.Tensor, g: torch.Tensor, outs: list[torch.Tensor],
-                       grad: torch.Tensor) -> torch.Tensor:
-        """The gradient at the flattened head output from the one at the logits; the tail's
-        parameter gradients written into ``grad``. A linear layer's gradients are autograd's
+                       grad: torch.Tensor | None, sgd: tuple[float, float] | None
+                       ) -> torch.Tensor | None:
+        """The gradient at the flattened head output from the one at the logits (None when the
+        head has no convolution to take it); the tail's parameter gradients written into
+        ``grad``. A linear layer's gradients are autograd's
         formulas for addmm / mm (torch/csrc/autograd/FunctionsManual.cpp, mm_mat1_backward and
         mm_mat2_backward for a row-major input and a transposed row-major weight; the bias's
         is the engine's sum_to over the batch), so the numbers are autograd's."""
@@ -283,14 +312,22 @@ class ConvChain:
             if isinstance(step, _Relu):
                 g = aten.threshold_backward(g, outs[j + 1], 0)
                 continue
-            if step.bias is not None:
-                grad[step.bias].copy_(g.sum(0, keepdim=True).view(-1))
-            grad[step.weight].view(step.shape).copy_(g.t().mm(outs[j]))
-            g = g.mm(theta[step.weight].view(step.shape))
+            gb = None if step.bias is None else g.sum(0, keepdim=True).view(-1)
+            gw = g.t().mm(outs[j])
+            below = None  # the model's input: no convolution before it wants a gradient
+            if j != self._first_linear or self.first < len(self.head):
+                below = g.mm(theta[step.weight].view(step.shape))
+            if gb is not None:
+                self._put(theta, grad, step.bias, gb, sgd)
+            self._put(theta, grad, step.weight, gw, sgd)
+            if below is None:
+                return None
+            g = below
         return g
 
     def _conv_backward(self, step: _Conv, g: torch.Tensor, h: torch.Tensor,
-                       weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor | None:
+                       weight: torch.Tensor, theta: torch.Tensor, grad: torch.Tensor | None,
+                       sgd: tuple[float, float] | None) -> torch.Tensor | None:
         if step.first and self._first_in_nhwc(step, h, weight, g):
             h, weight, g = nhwc(h), nhwc(weight), to_channels_last(g)
         width = None if step.first else self._padded_width(step, g, h, weight)
@@ -299,9 +336,9 @@ class ConvChain:
         else:
             _, gw, gb = self._conv_grads(step, g, h, weight, input_grad=False)
             gh = self._padded_input_grad(step, g, h, weight, width)
-        grad[step.weight].view(step.shape).copy_(gw)
+        self._put(theta, grad, step.weight, gw, sgd)
         if gb is not None:
-            grad[step.bias].copy_(gb)
+            self._put(theta, grad, step.bias, gb, sgd)
         return gh
 
     @staticmethod

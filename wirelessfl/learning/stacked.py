@@ -38,6 +38,14 @@ if TYPE_CHECKING:  # evaluator imports this module
     from wirelessfl.learning.flat_model import FlatModel
 
 CHANNELS_LAST = torch.channels_last
+# [D] A linear chain of at least this many parameters runs device by device (as a chain,
+# learning/conv_chain.py) instead of stacked: each step of the stacked path streams all n
+# devices' models through memory (n d floats, several times), while one device's model and
+# gradient stay in the core's cache over its local steps. On one thread the two took the same
+# time at d ~ 51,000 (100 devices, 5 steps of 10 samples; the stacked path 1.7x slower at 85,000,
+# 1.3x faster at 26,000: benchmarks/bench_model_size.py, benchmarks/README.md "model size"): fixed
+# here, never timed at run time, so a scenario always takes the same arithmetic path.
+PER_DEVICE_MIN_PARAMETERS = 60_000
 
 
 def uses_convolutions(model: nn.Module) -> bool:
@@ -108,9 +116,10 @@ class StackedForward:
     def __init__(self, flat: FlatModel):
         self.flat = flat
         self.plan = linear_plan(flat)
-        if self.plan is not None:
+        if self.plan is not None and (flat.chain is None
+                                      or flat.d < PER_DEVICE_MIN_PARAMETERS):
             self.strategy = "linear"
-        elif flat.channels_last:
+        elif flat.channels_last or (self.plan is not None and flat.chain is not None):
             self.strategy = "per-device"
         else:
             self.strategy = "vmap"
@@ -157,11 +166,64 @@ class StackedForward:
 
             results = self._each_device(one, len(models))
             return torch.cat([r[0] for r in results]), torch.stack([r[1] for r in results])
+        if self.strategy == "linear":
+            return self._linear_losses_and_gradients(models, x, device_losses)
         with torch.enable_grad():
             leaf = models.detach().requires_grad_(True)
             losses = device_losses(self(leaf, x), slice(0, len(models)))
             (grad,) = torch.autograd.grad(losses.sum(), leaf)
         return losses.detach(), grad
+
+    def _linear_losses_and_gradients(self, models: torch.Tensor, x: torch.Tensor,
+                                     device_losses: Callable[[torch.Tensor, slice], torch.Tensor]
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``losses_and_gradients`` of a linear chain, all devices at once: ``_linear``'s
+        forward keeping each step's input, ONE autograd call for the losses at the logits, then
+        autograd's own formulas, step by step, each parameter's gradient written straight into
+        its columns of the [n, d] result. The same kernels on the same operands as autograd
+        through ``_linear``, so the same numbers; what goes is autograd's backward of the
+        parameter slices of one [n, d] leaf, which zero-fills an [n, d] buffer per parameter
+        tensor and adds it to the rest (80 % of a step of a d = 1.1M MLP before this,
+        benchmarks/README.md "model size")."""
+        n, b = x.shape[:2]
+        models = models.detach()
+        saved: list = []  # per step: the input's shape (flatten), output (relu), input (linear)
+        h = x
+        with torch.no_grad():
+            for step in self.plan:
+                if step[0] == "flatten":
+                    saved.append(h.shape)
+                    h = h.reshape(n, b, -1)
+                elif step[0] == "relu":
+                    h = h.relu()
+                    saved.append(h)
+                else:
+                    saved.append(h)
+                    h = self._linear_step(models, h, step)
+        with torch.enable_grad():
+            logits = h.requires_grad_(True)
+            losses = device_losses(logits, slice(0, n))
+            (g,) = torch.autograd.grad(losses.sum(), logits)
+        grads = models.new_empty(models.shape)
+        first = next(k for k, step in enumerate(self.plan) if step[0] == "linear")
+        with torch.no_grad():
+            for k in range(len(self.plan) - 1, first - 1, -1):
+                step = self.plan[k]
+                if step[0] == "flatten":
+                    g = g.reshape(saved[k])
+                elif step[0] == "relu":
+                    g = torch.ops.aten.threshold_backward(g, saved[k], 0)
+                else:  # baddbmm / bmm's formulas (tools/autograd/derivatives.yaml)
+                    _, w_at, b_at, out, inp = step
+                    weight = models[:, w_at:w_at + out * inp].unflatten(1, (out, inp))
+                    if b_at is not None:  # the broadcast bias [n, 1, out]: sum_to over the batch
+                        grads[:, b_at:b_at + out].copy_(g.sum(1, keepdim=True).squeeze(1))
+                    gw = saved[k].transpose(1, 2).bmm(g)  # d/d(weight^T) [n, in, out]
+                    grads[:, w_at:w_at + out * inp].unflatten(1, (out, inp)).copy_(
+                        gw.transpose(1, 2))
+                    if k > first:  # the input of the first linear layer needs no gradient
+                        g = g.bmm(weight)
+        return losses.detach(), grads
 
     def _by_layer(self, models: torch.Tensor, x: torch.Tensor,
                   device_losses: Callable[[torch.Tensor, slice], torch.Tensor]
@@ -202,12 +264,11 @@ class StackedForward:
         chain = self.chain
 
         def device(i: int) -> None:
-            model, grad = models[i], torch.empty_like(models[i])
+            model = models[i]
             for e in range(steps[i]):
                 run = chain.record(model, inputs(e, i))
                 g = logit_gradient(e, i, run[1][-1][None])
-                chain.backward(model, run, g[0], grad)
-                model.sub_(grad + l2 * model if l2 else grad, alpha=lr)
+                chain.backward(model, run, g[0], None, sgd=(lr, l2))
 
         with torch.no_grad():  # the pool's tasks take the caller's grad mode
             self._each_device(device, len(models))
@@ -221,10 +282,14 @@ class StackedForward:
             elif step[0] == "relu":
                 h = h.relu()
             else:
-                _, w_at, b_at, out, inp = step
-                weight = models[:, w_at:w_at + out * inp].unflatten(1, (out, inp))
-                if b_at is None:
-                    h = torch.bmm(h, weight.transpose(1, 2))
-                else:
-                    h = torch.baddbmm(models[:, None, b_at:b_at + out], h, weight.transpose(1, 2))
+                h = self._linear_step(models, h, step)
         return h
+
+    @staticmethod
+    def _linear_step(models: torch.Tensor, h: torch.Tensor, step: tuple) -> torch.Tensor:
+        """One linear layer of every device: h [n, b, in] -> [n, b, out]."""
+        _, w_at, b_at, out, inp = step
+        weight = models[:, w_at:w_at + out * inp].unflatten(1, (out, inp))
+        if b_at is None:
+            return torch.bmm(h, weight.transpose(1, 2))
+        return torch.baddbmm(models[:, None, b_at:b_at + out], h, weight.transpose(1, 2))

@@ -323,6 +323,7 @@ class BatchedEvaluator(Problem):
                 logit_gradient, lr, self.l2)
             self.compute_s += time.perf_counter() - start
             yield rows, models
+            del models  # the caller's to keep: not held while the next chunk is made
 
     def stacked_losses_and_gradients(self, models: torch.Tensor, idx: torch.Tensor
                                      ) -> tuple[torch.Tensor, torch.Tensor]:

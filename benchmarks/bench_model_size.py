@@ -1,0 +1,198 @@
+"""Devices' local SGD against model size: the stacked path, the device-by-device chain and a plain
+per-device torch loop of the same work, on one thread.
+
+The work is FedAvg's on-device part of one round: 100 devices, each taking E = 5 SGD steps on
+minibatches of b = 10 of its own 20 samples (synthetic, 64 features, 10 classes), from the same
+theta_0, for MLPs 64-[hidden]-10 of d from ~10^3 to ~10^7 parameters. Three ways, timed
+interleaved in one process (``--repeats`` rounds, best and median kept), one intra-op thread and
+no worker pool:
+
+* ``stacked``: every device at once, one batched matrix product per layer for all devices
+  (learning/stacked.py, the ``linear`` strategy, forced);
+* ``per-device``: device by device as a chain (learning/conv_chain.py, forced), each device's
+  steps in turn, its model and gradient in the core's cache;
+* ``plain loop``: what a user writes (and what pfl-research runs per user): one torch module, the
+  device's theta loaded into it, ``torch.optim.SGD`` and autograd, step after step.
+
+``chosen`` is the strategy wirelessfl takes for that d (``stacked.PER_DEVICE_MIN_PARAMETERS``):
+this benchmark is where that constant comes from. The three results must agree (max |difference|
+over max |theta| below ``AGREEMENT``: float32 summation orders differ). GFLOP/s counts 2 x MACs,
+a backward pass as twice the forward's MACs, against the one-thread float32 matmul peak measured
+in the same process (benchmarks/bench_rounds.py).
+
+    python benchmarks/bench_model_size.py [--out benchmarks/model_size.json] [--repeats 3]
+        [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from wirelessfl.learning import stacked
+from wirelessfl.learning.flat_model import FlatModel
+from wirelessfl.learning.models import build_model
+from wirelessfl.learning.seeds import keyed_generator
+from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
+
+BENCH_DIR = Path(__file__).resolve().parent
+DEVICES, SAMPLES, LOCAL_STEPS, BATCH = 100, 20, 5, 10  # [D] the issue's 100-client MLP case
+FEATURES, CLASSES, LR = 64, 10, 0.05
+# [D] hidden widths: d = 1,210 ... 8,546,314 (about 10^3 to 10^7)
+WIDTHS = ((16,), (64,), (256,), (128, 128), (256, 256), (1024,), (512, 512), (1024, 1024),
+          (2048, 2048, 2048))
+QUICK_WIDTHS = ((16,), (256,), (1024,))
+# [D] above this d the stacked path is not run: n d floats several times over (3.4 GB a copy at
+# 8.5M parameters and 100 devices) and minutes a repeat, where it is slower long before
+STACKED_MAX_D = 2_000_000
+AGREEMENT = 1e-4  # [D] max |difference| / max |theta| after 5 float32 steps
+
+
+def _bench_rounds():
+    spec = importlib.util.spec_from_file_location("bench_rounds", BENCH_DIR / "bench_rounds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def mlp_macs(hidden: tuple[int, ...]) -> int:
+    """Multiply-adds of one sample's forward pass through 64-[hidden]-10."""
+    widths = (FEATURES, *hidden, CLASSES)
+    return sum(a * b for a, b in itertools.pairwise(widths))
+
+
+def evaluator(hidden: tuple[int, ...], threshold: int) -> BatchedEvaluator:
+    """The case's devices and model, with the strategy threshold ``threshold``."""
+    stacked.PER_DEVICE_MIN_PARAMETERS = threshold
+    gen = torch.Generator().manual_seed(0)
+    total = DEVICES * SAMPLES
+    x = torch.randn(total, FEATURES, generator=gen).numpy()
+    y = torch.randint(0, CLASSES, (total,), generator=gen).numpy()
+    shards = [np.arange(i * SAMPLES, (i + 1) * SAMPLES) for i in range(DEVICES)]
+    data = DeviceData.from_shards(x, y, shards, x[:5], y[:5], "cpu")
+    model = build_model("mlp", (FEATURES,), CLASSES, hidden=hidden, seed=0)
+    ev = BatchedEvaluator(FlatModel(model), data, activations_per_sample=sum(hidden) + CLASSES,
+                          input_size=FEATURES)
+    ev.hidden = hidden
+    return ev
+
+
+def plain_loop(ev: BatchedEvaluator, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Each device in turn: load theta into one module, E steps of torch.optim.SGD."""
+    net = build_model("mlp", (FEATURES,), CLASSES, hidden=ev.hidden, seed=0)
+    params = list(net.parameters())
+    out = torch.empty(idx.shape[1], len(theta))
+    for i in range(idx.shape[1]):
+        with torch.no_grad():  # a copy: vector_to_parameters would make them views of theta
+            for p, value in zip(params, ev.flat.unflatten(theta).values()):
+                p.copy_(value)
+        opt = torch.optim.SGD(net.parameters(), lr=LR)
+        for e in range(idx.shape[0]):
+            rows = idx[e, i]
+            loss = F.cross_entropy(net(ev.data.inputs(rows)), ev.data.labels(rows))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        out[i] = torch.nn.utils.parameters_to_vector(net.parameters()).detach()
+    return out
+
+
+def run_case(hidden: tuple[int, ...], repeats: int) -> dict:
+    evs = {"stacked": evaluator(hidden, 10**15), "per-device": evaluator(hidden, 0)}
+    chosen_ev = evaluator(hidden, PER_DEVICE_MIN_PARAMETERS)
+    d = chosen_ev.flat.d
+    assert evs["stacked"].stacked.strategy == "linear"
+    assert evs["per-device"].stacked.strategy == "per-device"
+    theta = chosen_ev.flat.initial()
+    idx = chosen_ev.sample(keyed_generator(0, "bench", 0), BATCH, steps=LOCAL_STEPS)
+    calls = {"stacked": lambda: torch.cat([m for _, m in evs["stacked"].local_sgd(theta, idx,
+                                                                                   LR)]),
+             "per-device": lambda: torch.cat([m for _, m in evs["per-device"].local_sgd(
+                 theta, idx, LR)]),
+             "plain loop": lambda: plain_loop(chosen_ev, theta, idx)}
+    if d > STACKED_MAX_D:
+        calls.pop("stacked")
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    results = {}
+    for name, call in calls.items():  # warm-up, and the results compared
+        results[name] = call()
+    for _ in range(repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    scale = float(theta.abs().max())
+    reference = results["plain loop"]
+    agreement = {name: float((r - reference).abs().max()) / scale
+                 for name, r in results.items() if name != "plain loop"}
+    flop = 2 * 3 * mlp_macs(hidden) * DEVICES * LOCAL_STEPS * BATCH
+    return {"hidden": list(hidden), "d": d, "gflop": flop / 1e9,
+            "chosen": "per-device" if chosen_ev.stacked.strategy == "per-device" else "stacked",
+            "ms": {name: {"best": 1e3 * min(t), "median": 1e3 * statistics.median(t),
+                          "repeats": [1e3 * v for v in t]} for name, t in times.items()},
+            "not_run": ({"stacked": f"d above {STACKED_MAX_D:,} [D]"}
+                        if "stacked" not in calls else {}),
+            "agreement": agreement, "agree": all(v <= AGREEMENT for v in agreement.values())}
+
+
+PER_DEVICE_MIN_PARAMETERS = stacked.PER_DEVICE_MIN_PARAMETERS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/model_size.json")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="three small sizes (smoke test)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    peak = _bench_rounds().matmul_peak_gflops(threads=1)
+    load = os.getloadavg()
+    print(f"one-thread float32 matmul peak: {peak:.1f} GFLOP/s; load average {load[0]:.2f}",
+          flush=True)
+    cases = []
+    for hidden in QUICK_WIDTHS if args.quick else WIDTHS:
+        case = run_case(hidden, args.repeats)
+        for side in case["ms"].values():
+            side["gflops"] = case["gflop"] / (side["best"] / 1e3)
+            side["peak_fraction"] = side["gflops"] / peak
+        cases.append(case)
+        print(f"d = {case['d']:>10,}  " + "  ".join(
+            f"{name} {side['best']:9.1f} ms ({100 * side['peak_fraction']:4.1f} %)"
+            for name, side in case["ms"].items())
+            + f"  chosen {case['chosen']}, agree {case['agree']}", flush=True)
+    out = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
+           "command": "benchmarks/bench_model_size.py " + " ".join(sys.argv[1:]),
+           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                       "torch": torch.__version__, "cpu_capability":
+                           torch.backends.cpu.get_cpu_capability(),
+                       "load_average_start": load[0], "load_average_end": os.getloadavg()[0]},
+           "settings": {"devices": DEVICES, "samples_per_device": SAMPLES,
+                        "local_steps": LOCAL_STEPS, "batch_size": BATCH, "lr": LR,
+                        "repeats": args.repeats, "threads": 1, "agreement_tolerance": AGREEMENT,
+                        "stacked_max_d": STACKED_MAX_D},
+           "per_device_min_parameters": PER_DEVICE_MIN_PARAMETERS,
+           "matmul_peak_gflops_one_thread": peak,
+           "cases": cases}
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    if not all(c["agree"] for c in cases) or any(math.isnan(v) for c in cases
+                                                 for v in c["agreement"].values()):
+        sys.exit("the strategies disagree beyond the tolerance: see the JSON")
+
+
+if __name__ == "__main__":
+    main()
