@@ -164,11 +164,16 @@ def case_specs(quick: bool = False) -> list[dict]:
         if quick and registered > QUICK_MAX_DEVICES:
             continue
         who = ("all take part" if sampled == registered else f"{sampled:,} sampled")
-        specs.append({"case": f"mlp_synthetic_n{registered}_k{sampled}",
-                      "title": f"{registered:,} registered, {who}, MLP 64-64-10 (synthetic)",
-                      "registered": registered, "sampled": sampled, "rounds": rounds,
-                      "data": synthetic_data(registered), "model": {"name": "mlp", "hidden": [64]},
-                      "lr": 0.1})
+        spec = {"case": f"mlp_synthetic_n{registered}_k{sampled}",
+                "title": f"{registered:,} registered, {who}, MLP 64-64-10 (synthetic)",
+                "registered": registered, "sampled": sampled, "rounds": rounds,
+                "data": synthetic_data(registered), "model": {"name": "mlp", "hidden": [64]},
+                "lr": 0.1}
+        if registered * SAMPLES_PER_DEVICE > MAX_TRAIN_SAMPLES:
+            # a population larger than the data set draws its devices' samples from it (with
+            # replacement): 20 a device, never fewer than the minibatch
+            spec["partition"] = {"scheme": "iid", "samples_per_device": SAMPLES_PER_DEVICE}
+        specs.append(spec)
     return specs
 
 
@@ -195,6 +200,7 @@ def scenario_doc(spec: dict) -> dict:
         "energy": ENERGY, "quantization_bits": FULL_PRECISION_BITS,
         "data": spec["data"], "model": spec["model"],
         "population": {"num_devices": spec["registered"]},
+        **({"partition": spec["partition"]} if "partition" in spec else {}),
         "algorithms": [{"name": "fedavg", "local_steps": LOCAL_STEPS, "batch_size": BATCH_SIZE,
                         "lr": spec["lr"], "server_lr": 1.0, "average": "uniform",
                         "rounds": spec["rounds"], "eval_every": spec["rounds"] + 1,

@@ -66,19 +66,24 @@ def test_a_world_of_100000_devices_on_2000_samples():
 def test_memory_estimate_of_a_population_drawing_with_replacement():
     """Data: the inputs as loaded (1,500 x 8 float32) and as the devices read them (the
     training set once: the entries, one or seven a device, outnumber it), the test set
-    (500 x 8), 40 B an entry; population: 450 B a device, the
+    (500 x 8), 32 B an entry (24 always, 8 for the minibatch owner sizes: one or seven samples
+    a device, fewer than fedavg's minibatch of 10; 24 at twenty a device, where the owner sizes
+    are never made); population: 450 B a device, the
     label-count lists of 2,000 sampled devices (64 + 8 x 4 B each) and two [N, 4] arrays."""
     n = 100_000
-    for extra, entries in (({}, n), ({"partition": {"samples_per_device": 7}}, 7 * n)):
+    for extra, entries, per_entry in (({}, n, 32),
+                                      ({"partition": {"samples_per_device": 7}}, 7 * n, 32),
+                                      ({"partition": {"samples_per_device": 20}}, 20 * n, 24)):
         doc = _wide_doc(n)
         doc.update(extra)
         scenario = wirelessfl.load_scenario(doc)
         facts = problem_facts(scenario)
-        assert facts.data_bytes == 4 * 8 * (1500 + 1500 + 500) + 40 * entries
+        assert facts.data_bytes == 4 * 8 * (1500 + 1500 + 500) + per_entry * entries
         est = estimate_memory(scenario, facts)
         assert est.parts["population"] == n * 450 + 2000 * (64 + 8 * 4) + n * 2 * 8 * 4
     fits = wirelessfl.load_scenario(_wide_doc(1000))  # the split: the training set as before
-    assert problem_facts(fits).data_bytes == 4 * 8 * (2 * 1500 + 500) + 40 * 1500
+    # 1.5 samples a device on average, fewer than the minibatch: the owner sizes counted
+    assert problem_facts(fits).data_bytes == 4 * 8 * (2 * 1500 + 500) + 32 * 1500
 
 
 # ---- devices.parquet and the manifest above the limit -------------------------------------------

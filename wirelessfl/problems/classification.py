@@ -28,7 +28,7 @@ from wirelessfl.problems.data import (
     server_keeps_data,
     split_data,
 )
-from wirelessfl.problems.data_size import data_bytes
+from wirelessfl.problems.data_size import classifier_sample_bytes, data_bytes, drawn_samples
 
 if TYPE_CHECKING:
     from wirelessfl.scenario.schema import Scenario
@@ -106,7 +106,13 @@ def check_model(model: str, shape: tuple[int, ...], dataset: str) -> None:
 def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:
     """The data (``data_bytes``) and the model, built on the CPU to count its parameters and
     activations (the dataset is not loaded)."""
-    data = data_bytes(scenario, limit_bytes)
+    first = data_bytes(scenario, limit_bytes)
+    entries = drawn_samples(scenario, first.on_devices) or first.on_devices
+    passes = bool(scenario.problem.train_metrics) or (scenario.model.name == "logistic"
+                                                       and scenario.model.l2 > 0)
+    n = max(scenario.population.num_devices, 1)
+    data = data_bytes(scenario, limit_bytes, classifier_sample_bytes(scenario, entries / n,
+                                                                     passes))
     shape, classes, test = data.shape.input_shape, data.shape.classes, data.shape.test
     if max(data.held, data.load) > limit_bytes:  # no model needed to refuse
         return ProblemFacts(0, 4, data.held, data.load, data.on_devices, test, data.input_size,

@@ -58,6 +58,8 @@ SAMPLE_BLOCK = 256
 # nearly equal pieces of whole devices, of about this many samples (a single-threaded pass of the
 # seed-002 CNN costs ~1 ms per call on top of its samples) ...
 PIECE_SAMPLES = 128
+# Devices whose labels are counted at once for ``label_mix`` [D]: ~10^6 labels in flight.
+LABEL_MIX_DEVICES = 50_000
 # ... and at least this many (10 devices of 10 samples: two pieces of 50, as fast as torch's own
 # two threads on one batch of 100; four pieces were ~20 % slower).
 MIN_PIECES = 2
@@ -184,14 +186,22 @@ class BatchedEvaluator(Problem):
         self.optimum_value: float | None = None
         self.optimum: torch.Tensor | None = None
         self.optimum_gradient_max: float | None = None  # of the reference solve, when run
-        # f = (1/N) sum_i (1/m_i) sum_{s on i} loss_s: sample s of device i weighs 1 / (N m_i).
-        sizes = data.sizes.double()
-        self._weights = (1.0 / (self.num_devices * sizes)).repeat_interleave(data.sizes)
-        # Each sample's device size: a minibatch row's real sample count (``batch_counts``).
-        self._owner_sizes = owner_sizes(data.sizes).to(self.device)
         # The fewest samples a device holds: minibatches up to this width are full on every
         # device (``batch_counts`` returns None, a plain mean).
         self._smallest = int(data.sizes.min()) if len(data.sizes) else 0
+
+    @cached_property
+    def _owner_sizes(self) -> torch.Tensor:
+        """Each position's device size: a minibatch row's real sample count (``batch_counts``).
+        Made on first use, which comes only when a device holds fewer samples than a minibatch
+        asks for: a million devices of 20 samples are spared 20 million int64."""
+        return owner_sizes(self.data.sizes).to(self.device)
+
+    def _batch_counts(self, idx: torch.Tensor) -> torch.Tensor | None:
+        """``batch_counts`` of minibatch positions idx [n, w] (None: every row full)."""
+        if idx.shape[1] <= self._smallest:
+            return None
+        return batch_counts(idx, self._owner_sizes, self._smallest)
 
     @property
     def d(self) -> int:
@@ -251,7 +261,7 @@ class BatchedEvaluator(Problem):
         thread pool; the pieces depend only on N and the batch size)."""
         start = time.perf_counter()
         n, b = idx.shape
-        counts = batch_counts(idx, self._owner_sizes, self._smallest)
+        counts = self._batch_counts(idx)
 
         def piece(rows: slice) -> torch.Tensor:
             flat_idx = idx[rows].reshape(-1)
@@ -279,7 +289,7 @@ class BatchedEvaluator(Problem):
         logits = self.stacked(models, self.data.inputs(idx))
         losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
         out = minibatch_mean(losses.view(y.shape),
-                             batch_counts(idx, self._owner_sizes, self._smallest))
+                             self._batch_counts(idx))
         if self.l2:
             out += 0.5 * self.l2 * models.square().sum(1)
         self.compute_s += time.perf_counter() - start
@@ -309,7 +319,7 @@ class BatchedEvaluator(Problem):
             n = chunk.shape[1]
             taken = ([num_steps] * n if steps is None
                      else torch.as_tensor(steps)[rows].clamp(max=num_steps).tolist())
-            counts = [batch_counts(chunk[e], self._owner_sizes, self._smallest)
+            counts = [self._batch_counts(chunk[e])
                       for e in range(num_steps)]
 
             def logit_gradient(e: int, i: int, logits: torch.Tensor, chunk=chunk,
@@ -338,7 +348,7 @@ class BatchedEvaluator(Problem):
         """(minibatch loss [n], its gradient [n, d]) of each device at its own model, without
         the l2 term."""
         y = self.data.labels(idx)
-        counts = batch_counts(idx, self._owner_sizes, self._smallest)
+        counts = self._batch_counts(idx)
 
         def device_losses(logits: torch.Tensor, rows: slice) -> torch.Tensor:
             target = y[rows]
@@ -408,13 +418,22 @@ class BatchedEvaluator(Problem):
 
     @cached_property
     def label_mix(self) -> np.ndarray:
-        """[N, C] float64: each device's training label distribution (rows sum to 1)."""
-        y = self.data.labels(slice(None)).cpu().numpy()
-        classes = int(max(y.max(initial=0), self.data.y_test.max().item() if
-                          len(self.data.y_test) else 0)) + 1
-        owner = np.repeat(np.arange(self.num_devices), self.data.sizes.numpy())
+        """[N, C] float64: each device's training label distribution (rows sum to 1). Counted
+        in blocks of ``LABEL_MIX_DEVICES`` devices, so a million devices of 20 samples never
+        hold their 20 million labels and owners at once (whole counts: the same numbers)."""
+        sizes = self.data.sizes.numpy()
+        offsets = self.data.offsets.numpy()
+        y_train = self.data.y
+        classes = int(max(int(y_train.max()) if len(y_train) else 0,
+                          self.data.y_test.max().item() if len(self.data.y_test) else 0)) + 1
         counts = np.zeros((self.num_devices, classes))
-        np.add.at(counts, (owner, y), 1.0)
+        for lo in range(0, self.num_devices, LABEL_MIX_DEVICES):
+            hi = min(lo + LABEL_MIX_DEVICES, self.num_devices)
+            start, stop = int(offsets[lo]), int(offsets[hi - 1] + sizes[hi - 1])
+            y = self.data.labels(slice(start, stop)).cpu().numpy()
+            owner = np.repeat(np.arange(hi - lo), sizes[lo:hi])
+            counts[lo:hi] = np.bincount(owner * classes + y, minlength=(hi - lo) * classes
+                                        ).reshape(hi - lo, classes)
         return counts / np.maximum(counts.sum(1, keepdims=True), 1.0)
 
     # ---- the training objective (exact, all samples) -------------------------------------------
@@ -466,7 +485,10 @@ class BatchedEvaluator(Problem):
     def _row_weights(self) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The training objective's (rows, weights) (``DeviceData.row_weights``): fixed for the
         run, so an index's distinct rows are found once, not at every evaluation."""
-        return self.data.row_weights(self._weights.to(self.device))
+        # f = (1/N) sum_i (1/m_i) sum_{s on i} loss_s: sample s of device i weighs 1 / (N m_i).
+        sizes = self.data.sizes.double()
+        weights = (1.0 / (self.num_devices * sizes)).repeat_interleave(self.data.sizes)
+        return self.data.row_weights(weights.to(self.device))
 
     def objective(self, theta: torch.Tensor) -> float:
         value, _ = self._train_pass(theta, with_gradient=False)

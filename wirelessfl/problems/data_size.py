@@ -24,6 +24,10 @@ from wirelessfl.learning.partition import fewest_samples
 # and DeviceData's index), the minibatch owner sizes and the objective's sample weights, the
 # shard indices (int64 / float64 each).
 SAMPLE_BYTES = 40
+# The classifier's (problems/classifier.py): labels or index and the shard indices always; the
+# minibatch owner sizes only when a device may hold fewer samples than a minibatch, the
+# objective's sample weights only with training-set passes (both made on first use).
+CLASSIFIER_SAMPLE_BYTES, OWNER_SIZE_BYTES, SAMPLE_WEIGHT_BYTES = 24, 8, 8
 # Built-in datasets: (samples, input shape, classes), before the train/test split.
 BUILTIN_SETS = {"digits": (1797, (64,), 10), "digits28": (1797, (1, 28, 28), 10),
                 "breast_cancer": (569, (30,), 2)}
@@ -197,16 +201,28 @@ def drawn_samples(scenario, on_devices: int) -> int | None:
     return n * (config.samples_per_device or fewest)
 
 
-def data_bytes(scenario, limit_bytes: float = math.inf) -> DataBytes:
+def data_bytes(scenario, limit_bytes: float = math.inf,
+               sample_bytes: int | None = None) -> DataBytes:
     """What every problem on ``scenario.data`` holds of it (the problems' memory hooks add their
     own arrays): the inputs as loaded and as the devices read them (in device order, or the
     training set once when the entries drawn with replacement, ``drawn_samples``, outnumber it:
-    DeviceData's index), the test set, bookkeeping per entry."""
+    DeviceData's index), the test set, bookkeeping per entry (``sample_bytes``, default
+    ``SAMPLE_BYTES``; the classifier's own count: ``classifier_sample_bytes``)."""
     shape = dataset_shape(scenario.data, limit_bytes)
     input_size = math.prod(shape.input_shape)
     on_devices = round(shape.train * (1 - scenario.data.server_fraction))
     entries = drawn_samples(scenario, on_devices) or shape.train
     rows = min(entries, shape.train)
     held = BYTES_PER_FLOAT * input_size * (shape.train + rows + shape.test) \
-        + SAMPLE_BYTES * entries
+        + (SAMPLE_BYTES if sample_bytes is None else sample_bytes) * entries
     return DataBytes(shape, input_size, held, shape.load_bytes * shape.loaded_values, on_devices)
+
+
+def classifier_sample_bytes(scenario, entries_per_device: float, training_passes: bool) -> int:
+    """Bookkeeping bytes per entry of the classifier's index sets: the owner sizes when
+    ``entries_per_device`` (the mean share) is below some algorithm's minibatch, the sample
+    weights with ``training_passes``."""
+    batches = [getattr(a, "batch_size", 0) or 0 for a in scenario.algorithms]
+    short = entries_per_device < max(batches, default=0)
+    return (CLASSIFIER_SAMPLE_BYTES + (OWNER_SIZE_BYTES if short else 0)
+            + (SAMPLE_WEIGHT_BYTES if training_passes else 0))
