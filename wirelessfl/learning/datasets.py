@@ -1,9 +1,10 @@
 """Datasets: built-in (scikit-learn digits, breast cancer, synthetic), MNIST/FashionMNIST from
-local IDX files, or any LIBSVM-format file.
+local IDX files, CIFAR-10 from its binary batch files, or any LIBSVM-format file.
 
-Nothing is downloaded: built-in sets ship with scikit-learn; MNIST-like sets and LIBSVM files are
-read from the folder ``data.root``. Every loader returns float32 inputs and int64 labels, then the
-same label selection (``classes`` / ``positive_classes``) and deterministic subsampling are applied.
+Nothing is downloaded: built-in sets ship with scikit-learn; MNIST-like sets, CIFAR-10 and LIBSVM
+files are read from the folder ``data.root``. Every loader returns float32 inputs and int64
+labels, then the same label selection (``classes`` / ``positive_classes``) and deterministic
+subsampling are applied.
 """
 
 from __future__ import annotations
@@ -54,11 +55,12 @@ BUILTIN_DATASETS = {
     "mnist": "MNIST from the four IDX files in data.root",
     "fashionmnist": "FashionMNIST from the four IDX files in data.root (default: where Debian's "
                     "dataset-fashion-mnist puts them)",
+    "cifar10": "CIFAR-10 from the six binary batch files (cifar-10-batches-bin) in data.root",
     "breast_cancer": "scikit-learn's breast cancer set, 569 x 30, 2 classes",
     "libsvm": "a LIBSVM-format file in data.root (data.file)",
 }
 BUILTIN_CLASSES = {"digits": 10, "digits28": 10, "mnist": 10, "fashionmnist": 10,
-                   "breast_cancer": 2}
+                   "cifar10": 10, "breast_cancer": 2}
 
 
 class SyntheticConfig(BaseModel):
@@ -97,11 +99,15 @@ class DataConfig(BaseModel):
     name: str = Field(
         "digits", description="digits: sklearn 8x8 flat; digits28: the same upscaled to 1x28x28; "
                               "synthetic: make_classification; mnist/fashionmnist: IDX files in "
-                              "root; breast_cancer: sklearn's 569 x 30 binary set (standardised); "
-                              "libsvm: a LIBSVM-format file in root (data.file); or a dataset "
-                              "plugin's name or 'module:attribute' reference (docs/plugins.md)")
+                              "root; cifar10: the binary batch files in root (never the pickled "
+                              "Python version); breast_cancer: sklearn's 569 x 30 binary set "
+                              "(standardised); libsvm: a LIBSVM-format file in root "
+                              "(data.file); or a dataset plugin's name or 'module:attribute' "
+                              "reference (docs/plugins.md)")
     root: str | None = Field(None, description="folder with the four IDX files (mnist, "
-                                               "fashionmnist) or the LIBSVM file(s) (libsvm)")
+                                               "fashionmnist), cifar-10-batches-bin or the folder "
+                                               "holding it (cifar10) or the LIBSVM file(s) "
+                                               "(libsvm)")
     file: str | None = Field(
         None, description="libsvm: the training file's name inside root (e.g. a9a; a .gz or .bz2 "
                           "next to it is found too); labels are mapped to 0..C-1 in sorted order")
@@ -204,6 +210,9 @@ def load_dataset(config: DataConfig, seed: int) -> Dataset:
             config.root, config.file, config.test_file)
         if x_test is None:
             x_train, x_test, y_train, y_test = _split(x_train, y_train, config.test_fraction, seed)
+    elif config.name == "cifar10":
+        x_train, y_train, x_test, y_test = read_cifar10_dataset(config.root)
+        num_classes = CIFAR10_CLASSES
     else:
         x_train, y_train, x_test, y_test = read_idx_dataset(config.root, config.name)
         num_classes = 10
@@ -417,6 +426,11 @@ def data_facts(config: DataConfig) -> DataFacts:
     if config.name == "libsvm":
         libsvm_paths(config.root, config.file, config.test_file)
         return DataFacts(None, None, None)
+    if config.name == "cifar10":
+        paths = cifar10_paths(config.root)
+        train = sum(cifar10_records(p) for p in paths[:-1])
+        cifar10_records(paths[-1])  # a damaged test batch is refused before the run too
+        return DataFacts(CIFAR10_SHAPE, CIFAR10_CLASSES, _at_most(train, config.max_train_samples))
     if config.name in _IDX_TITLES:
         dims = _idx_shapes(idx_paths(config.root, config.name), config.name)
         shape, train = (1, *dims["train-images-idx3-ubyte"][1:]), dims["train-labels-idx1-ubyte"][0]
@@ -453,8 +467,9 @@ def _at_most(count: int, limit: int | None) -> int:
 
 
 def idx_root(root: str | None, name: str) -> str | None:
-    """The folder an IDX set is read from: ``data.root`` when given, else the folder a
-    distribution package installs it in (DISTRIBUTION_ROOTS) when it is there, else None."""
+    """The folder an image file set (IDX, CIFAR-10) is read from: ``data.root`` when given,
+    else the folder a distribution package installs it in (DISTRIBUTION_ROOTS) when it is
+    there, else None."""
     if root is not None:
         return root
     installed = DISTRIBUTION_ROOTS.get(name)
@@ -520,8 +535,14 @@ def read_idx_dataset(root: str | None, name: str):
     for split in ("train", "t10k"):
         images = read_idx(paths[f"{split}-images-idx3-ubyte"], IDX_IMAGES_MAGIC)
         labels = read_idx(paths[f"{split}-labels-idx1-ubyte"], IDX_LABELS_MAGIC)
-        arrays += [images[:, None].astype(np.float32) / 255.0, labels.astype(np.int64)]
+        arrays += [scaled_pixels(images[:, None]), labels.astype(np.int64)]
     return tuple(arrays)
+
+
+def scaled_pixels(images: np.ndarray) -> np.ndarray:
+    """8-bit pixels as float32 in [0, 1] (pixel / 255): the one scaling of every image file set
+    (IDX and CIFAR-10), so that a model sees the same input range whichever of them it reads."""
+    return images.astype(np.float32) / 255.0
 
 
 def _find(folder: Path, base: str) -> Path | None:
@@ -617,6 +638,121 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
         raise UserError(f"{path} holds label {int(array.max())} but MNIST-format labels are "
                         f"0..{IDX_CLASSES - 1}; replace it with the original file")
     return array
+
+
+# --- CIFAR-10 binary files (Krizhevsky, "Learning Multiple Layers of Features from Tiny Images",
+# 2009; format: https://www.cs.toronto.edu/~kriz/cifar.html, "Binary version") ----------------
+
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+CIFAR10_ARCHIVE = "cifar-10-binary.tar.gz"
+CIFAR10_FOLDER = "cifar-10-batches-bin"  # what the binary archive unpacks to
+CIFAR10_PICKLED_FOLDER = "cifar-10-batches-py"  # the Python version: pickles, never loaded
+CIFAR10_FILES = (*(f"data_batch_{i}.bin" for i in range(1, 6)), "test_batch.bin")
+# A record: 1 label byte (0..9), then 3,072 pixel bytes: the 1,024 red values, the 1,024 green,
+# the 1,024 blue, each a 32x32 image row by row, so it reshapes to (3, 32, 32) channels first.
+CIFAR10_SHAPE = (3, 32, 32)
+CIFAR10_RECORD_BYTES = 1 + math.prod(CIFAR10_SHAPE)
+CIFAR10_CLASSES = 10
+
+
+def cifar10_folder(root: str) -> Path:
+    """Where the batch files are looked for: ``root``'s cifar-10-batches-bin when it has one
+    (root names where the archive was unpacked), else ``root`` itself (root names
+    cifar-10-batches-bin). It checks nothing, so the memory estimate can size from it too."""
+    folder = Path(root).expanduser()
+    inner = folder / CIFAR10_FOLDER
+    return inner if inner.is_dir() else folder
+
+
+def cifar10_paths(root: str | None) -> list[Path]:
+    """The six batch files of CIFAR-10's binary version (the five training batches, then the
+    test batch), or one clean error naming the folder, the files and data.root."""
+    source = f"{CIFAR10_ARCHIVE} from {CIFAR10_URL}"
+    root = idx_root(root, "cifar10")
+    if root is None:
+        raise UserError(f"dataset 'cifar10' needs data.root: set it to the folder {CIFAR10_FOLDER} "
+                        f"of CIFAR-10's binary version ({source}) or to the folder holding it")
+    if not Path(root).expanduser().is_dir():
+        raise UserError(f"data.root folder {Path(root).expanduser()} does not exist: unpack "
+                        f"CIFAR-10's binary version ({source}) there, or fix data.root")
+    folder = cifar10_folder(root)
+    paths = [folder / name for name in CIFAR10_FILES]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing and _cifar10_pickled(folder):
+        raise UserError(f"data.root folder {folder} holds the pickled Python version of CIFAR-10 "
+                        "(cifar-10-batches-py), which is never loaded (unpickling a file runs "
+                        f"code); download the binary version ({source}) and point data.root at "
+                        f"its {CIFAR10_FOLDER}")
+    if missing:
+        raise UserError(f"data.root folder {folder} lacks {', '.join(missing)}: CIFAR-10's binary "
+                        f"version is the six files {', '.join(CIFAR10_FILES)} ({CIFAR10_FOLDER} "
+                        f"in {source}); put them in {folder}, or set data.root to their folder")
+    return paths
+
+
+def _cifar10_pickled(folder: Path) -> bool:
+    """Whether ``folder`` holds CIFAR-10's Python version (cifar-10-batches-py, or batch files
+    named without .bin), so that the error says which version to fetch instead."""
+    return (folder.name == CIFAR10_PICKLED_FOLDER or (folder / CIFAR10_PICKLED_FOLDER).is_dir()
+            or (folder / "data_batch_1").is_file())
+
+
+def cifar10_records(path: Path) -> int:
+    """The records a batch file holds, from its size alone (records have a fixed size, there is
+    no header): a size that is not a whole number of records is a truncated or foreign file."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise UserError(f"{path} cannot be read ({type(exc).__name__}: {exc}); replace it with "
+                        "the original CIFAR-10 batch file") from None
+    if size % CIFAR10_RECORD_BYTES:
+        raise UserError(f"{path} holds {size:,} bytes, not a whole number of "
+                        f"{CIFAR10_RECORD_BYTES:,}-byte CIFAR-10 records (truncated or corrupt); "
+                        "replace it with the original file")
+    return size // CIFAR10_RECORD_BYTES
+
+
+def read_cifar10_batch(path: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 images [count, 3, 32, 32], int64 labels [count]) of one batch file, read with numpy
+    (the binary version needs no unpickling) no further than ``count`` records; labels must lie
+    in 0..9."""
+    try:
+        raw = np.fromfile(path, np.uint8, count=count * CIFAR10_RECORD_BYTES)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path} cannot be read ({type(exc).__name__}: {exc}); replace it with "
+                        "the original CIFAR-10 batch file") from None
+    if raw.size != count * CIFAR10_RECORD_BYTES:
+        raise UserError(f"{path} should hold {count} records but holds {raw.size:,} bytes "
+                        "(truncated while read); replace it with the original file")
+    records = raw.reshape(count, CIFAR10_RECORD_BYTES)
+    labels = records[:, 0]
+    if count and int(labels.max()) >= CIFAR10_CLASSES:
+        first = int(np.argmax(labels >= CIFAR10_CLASSES))
+        raise UserError(f"{path} holds label {int(labels[first])} (record {first + 1}) but "
+                        f"CIFAR-10 labels are 0..{CIFAR10_CLASSES - 1}; replace it with the "
+                        "original file")
+    return records[:, 1:].reshape(count, *CIFAR10_SHAPE), labels.astype(np.int64)
+
+
+def _cifar10_split(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of batch files read one after another into one uint8 array, then scaled as the IDX
+    sets are: no list of batches and concatenated copy, so the loader's peak is the IDX loader's
+    (uint8 + two float32 arrays) that the memory estimate counts."""
+    counts = [cifar10_records(p) for p in paths]
+    images = np.empty((sum(counts), *CIFAR10_SHAPE), np.uint8)
+    labels = np.empty(sum(counts), np.int64)
+    start = 0
+    for path, count in zip(paths, counts):
+        images[start:start + count], labels[start:start + count] = read_cifar10_batch(path, count)
+        start += count
+    return scaled_pixels(images), labels
+
+
+def read_cifar10_dataset(root: str | None):
+    """(x_train, y_train, x_test, y_test) from the six batch files in ``root`` (or its
+    cifar-10-batches-bin): the five training batches in file order, then the test batch."""
+    paths = cifar10_paths(root)
+    return (*_cifar10_split(paths[:-1]), *_cifar10_split(paths[-1:]))
 
 
 # --- LIBSVM files (https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/) ------------------

@@ -153,7 +153,7 @@ def seed002_cnn(input_shape: Sequence[int], num_classes: int, **_: object) -> nn
     if len(shape) != 3:
         raise UserError(
             f"model 'seed002-cnn' needs image inputs (channels, height, width), got shape "
-            f"{shape}; use dataset 'digits28', 'mnist' or 'fashionmnist'"
+            f"{shape}; use dataset 'digits28', 'mnist', 'fashionmnist' or 'cifar10'"
         )
     return Seed002CNN(shape, num_classes)
 

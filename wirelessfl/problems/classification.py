@@ -95,12 +95,12 @@ def check_model(model: str, shape: tuple[int, ...], dataset: str) -> None:
     if model == "seed002-cnn" and (len(shape) != 3 or min(shape[1:]) < 14):
         raise UserError(f"model 'seed002-cnn' needs image inputs (channels, height, width) of at "
                         f"least 14x14 pixels, but dataset '{dataset}' has shape {shape}; use "
-                        "dataset 'digits28', 'mnist' or 'fashionmnist'")
+                        "dataset 'digits28', 'mnist', 'fashionmnist' or 'cifar10'")
     if model == "resnet18-cifar" and (len(shape) != 3 or min(shape[1:]) < 8):
         raise UserError(f"model 'resnet18-cifar' needs image inputs (channels, height, width) of "
                         f"at least 8x8 pixels, but dataset '{dataset}' has shape {shape}; it is "
-                        "built for 3x32x32 (CIFAR-10): use an image dataset (digits28, mnist, "
-                        "fashionmnist) or model mlp")
+                        "built for 3x32x32 (CIFAR-10): use an image dataset (cifar10, digits28, "
+                        "mnist, fashionmnist) or model mlp")
 
 
 def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:

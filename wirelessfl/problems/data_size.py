@@ -1,8 +1,8 @@
 """A dataset's size from the scenario alone, for the memory estimate (pipeline/memory.py):
 what every problem on ``scenario.data`` holds of it (``data_bytes``; each problem's ``memory``
-hook adds its own arrays), found from the catalog, the synthetic section, the IDX headers or a
-streaming pass over a LIBSVM file, without loading the data. It sits with the problems because
-only a problem knows which data it reads and how it holds it.
+hook adds its own arrays), found from the catalog, the synthetic section, the IDX headers, the
+sizes of CIFAR-10's batch files or a streaming pass over a LIBSVM file, without loading the data.
+It sits with the problems because only a problem knows which data it reads and how it holds it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wirelessfl.contract.memory import BYTES_PER_FLOAT, MIB
-from wirelessfl.learning.datasets import BUILTIN_DATASETS, idx_root, plugin_dataset, plugin_facts
+from wirelessfl.learning.datasets import (
+    BUILTIN_DATASETS,
+    CIFAR10_CLASSES,
+    CIFAR10_FILES,
+    CIFAR10_RECORD_BYTES,
+    CIFAR10_SHAPE,
+    cifar10_folder,
+    idx_root,
+    plugin_dataset,
+    plugin_facts,
+)
 from wirelessfl.learning.partition import fewest_samples
 
 # Per sample of a classifier's training set beyond its inputs: labels twice (or the labels once
@@ -48,16 +58,17 @@ class DataShape:
     load_bytes: int = 0
 
 
-# Bytes per input value at a loader's peak: IDX uint8 + float32 + the scaled float32;
-# LIBSVM float64 dense + float32 (plus the sparse matrix, about as large again at worst);
+# Bytes per input value at a loader's peak: IDX (and CIFAR-10) uint8 + float32 + the scaled
+# float32; LIBSVM float64 dense + float32 (plus the sparse matrix, about as large again at worst);
 # make_classification's float64 draws, their float32 copy and the standardised split.
 LOAD_BYTES = {"idx": 9, "libsvm": 24, "synthetic": 24, "builtin": 24}
 
 
 def dataset_shape(data, limit_bytes: float = math.inf) -> DataShape:
     """The size of ``data`` (a DataConfig) without loading it: the catalog's sizes, the
-    synthetic section, the IDX headers, or a streaming count of a LIBSVM file's lines and
-    largest feature index (stopped once the dense float32 array would exceed ``limit_bytes``).
+    synthetic section, the IDX headers, the CIFAR-10 batch files' sizes, or a streaming count
+    of a LIBSVM file's lines and largest feature index (stopped once the dense float32 array
+    would exceed ``limit_bytes``).
     Unreadable files count as empty: the loader reports them."""
     name = data.name
     test = None
@@ -74,6 +85,9 @@ def dataset_shape(data, limit_bytes: float = math.inf) -> DataShape:
     elif name == "libsvm":
         samples, features, test = _libsvm_shape(data, limit_bytes)
         shape, classes, kind = (features,), 2, "libsvm"
+    elif name == "cifar10":  # fixed-size records: the files' sizes give the counts
+        samples, test = _cifar10_counts(idx_root(data.root, name))
+        shape, classes, kind = CIFAR10_SHAPE, CIFAR10_CLASSES, "idx"
     else:  # mnist, fashionmnist: the IDX headers give (count, rows, cols)
         counts = [_idx_dims(idx_root(data.root, name), f) for f in IDX_FILES]
         samples, test = counts[0][0], counts[1][0]
@@ -122,6 +136,17 @@ def _idx_dims(root: str | None, base: str) -> tuple[int, int, int]:
                 _, *dims = struct.unpack(">4i", head)
                 return tuple(max(0, v) for v in dims)
     return 0, 0, 0
+
+
+def _cifar10_counts(root: str | None) -> tuple[int, int]:
+    """(training, test) records of CIFAR-10's binary batch files, from their sizes (3,073 bytes
+    a record) without reading them; a missing file counts as empty (the loader reports it)."""
+    if root is None:
+        return 0, 0
+    folder = cifar10_folder(root)
+    counts = [(folder / name).stat().st_size // CIFAR10_RECORD_BYTES
+              if (folder / name).is_file() else 0 for name in CIFAR10_FILES]
+    return sum(counts[:-1]), counts[-1]
 
 
 _FEATURE = re.compile(rb"(\d+):")
