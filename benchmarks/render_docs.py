@@ -1551,10 +1551,6 @@ def bench_engine() -> str:
             f"average {m['load_average'][0]:.1f} at the end), `{b['command'].strip()}`.")
 
 
-PEER_COLUMNS = ["case", "wirelessfl ms/round", "pfl ms/round", "pfl / wirelessfl",
-                "wirelessfl peak RSS [MB]", "pfl peak RSS [MB]"]
-
-
 def _ms(side: dict) -> str:
     """A simulator's ms per round, or why there is none (not run, failed, timed out)."""
     value = _num(side["ms_per_round"])
@@ -1563,19 +1559,52 @@ def _ms(side: dict) -> str:
     return f"{value:,.3g}" if value < 100 else f"{value:,.0f}"
 
 
-@block("bench-peers", "benchmarks/bench_peers.json")
+PEERS, PEERS_BEST = "benchmarks/bench_peers.json", "benchmarks/bench_peers_best.json"
+
+
+def _best_side(name: str, case: str, runs: list[dict]) -> tuple[float | None, int | None]:
+    """(the smallest median ms per round of simulator NAME on CASE over the recorded thread
+    settings, its thread count)."""
+    best = (None, None)
+    for b in runs:
+        row = next((c for c in b["cases"] if c["case"] == case), None)
+        ms = None if row is None else _num(row[name]["ms_per_round"])
+        if ms is not None and (best[0] is None or ms < best[0]):
+            best = (ms, b["machine"]["threads"][name])
+    return best
+
+
+def _peer_runs() -> list[dict]:
+    """The recorded bench_peers runs: one thread each, then each simulator's best setting."""
+    return [_json(PEERS)] + ([_json(PEERS_BEST)] if (ROOT / PEERS_BEST).exists() else [])
+
+
+@block("bench-peers", PEERS, PEERS_BEST)
 def bench_peers() -> str:
-    """FedAvg rounds of wirelessfl and pfl-research on the same cases (benchmarks/README.md)."""
-    b = _json("benchmarks/bench_peers.json")
+    """FedAvg rounds of wirelessfl and pfl-research on the same cases (benchmarks/README.md):
+    one thread each, and each side at its best thread setting."""
+    runs = _peer_runs()
+    b = runs[0]
+    head = ["case", "d", "wirelessfl ms/round", "pfl ms/round", "pfl / wirelessfl"]
+    if len(runs) > 1:
+        head += ["best: wirelessfl ms (threads)", "best: pfl ms (threads)", "best: pfl / wirelessfl"]
+    head += ["wirelessfl peak RSS [MB]", "pfl peak RSS [MB]", "RSS ratio"]
     rows = []
     for c in b["cases"]:
         w, p = c["wirelessfl"], c["pfl"]
         speed = c["pfl_over_wirelessfl"]
-        rows.append([c["title"], _ms(w), _ms(p),
-                     "-" if speed is None else f"{speed:.3g}x", i0(w["peak_rss_mb"]),
-                     i0(p["peak_rss_mb"])])
+        row = [c["title"], i0((c.get("facts") or {}).get("d")), _ms(w), _ms(p),
+               "-" if speed is None else f"{speed:.3g}x"]
+        if len(runs) > 1:
+            (wm, wt), (pm, pt) = (_best_side(n, c["case"], runs) for n in ("wirelessfl", "pfl"))
+            row += ["-" if wm is None else f"{wm:,.3g} ({wt})",
+                    "-" if pm is None else f"{pm:,.3g} ({pt})",
+                    "-" if not (wm and pm) else f"{pm / wm:.3g}x"]
+        rss_w, rss_p = _num(w["peak_rss_mb"]), _num(p["peak_rss_mb"])
+        row += [i0(rss_w), i0(rss_p), "-" if not (rss_w and rss_p) else f"{rss_w / rss_p:.2f}"]
+        rows.append(row)
     cases = {c["case"]: c for c in b["cases"]}
-    lines = [table(PEER_COLUMNS, rows), ""]
+    lines = [table(head, rows), ""]
     small = cases.get("mlp_synthetic_n100_k100")
     for big in ("mlp_synthetic_n1000000_k100", "mlp_synthetic_n1000000_k1000"):
         if small and big in cases and cases[big]["wirelessfl"]["ms_per_round"]:
@@ -1585,21 +1614,94 @@ def bench_peers() -> str:
                          f"{cases[big]['wirelessfl']['peak_rss_mb']:,.0f} MB peak RSS.")
     speeds = [c["pfl_over_wirelessfl"] for c in b["cases"] if c["pfl_over_wirelessfl"]]
     if speeds:
-        lines.append(f"* wirelessfl / pfl speed: {min(speeds):.3g}x to {max(speeds):.3g}x "
-                     f"faster over the {len(speeds)} cases both ran.")
+        lines.append(f"* wirelessfl / pfl speed, one thread each: {min(speeds):.3g}x to "
+                     f"{max(speeds):.3g}x over the {len(speeds)} cases both ran.")
+    rss = [c["wirelessfl"]["peak_rss_mb"] / c["pfl"]["peak_rss_mb"] for c in b["cases"]
+           if c["wirelessfl"]["peak_rss_mb"] and c["pfl"]["peak_rss_mb"]]
+    if rss:
+        lines.append(f"* Peak RSS, wirelessfl over pfl: {min(rss):.2f} to {max(rss):.2f} "
+                     f"(target: at most 2; {'met' if max(rss) <= 2 else 'NOT met'}).")
+    lines += _size_axis_lines(b, cases)
     for key in ("cnn_digits28_n10",):
         if key in cases and cases[key]["peak_fraction"]["wirelessfl"] is not None:
             f = cases[key]["peak_fraction"]
             lines.append(f"* {cases[key]['title']}: wirelessfl at {pct(f['wirelessfl'])} of the "
-                         f"float32 matmul peak ({b['matmul_peak_gflops']:.0f} GFLOP/s measured "
-                         "in the same process), pfl at "
-                         + ("-" if f["pfl"] is None else pct(f["pfl"])) + ".")
-    m, st = b["machine"], b["settings"]
-    lines.append(f"\nRecorded {b['date'][:10]} on `{m['platform']}` ({m['cpu_count']} CPUs), "
-                 f"pfl {m['pfl']}, torch {m['torch']}; {st['repeats']} interleaved repeats a case "
-                 f"(medians), threads: wirelessfl {m['threads']['wirelessfl']}, pfl "
-                 f"{m['threads']['pfl']}; `{b['command'].strip()}`.")
+                         f"rate a large float32 matmul reached in the same process "
+                         f"({b['matmul_peak_gflops']:.0f} GFLOP/s; oneDNN's convolutions can "
+                         "beat it), pfl at " + ("-" if f["pfl"] is None else pct(f["pfl"])) + ".")
+    for run in runs:
+        m, st = run["machine"], run["settings"]
+        load = m.get("load_average")
+        lines.append(f"\nRecorded {run['date'][:10]} on `{m['platform']}` ({m['cpu_count']} "
+                     f"CPUs), pfl {m['pfl']}, torch {m['torch']}; {st['repeats']} interleaved "
+                     f"repeats a case (medians), threads: wirelessfl {m['threads']['wirelessfl']}"
+                     f", pfl {m['threads']['pfl']}"
+                     + (f"; load average {load[0]:.2f} before, {load[1]:.2f} after"
+                        if load else "") + f"; `{run['command'].strip()}`.")
     return "\n".join(lines)
+
+
+def _size_axis_lines(b: dict, cases: dict) -> list[str]:
+    """The model-size axis against issue 36's targets (one thread each)."""
+    sized = sorted((c for c in b["cases"] if (c.get("facts") or {}).get("d")
+                    and c["case"].startswith(("mlp_size_", "mlp_synthetic_n100_k100"))),
+                   key=lambda c: c["facts"]["d"])
+    both = [c for c in sized if c["pfl_over_wirelessfl"]]
+    if not both:
+        return []
+    small = [c for c in both if c["facts"]["d"] <= 100_000]
+    large = [c for c in both if c["facts"]["d"] > 100_000]
+    out = []
+    if small:
+        low = min(c["pfl_over_wirelessfl"] for c in small)
+        out.append(f"* MLP with 100 clients, d up to 10^5: at least {low:.3g}x faster than pfl "
+                   f"(target 3x: {'met' if low >= 3 else 'NOT met'}).")
+    if large:
+        low = min(c["pfl_over_wirelessfl"] for c in large)
+        out.append(f"* MLP with 100 clients above d = 10^5: at least {low:.3g}x pfl's speed "
+                   f"(target 1x: {'met' if low >= 1 else 'NOT met'}).")
+    big = cases.get("mlp_size_d1126410")
+    if big and big["peak_fraction"]["wirelessfl"] is not None:
+        f = big["peak_fraction"]
+        out.append(f"* {big['title']}: wirelessfl at {pct(f['wirelessfl'])} of the one-thread "
+                   f"float32 matmul peak ({b['matmul_peak_gflops']:.0f} GFLOP/s), pfl at "
+                   + ("-" if f["pfl"] is None else pct(f["pfl"])) + " (target 25 %: "
+                   + ("met" if f["wirelessfl"] >= 0.25 else "NOT met") + ").")
+    return out
+
+
+@block("model-size", "benchmarks/model_size.json")
+def model_size() -> str:
+    """Devices' local SGD by strategy against d (benchmarks/bench_model_size.py)."""
+    b = _json("benchmarks/model_size.json")
+    names = ["stacked", "per-device", "plain loop"]
+    rows = []
+    for c in sorted(b["cases"], key=lambda c: c["d"]):
+        row = [i0(c["d"]), "-".join(str(w) for w in [64, *c["hidden"], 10])]
+        for name in names:
+            side = c["ms"].get(name)
+            best = None if side is None else side["best"]
+            row.append("not run" if side is None else
+                       (f"{best:.3g}" if best < 100 else f"{best:,.0f}")
+                       + f" ({pct(side['peak_fraction'])})")
+        row += [c["chosen"], "yes" if c["agree"] else "NO"]
+        rows.append(row)
+    chosen = [c["ms"]["stacked" if c["chosen"] == "stacked" else "per-device"]["best"]
+              / c["ms"]["plain loop"]["best"] for c in b["cases"]]
+    m, st = b["machine"], b["settings"]
+    return (table(["d", "MLP", "stacked ms (% of peak)", "per-device ms (% of peak)",
+                   "plain loop ms (% of peak)", "chosen", "agree"], rows)
+            + f"\n\nThe chosen strategy took {min(chosen):.2f} to {max(chosen):.2f} times the "
+            "plain loop's time (target: at most 1, "
+            + ("met" if max(chosen) <= 1 else "NOT met") + "). "
+            f"{st['devices']} devices, {st['local_steps']} steps of {st['batch_size']} samples, "
+            f"best of {st['repeats']} interleaved repeats on one thread; percentages of the "
+            f"one-thread float32 matmul peak ({b['matmul_peak_gflops_one_thread']:.0f} GFLOP/s, "
+            f"same process). Threshold `PER_DEVICE_MIN_PARAMETERS` = "
+            f"{b['per_device_min_parameters']:,}. Recorded {b['date'][:10]} on "
+            f"`{m['platform']}` ({m['cpu_capability']}), load average "
+            f"{m['load_average_start']:.2f} at the start, {m['load_average_end']:.2f} at the "
+            f"end; `{b['command'].strip()}`.")
 
 
 @block("memory-estimate", "benchmarks/memory_estimate.json")

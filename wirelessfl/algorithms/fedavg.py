@@ -187,7 +187,8 @@ class FedAvg(VectorUploadAlgorithm):
     def device_vectors(self, k, devices):
         p, ev = self.params, self.ctx.evaluator
         idx = self.minibatches(k, devices, p.local_steps)
-        for rows, models in ev.local_sgd(self.theta, idx, p.lr):
+        # each chunk is done with (quantised, summed) before the next is asked for: ``reuse``
+        for rows, models in ev.local_sgd(self.theta, idx, p.lr, reuse=True):
             yield rows, models.sub_(self.theta)  # the delta, in the models' own memory
             del models  # one chunk alive at a time
 

@@ -191,11 +191,14 @@ class Problem(ABC):
             yield rows, grads
 
     def local_sgd(self, theta: torch.Tensor, idx: torch.Tensor, lr: float,
-                  steps: torch.Tensor | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
+                  steps: torch.Tensor | None = None, reuse: bool = False
+                  ) -> Iterator[tuple[slice, torch.Tensor]]:
         """Each device runs SGD from theta on its minibatches idx [E, n, b] (the rows of any
         selection of devices); yields (rows of idx, [rows, d]).
 
         ``steps`` [n] (optional) lets devices stop early: row i takes only its first steps[i].
+        ``reuse``: the caller is done with each chunk before it asks for the next, so a problem
+        may hand out every chunk in the same memory (this one does not).
         """
         num_steps, count, b = idx.shape
         for rows in self.row_chunks(count, b, own_model=True):
