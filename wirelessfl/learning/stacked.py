@@ -6,7 +6,10 @@ Which kernels run is chosen from the model's structure, never from timings or th
 a scenario always takes the same arithmetic path (same seed, same numbers):
 
 * ``linear``: a chain of Flatten / Linear / ReLU (the zoo's mlp and logistic, through their
-  ``layers()``) becomes one batched matrix product per layer for all devices (torch.baddbmm);
+  ``layers()``) of fewer than ``PER_DEVICE_MIN_PARAMETERS`` becomes one batched matrix product
+  per layer for all devices (torch.baddbmm), its gradients written by autograd's own formulas
+  straight into the rows of [n, d]; a larger one runs ``per-device`` as a chain with no
+  convolutional head (learning/conv_chain.py), each device's model in cache over its steps;
 * ``per-device``: models with 2-D convolutions run device by device in channels-last layout.
   Each device's pass is large (the seed-002 CNN: 10^7 MACs per sample), so the Python loop is
   negligible, and mkldnn's channels-last convolutions beat the grouped convolution that vmap
