@@ -38,27 +38,31 @@ def _ce_grad(world, theta, x, y):
     return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(leaf.values()))])
 
 
-def _reference(world, theta, delivered, weights="paper"):
+def _reference(world, theta, delivered, weights="paper", taus=None):
     """x_r after each round of Alg. 1 with Alg. 2's solves, device by device (tau = 2, eta = 0.1,
     lam = mu = 1, inner_lr0 = 0.1, B = B_s = 8, gamma0 = 0.5, seed 3): g = server gradient +
     sum_i a_i (d / (2 eta)) (F+ - F-) v_i over the clients in ``delivered[r]``, a_i = w_i
-    (``paper``) or w_i / sum of the delivered w_j (``renormalised``), w_i = N_i / N."""
+    (``paper``) or w_i / sum of the delivered w_j (``renormalised``), w_i = N_i / N. ``taus``
+    (per client, default 2 each): client i runs H_{i,r} = ceil(tau_i sqrt(r+1)) steps in both
+    solves (zo_hfl.md 2.2), on the first H_{i,r} minibatches of its own row of the round's
+    draw, drawn here for its own H_{i,r} alone; H_{i,r} = 0 returns y_0 = x."""
     ev, n, d = world.evaluator, world.num_devices, world.flat.d
     eta, lam, mu, lr0, b = 0.1, 1.0, 1.0, 0.1, 8
+    taus = [2.0] * n if taus is None else taus
     sizes = ev.data.sizes.double()
     thetas = [theta]
     for r, mask in enumerate(delivered):
         w = sizes / sizes.sum() * torch.as_tensor(mask, dtype=torch.float64)
         a = (w if weights == "paper" else w / w.sum()).float()
-        steps = math.ceil(2 * math.sqrt(r + 1))
         z = torch.randn((n, d), generator=keyed_generator(3, "zo-hfl-v", r))
         v = z / z.norm(dim=1, keepdim=True)
-        plus = ev.sample(keyed_generator(3, "batch", r), b, steps)
-        minus = ev.sample(keyed_generator(3, "batch-minus", r), b, steps)
         pick = torch.randint(len(ev.data.y_server), (8,),
                              generator=keyed_generator(3, "zo-hfl-server", r))
         g = _ce_grad(world, theta, ev.data.x_server[pick], ev.data.y_server[pick])
         for i in np.flatnonzero(mask):
+            steps = math.ceil(taus[i] * math.sqrt(r + 1))
+            plus = ev.sample(keyed_generator(3, "batch", r), b, steps)
+            minus = ev.sample(keyed_generator(3, "batch-minus", r), b, steps)
             f = []
             for sign, idx in ((1.0, plus), (-1.0, minus)):
                 x = theta + sign * eta * v[i]
@@ -312,3 +316,106 @@ def test_a_lost_direction_sits_the_client_out_without_making_it_stale(monkeypatc
     np.testing.assert_array_equal(asked, participants & got_x)  # missed x: no direction
     np.testing.assert_array_equal(collects[0].active, got_v)  # round 0's uploaders
     np.testing.assert_array_equal(resent, ~got_x)  # only those that missed x are resent x
+
+
+# ---- per-client tau_i (zo_hfl.md 2.2, nonidentical local steps) ----------------------------------
+
+TAUS = [0.0, 1.0, 2.0, 3.0, 0.5, 2.0, 1.5, 4.0]  # H_{i,0} = 0, 1, 2, 3, 1, 2, 2, 4
+
+
+def _compute(led):
+    """Per device: (compute energy [J], compute busy time [s]), forward + backward."""
+    kinds = [KIND_INDEX["compute_forward"], KIND_INDEX["compute_backward"]]
+    return led.energy_j[:, kinds].sum(1), led.busy_s[:, kinds].sum(1)
+
+
+def test_per_client_tau_matches_the_per_device_reference(monkeypatch):
+    """Each client's own H_{i,r} = ceil(tau_i sqrt(r+1)) in both of its solves, the reference
+    drawing each client's minibatches for its own H alone (so a client's minibatches do not
+    depend on the others' H), under full and partial participation with lost uploads."""
+    world, thetas, _ = _run(monkeypatch, tau_per_device=TAUS)
+    want = _reference(world, thetas[0], [np.ones(8, dtype=bool)] * 2, taus=TAUS)
+    for got, ref in zip(thetas[1:], want[1:]):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    monkeypatch.undo()
+    collects = _record_collects(monkeypatch)
+    world, thetas, _ = _run(monkeypatch, ["channel.uplink.delivery_probability=0.5"], rounds=3,
+                            participation=0.5, tau_per_device=TAUS)
+    delivered = [np.asarray(c.delivered, dtype=bool) for c in collects]
+    assert [int(m.sum()) for m in delivered] == [2, 1, 3]
+    want = _reference(world, thetas[0], delivered, taus=TAUS)
+    for got, ref in zip(thetas[1:], want[1:]):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("payload", "streams"), [("models", "shared"), ("seed", "shared"),
+                                                  ("models", "per-device")])
+def test_every_tau_i_equal_to_tau_is_the_plain_run_bit_for_bit(monkeypatch, payload, streams):
+    lossy = ["channel.uplink.delivery_probability=0.5", "quantization_bits=12",
+             f"population.random_streams={streams}"]
+    _, plain, run_p = _run(monkeypatch, lossy, rounds=3, participation=0.5, payload=payload)
+    _, per, run_t = _run(monkeypatch, lossy, rounds=3, participation=0.5, payload=payload,
+                         tau_per_device=[2.0] * 8)
+    assert len(plain) == len(per) == 4
+    for a, b in zip(plain, per):
+        assert torch.equal(a, b)
+    for key in ("energy_j", "busy_s", "bits_up", "bits_down", "backward_passes"):
+        np.testing.assert_array_equal(getattr(run_p.ledger, key), getattr(run_t.ledger, key))
+    keep = [c for c in pd.DataFrame(run_p.rows).columns if "wall" not in c and "host" not in c]
+    pd.testing.assert_frame_equal(pd.DataFrame(run_p.rows)[keep], pd.DataFrame(run_t.rows)[keep])
+
+
+def test_a_client_at_h_zero_returns_y0_and_computes_nothing(monkeypatch):
+    """tau_0 = 0: H_{0,r} = 0, so device 0's solves return y_0 = x_r +- eta v_0 unmoved
+    (zo_hfl.md 2.2: "a client with H_{i,r} = 0 returns y_0"; 3.1: 2H fwd and bwd, none here);
+    it still takes part (hears x and v_0, uploads y+ and y-), and its F+ - F- is 0. Every other
+    device is charged 2 H_{i,r} forward and backward passes, each at the energy model's price
+    of one pass over its minibatch, and its compute time likewise; the rounds table's
+    local_steps is the largest 2 H_{i,r} of the round's participants."""
+    from wirelessfl.algorithms.zo_hfl import ZOHFL
+
+    solves = []
+    original = ZOHFL._solve
+
+    def solve(self, x, idx, rows, steps=None):
+        y = original(self, x, idx, rows, steps)
+        solves.append((x, y, steps))
+        return y
+
+    monkeypatch.setattr(ZOHFL, "_solve", solve)
+    world, _, run = _run(monkeypatch, rounds=3, tau_per_device=TAUS)
+    h = np.array([[math.ceil(t * math.sqrt(r + 1)) for t in TAUS] for r in range(3)])
+    assert len(solves) == 6  # the + and - solve of 8 devices (one chunk) in each round
+    for k, (x, y, steps) in enumerate(solves):
+        assert steps.tolist() == h[k // 2].tolist()
+        assert torch.equal(y[0], x[0])  # H = 0: y_0, no movement
+        assert not torch.equal(y[1:], x[1:])
+    led = run.ledger
+    passes = 2 * h.sum(0)
+    assert passes[0] == 0 and passes.tolist() == led.backward_passes.tolist()
+    energy, busy = _compute(led)
+    compute = world.compute_model(32)
+    sizes = world.evaluator.minibatch_sizes(8)
+    for i in range(8):
+        b = int(np.broadcast_to(sizes, (8,))[i])
+        per_step = (compute.forward_energy_j(b) + compute.backward_energy_j(b),
+                    compute.forward_time_s(b) + compute.backward_time_s(b))
+        assert energy[i] == pytest.approx(passes[i] * per_step[0], rel=1e-12)
+        assert busy[i] == pytest.approx(passes[i] * per_step[1], rel=1e-12)
+    assert energy[0] == busy[0] == 0 and energy[1:].min() > 0
+    assert led.bits_up[0] == led.bits_up[1] > 0  # device 0 still uploads y+ and y-
+    # local_steps: cumulative, 2 max_i H_{i,r} = 8, 12, 14 (tau 4: 4, 6, 7)
+    assert pd.DataFrame(run.rows).local_steps.tolist() == [0, 8, 20, 34]
+
+
+def test_a_tau_per_device_of_the_wrong_length_is_one_error_line(capsys):
+    from tests.conftest import cli
+
+    code, _, err = cli(capsys, "validate", "seed000-table1-digits", "--set",
+                       "algorithms.0.tau_per_device=[5, 5, 1]")
+    assert code == 2 and "Traceback" not in err, err
+    (line,) = [line for line in err.splitlines() if line.strip()]
+    assert line.startswith("error: ") and "--set algorithms.0.tau_per_device=[5, 5, 1]" in line
+    assert line.endswith("algorithms 'ZO-HFL': tau_per_device has 3 entries but "
+                         "population.num_devices is 10; give one tau per device, or remove "
+                         "tau_per_device to use tau = 5 for every device")

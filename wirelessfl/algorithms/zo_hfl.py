@@ -7,9 +7,12 @@ Round r, participants S_r (the base's ``participation`` beta, zo_hfl.md A11):
     broadcast + 1 vec unicast"; a 32-bit seed instead of v_i in mode ``seed``), or, ``directions:
     broadcast``, A21's literal reading: one transmission of x_r and every participant's v_i;
   client i: two proximal solves from the perturbed points x_r +- eta v_i (Alg. 2), H_{i,r} =
-    ceil(tau sqrt(r+1)) steps each, so 2 H_{i,r} local steps a round (the rounds table's
-    ``local_steps``), y <- Pi(y - lr_t (grad CE_i(y; zeta) + mu (y - x))), lr_t = inner_lr0 /
-    (t + 1), y_0 = x (A6), minibatches with replacement (A7);
+    min(max_local_steps, ceil(tau_i sqrt(r+1))) steps each (tau_i = tau for every client, or
+    its entry of ``tau_per_device``: the paper's nonidentical local steps, zo_hfl.md 2.2), so
+    2 H_{i,r} local steps a round, priced per device (the rounds table's ``local_steps``: the
+    largest 2 H_{i,r} of the round's participants S_r), y <- Pi(y - lr_t (grad CE_i(y; zeta) +
+    mu (y - x))), lr_t = inner_lr0 / (t + 1), y_0 = x (A6), minibatches with replacement (A7);
+    a client with H_{i,r} = 0 returns y_0 = x +- eta v_i and computes (and is charged) nothing;
   uplink, mode ``models`` (the paper): y+ and y- (two d-vectors); mode ``seed`` (ours): the client
     itself forms F+ - F- (below) and uploads one M-bit scalar, v_i coming from a seed both ends
     share, so the server's update is the same up to that scalar's quantisation (zo_hfl.md 3.5);
@@ -28,15 +31,17 @@ computed at the base station, which is mains powered: it is not in the devices' 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_serializer
 
 from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams
 from wirelessfl.algorithms.participation import participant_count
+from wirelessfl.contract.facts import ScenarioFacts
 from wirelessfl.contract.payload import Cost, Payload
+from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import counter_uniform, keyed_generator
 
 SEED_BITS = 32  # a direction travels as the seed of its generator in mode "seed" [D]
@@ -61,6 +66,12 @@ class ZOHFLParams(ScalarFormatParams):
                               "F+ - F- (v from a shared seed)")
     common_batches: bool = Field(False, description="the + and - solves reuse one minibatch "
                                                     "sequence (A8, 'CRN'; the paper: independent)")
+    tau_per_device: list[Annotated[float, Field(ge=0)]] | None = Field(
+        None, description="tau_i per device (population.num_devices values): client i runs "
+                          "H_{i,r} = ceil(tau_i sqrt(r+1)) steps per solve, the paper's "
+                          "nonidentical local steps (seed 000 contribution (iv), zo_hfl.md 2.2); "
+                          "tau_i = 0 gives H = 0 (the client returns y_0 = x +- eta v_i and "
+                          "computes nothing) [D]; none: tau for every device")
     max_local_steps: int = Field(1000, gt=0, description="cap on H_{i,r} [D]")
     weights: Literal["paper", "renormalised"] = Field(
         "paper", description="paper: a_i = w_i for the clients whose upload arrived, 0 for the "
@@ -70,6 +81,22 @@ class ZOHFLParams(ScalarFormatParams):
         "unicast", description="unicast: x broadcast, then each participant's own direction (or "
                                "seed) unicast to it (zo_hfl.md 3.1, A21); broadcast: x and every "
                                "participant's direction in one transmission (A21's flag)")
+
+    @model_serializer(mode="wrap")
+    def _only_given(self, handler):
+        """Leave tau_per_device out when absent, so the scenarios and checkpoints recorded
+        before it keep their fingerprints."""
+        return {k: v for k, v in handler(self).items()
+                if v is not None or k != "tau_per_device"}
+
+    def tau_count_problem(self, num_devices: int) -> str | None:
+        """The message refusing a tau_per_device whose length is not N, or None."""
+        if self.tau_per_device is None or len(self.tau_per_device) == num_devices:
+            return None
+        return (f"algorithms '{self.display_name}': tau_per_device has "
+                f"{len(self.tau_per_device)} entries but population.num_devices is "
+                f"{num_devices}; give one tau per device, or remove tau_per_device to use "
+                f"tau = {self.tau:g} for every device")
 
 
 class ZOHFL(Algorithm):
@@ -131,9 +158,19 @@ class ZOHFL(Algorithm):
                                header_bits=x.header_bits + own.bits, label="x and own seed")
         return up, Payload.vectors(d, bits, count=2, label="x and own direction")
 
-    def local_steps(self, r: int) -> int:
+    @classmethod
+    def check_scenario(cls, params: ZOHFLParams, facts: ScenarioFacts) -> str | None:
+        """tau_per_device holds one value per device (``setup``'s check, from the scenario)."""
+        return params.tau_count_problem(facts.num_devices)
+
+    def local_steps(self, r: int) -> int | np.ndarray:
+        """H_{i,r} = min(max_local_steps, ceil(tau_i sqrt(r+1))) of each solve: one count for
+        every device (tau), or [N] int64 (tau_per_device)."""
         p = self.params
-        return min(p.max_local_steps, math.ceil(p.tau * math.sqrt(r + 1)))
+        if self.tau_i is None:
+            return min(p.max_local_steps, math.ceil(p.tau * math.sqrt(r + 1)))
+        return np.minimum(p.max_local_steps,
+                          np.ceil(self.tau_i * math.sqrt(r + 1))).astype(np.int64)
 
     def directions(self, r: int, devices: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         """v_i uniform on the unit sphere for ``devices`` (increasing indices), regenerated
@@ -157,26 +194,38 @@ class ZOHFL(Algorithm):
     def setup(self) -> None:
         sizes = self.ctx.evaluator.sample_weights()  # N_i (equal without samples)
         self.weights = sizes / sizes.sum()  # w_i = N_i / N_clients (A5)
+        refusal = self.params.tau_count_problem(self.ctx.num_devices)
+        if refusal:
+            raise UserError(refusal)
+        tau = self.params.tau_per_device
+        self.tau_i = None if tau is None else np.asarray(tau, dtype=np.float64)
 
-    def _solve(self, x: torch.Tensor, idx: torch.Tensor, rows: slice) -> torch.Tensor:
+    def _solve(self, x: torch.Tensor, idx: torch.Tensor, rows: slice,
+               steps: torch.Tensor | None = None) -> torch.Tensor:
         """Alg. 2 for the rows ``rows`` of idx from their points x [n, d] on minibatches
-        idx [H, c, b]."""
+        idx [H, c, b]. ``steps`` [n] (optional, per-device H_{i,r}): row i takes only its
+        first steps[i] (a row at 0 returns y_0 = x), as ``local_sgd``'s early stop."""
         p, ev = self.params, self.ctx.evaluator
         y = x.clone()
         for t in range(idx.shape[0]):
             g = ev.stacked_gradients(y, idx[t, rows]) + p.mu * (y - x)
-            y = y - (p.inner_lr0 / (t + 1)) * g
+            moved = y - (p.inner_lr0 / (t + 1)) * g
             if p.radius is not None:
-                gap = y - x
+                gap = moved - x
                 norm = gap.norm(dim=1, keepdim=True).clamp_min(1e-30)
-                y = x + gap * torch.clamp(p.radius / norm, max=1.0)
+                moved = x + gap * torch.clamp(p.radius / norm, max=1.0)
+            y = moved if steps is None else torch.where((t < steps)[:, None], moved, y)
         return y
 
     def round(self, r: int):
         p, ev, ctx = self.params, self.ctx.evaluator, self.ctx
         d = self.theta.numel()
         steps = self.local_steps(r)
-        self.round_local_steps = 2 * steps  # the + and the - solve
+        if np.ndim(steps):  # the largest 2 H_{i,r} of the round's participants S_r
+            asked = steps[self.participant_devices(r)]
+            self.round_local_steps = 2 * int(asked.max()) if len(asked) else 0
+        else:
+            self.round_local_steps = 2 * steps  # the + and the - solve
         chosen = self.participants(r) & (self.missed == 0)
         up, _ = self.declared_payloads(d, self.bits, payload=p.payload)
         common, own = self.downlink_payloads(d, self.bits, int(chosen.sum()), p.payload,
@@ -186,6 +235,7 @@ class ZOHFL(Algorithm):
             chosen &= self.missed == 0
             sent = yield from self.unicast(own, chosen)
             chosen &= sent.received
+        # 2 H_{i,r} forward and backward passes per device ([N] with tau_per_device)
         cost = Cost(forward_passes=2 * steps, backward_passes=2 * steps,
                     batch_size=ev.minibatch_sizes(p.batch_size))
         result = yield from self.collect(cost, up, chosen)
@@ -197,14 +247,21 @@ class ZOHFL(Algorithm):
             g = g + self.probe_sum(r, devices, steps)
         self.theta = self.theta - p.gamma0 / math.sqrt(r + 1) * g
 
-    def probe_sum(self, r: int, devices: np.ndarray, steps: int) -> torch.Tensor:
+    def probe_sum(self, r: int, devices: np.ndarray, steps: int | np.ndarray) -> torch.Tensor:
         """sum_i a_i g_i [d] over the devices whose upload arrived (``devices``): their
-        proximal solves from x_r +- eta v_i, F+ - F- as the server receives it, and the
-        weights a_i. The sum runs over the rows of the directions' draw (the others weigh 0),
-        so it is the one a round computing every device forms."""
+        proximal solves from x_r +- eta v_i (``steps``: H_r, or [N] per-device H_{i,r}), F+ - F-
+        as the server receives it, and the weights a_i. The sum runs over the rows of the
+        directions' draw (the others weigh 0), so it is the one a round computing every device
+        forms. Per-device H: the minibatches are drawn for the largest H of ``devices`` and
+        each device takes its first H_{i,r} (a draw's first steps are a shorter draw's, so a
+        device's minibatches do not depend on the others' H)."""
         p, ev, device = self.params, self.ctx.evaluator, self.theta.device
         d = self.theta.numel()
         v, at = self.directions(r, devices)
+        own = None
+        if np.ndim(steps):
+            own = torch.as_tensor(steps[devices], device=device)
+            steps = int(own.max())
         plus = self.minibatches(r, devices, steps, "batch")
         minus = plus if p.common_batches else self.minibatches(r, devices, steps, "batch-minus")
         diff = torch.zeros(len(devices), device=device, dtype=torch.float64)
@@ -212,8 +269,9 @@ class ZOHFL(Algorithm):
             mine = v[torch.as_tensor(at[rows], device=device)]
             x_plus = self.theta + p.eta * mine
             x_minus = self.theta - p.eta * mine
-            y_plus = self._solve(x_plus, plus, rows)
-            y_minus = self._solve(x_minus, minus, rows)
+            cap = None if own is None else own[rows]
+            y_plus = self._solve(x_plus, plus, rows, cap)
+            y_minus = self._solve(x_minus, minus, rows, cap)
             if p.payload == "models":  # the server sees quantised y+-
                 y_plus = self.quantize(y_plus, "zo-hfl-up-plus", r, devices[rows])
                 y_minus = self.quantize(y_minus, "zo-hfl-up-minus", r, devices[rows])
