@@ -36,6 +36,7 @@ from pydantic import Field
 
 from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams
 from wirelessfl.algorithms.participation import participant_count
+from wirelessfl.algorithms.step_schedule import DEFAULT_MAX_LOCAL_STEPS, DEFAULT_TAU, zo_hfl_steps
 from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.learning.seeds import counter_uniform, keyed_generator
 
@@ -48,7 +49,7 @@ class ZOHFLParams(ScalarFormatParams):
     gamma0: float = Field(0.01, gt=0, description="server step gamma_r = gamma0/sqrt(r+1) "
                                                   "(seed 000 Sec. IV: 0.01)")
     eta: float = Field(0.1, gt=0, description="smoothing radius eta (seed 000 Sec. IV: 0.1)")
-    tau: float = Field(20.0, gt=0, description="H_{i,r} = ceil(tau sqrt(r+1)) local steps per "
+    tau: float = Field(DEFAULT_TAU, gt=0, description="H_{i,r} = ceil(tau sqrt(r+1)) local steps per "
                                                "solve (seed 000 Table I: 20)")
     inner_lr0: float = Field(0.1, gt=0, description="client step lr_t = inner_lr0/(t+1) "
                                                     "(seed 000 Sec. IV: 0.1)")
@@ -61,7 +62,7 @@ class ZOHFLParams(ScalarFormatParams):
                               "F+ - F- (v from a shared seed)")
     common_batches: bool = Field(False, description="the + and - solves reuse one minibatch "
                                                     "sequence (A8, 'CRN'; the paper: independent)")
-    max_local_steps: int = Field(1000, gt=0, description="cap on H_{i,r} [D]")
+    max_local_steps: int = Field(DEFAULT_MAX_LOCAL_STEPS, gt=0, description="cap on H_{i,r} [D]")
     weights: Literal["paper", "renormalised"] = Field(
         "paper", description="paper: a_i = w_i for the clients whose upload arrived, 0 for the "
                              "others (seed 000 Alg. 1, zo_hfl.md A4); renormalised [D]: "
@@ -133,7 +134,7 @@ class ZOHFL(Algorithm):
 
     def local_steps(self, r: int) -> int:
         p = self.params
-        return min(p.max_local_steps, math.ceil(p.tau * math.sqrt(r + 1)))
+        return zo_hfl_steps(p.tau, r, p.max_local_steps)
 
     def directions(self, r: int, devices: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         """v_i uniform on the unit sphere for ``devices`` (increasing indices), regenerated
