@@ -37,6 +37,10 @@ commits its new c_i only when its upload was delivered (the base station's ackno
 stays the mean of the c_i that the server knows; both directions are quantised like FedAvg's
 vectors.
 
+E is ``local_steps`` every round, or with ``local_steps_schedule: zo-hfl`` [D] the round's
+E_r = 2 min(max_local_steps, ceil(tau sqrt(r+1))): ZO-HFL's two solves of H_r steps
+(step_schedule.py), so that the baselines run ZO-HFL's total local steps (zo_hfl.md 4.3, A12).
+
 Lost uploads are never aggregated; a round in which nothing arrives leaves theta unchanged and the
 server broadcasts only a one-value "no update" flag.
 """
@@ -48,10 +52,11 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.algorithms.device_state import BLOCK_ROWS, DeviceRows, expected_rows
+from wirelessfl.algorithms.step_schedule import DEFAULT_MAX_LOCAL_STEPS, DEFAULT_TAU, zo_hfl_steps
 from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator
 
@@ -168,10 +173,75 @@ class FedSGD(VectorUploadAlgorithm):
         self.theta = self.theta - self.params.lr * mean_vector
 
 
+# The keys of the local-steps schedule, left out of a dumped ``fixed`` schedule [D].
+SCHEDULE_KEYS = ("local_steps_schedule", "tau", "max_local_steps")
+
+
 class FedAvgParams(VectorUploadParams):
     lr: float = Field(0.1, gt=0, description="local SGD learning rate")
-    local_steps: int = Field(5, gt=0, description="E, local SGD steps per round")
+    local_steps: int = Field(5, gt=0, description="E, local SGD steps per round (with "
+                                                  "local_steps_schedule: fixed)")
     server_lr: float = Field(1.0, gt=0, description="server step on the averaged model delta")
+    local_steps_schedule: Literal["fixed", "zo-hfl"] = Field(
+        "fixed", description="fixed: E = local_steps every round; zo-hfl [D]: round r runs "
+                             "E_r = 2 min(max_local_steps, ceil(tau sqrt(r+1))) steps, ZO-HFL's "
+                             "two solves of H_r steps, so that both run the same total local "
+                             "steps (zo_hfl.md 4.3 and A12)")
+    tau: float | None = Field(
+        None, gt=0, description=f"local_steps_schedule zo-hfl only: tau of H_r (default "
+                                f"{DEFAULT_TAU:g}, ZO-HFL's; give the ZO-HFL run's own)")
+    max_local_steps: int | None = Field(
+        None, gt=0, description=f"local_steps_schedule zo-hfl only: the cap on H_r (default "
+                                f"{DEFAULT_MAX_LOCAL_STEPS}, ZO-HFL's)")
+
+    @model_validator(mode="after")
+    def _schedule_keys(self):
+        """tau and max_local_steps belong to the zo-hfl schedule, which takes ZO-HFL's defaults
+        for them (written into the parameters, so a manifest records the steps run); a
+        local_steps other than its default there would be ignored, so it is refused [D]."""
+        if self.local_steps_schedule == "fixed":
+            given = [key for key in SCHEDULE_KEYS[1:] if getattr(self, key) is not None]
+            if given:
+                raise ValueError(f"{given[0]} belongs to local_steps_schedule: zo-hfl; with the "
+                                 "default fixed schedule every round runs local_steps: remove "
+                                 f"{given[0]}, or set local_steps_schedule: zo-hfl")
+            return self
+        default = type(self).model_fields["local_steps"].default
+        if self.local_steps != default:
+            raise ValueError(f"local_steps = {self.local_steps} is the fixed schedule's E; with "
+                             "local_steps_schedule: zo-hfl round r runs 2 min(max_local_steps, "
+                             "ceil(tau sqrt(r+1))) steps: remove local_steps, or set tau")
+        if self.tau is None:
+            self.tau = DEFAULT_TAU
+        if self.max_local_steps is None:
+            self.max_local_steps = DEFAULT_MAX_LOCAL_STEPS
+        return self
+
+    @model_serializer(mode="wrap")
+    def _fixed_schedule_unlisted(self, handler):
+        """The default fixed schedule is dumped without its keys: a resolved scenario (its
+        fingerprint, a checkpoint's, the sweeps that compare it) reads as before the schedule
+        existed, so run folders written before it resume [D]."""
+        data = handler(self)
+        if isinstance(data, dict) and self.local_steps_schedule == "fixed":
+            for key in SCHEDULE_KEYS:
+                data.pop(key, None)
+        return data
+
+    def round_steps(self, r: int) -> int:
+        """E_r, the local steps of round r: local_steps, or ZO-HFL's 2 H_r (step_schedule.py).
+        A function of r alone, so a resumed run needs no state for it."""
+        if self.local_steps_schedule == "fixed":
+            return self.local_steps
+        return 2 * zo_hfl_steps(self.tau, r, self.max_local_steps)
+
+
+def steps_cost(algorithm: Algorithm) -> Cost:
+    """E_r forward and E_r backward passes a device: the round's local steps, which ``round``
+    sets (``round_local_steps``, the rounds table's count) before it collects."""
+    e = algorithm.round_local_steps
+    return Cost(forward_passes=e, backward_passes=e,
+                batch_size=algorithm.ctx.evaluator.minibatch_sizes(algorithm.params.batch_size))
 
 
 class FedAvg(VectorUploadAlgorithm):
@@ -179,14 +249,16 @@ class FedAvg(VectorUploadAlgorithm):
     Params = FedAvgParams
     summary = "E local SGD steps per device per round, model delta (d values of M bits) uploaded"
 
+    def round(self, k: int):
+        self.round_local_steps = self.params.round_steps(k)
+        yield from super().round(k)
+
     def cost(self) -> Cost:
-        e = self.params.local_steps
-        return Cost(forward_passes=e, backward_passes=e,
-                    batch_size=self.ctx.evaluator.minibatch_sizes(self.params.batch_size))
+        return steps_cost(self)
 
     def device_vectors(self, k, devices):
         p, ev = self.params, self.ctx.evaluator
-        idx = self.minibatches(k, devices, p.local_steps)
+        idx = self.minibatches(k, devices, p.round_steps(k))
         # each chunk is done with (quantised, summed) before the next is asked for: ``reuse``
         for rows, models in ev.local_sgd(self.theta, idx, p.lr, reuse=True):
             yield rows, models.sub_(self.theta)  # the delta, in the models' own memory
@@ -197,7 +269,7 @@ class FedAvg(VectorUploadAlgorithm):
         p, ev = self.params, self.ctx.evaluator
         gen = keyed_generator(self.ctx.seed, "server-batch", k)
         model = self.theta.clone()
-        for _ in range(p.local_steps):
+        for _ in range(p.round_steps(k)):
             g = ev.server_gradient(model, gen, p.batch_size)
             model = model - p.lr * (g + self.proximal_pull(model))
         return model - self.theta
@@ -223,10 +295,11 @@ class FedProx(FedAvg):
 
     def device_vectors(self, k, devices):
         p, ev = self.params, self.ctx.evaluator
-        idx = self.minibatches(k, devices, p.local_steps)
+        steps = p.round_steps(k)
+        idx = self.minibatches(k, devices, steps)
         for rows in ev.row_chunks(len(devices), p.batch_size, own_model=True):
             models = self.theta.expand(rows.stop - rows.start, -1).clone()
-            for e in range(p.local_steps):
+            for e in range(steps):
                 g = ev.stacked_gradients(models, idx[e, rows])
                 models.sub_(g + self.proximal_pull(models), alpha=p.lr)
             yield rows, models.sub_(self.theta)
@@ -280,12 +353,11 @@ class Scaffold(VectorUploadAlgorithm):
         self.c_device = DeviceRows(self.ctx.num_devices, torch.zeros_like(self.theta))
 
     def cost(self) -> Cost:
-        e = self.params.local_steps
-        return Cost(forward_passes=e, backward_passes=e,
-                    batch_size=self.ctx.evaluator.minibatch_sizes(self.params.batch_size))
+        return steps_cost(self)
 
     def round(self, k: int):
         p, ev, d = self.params, self.ctx.evaluator, self.theta.numel()
+        steps = self.round_local_steps = p.round_steps(k)
         up, down = self.declared_payloads(d, self.bits)
         result = yield from self.collect(self.cost(), up)
         # Only delivered uploads are aggregated and only they commit c_i: compute those alone.
@@ -294,17 +366,17 @@ class Scaffold(VectorUploadAlgorithm):
         if not received:
             yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
             return
-        idx = self.minibatches(k, devices, p.local_steps)
+        idx = self.minibatches(k, devices, steps)
         total_y, total_c = torch.zeros_like(self.theta), torch.zeros_like(self.theta)
         for rows in ev.row_chunks(received, p.batch_size, own_model=True):
             chunk = devices[rows]
             c_old = self.c_device.get(chunk)
             correction = self.c - c_old
             models = self.theta.expand(len(chunk), -1).clone()
-            for e in range(p.local_steps):
+            for e in range(steps):
                 models.sub_(ev.stacked_gradients(models, idx[e, rows]) + correction, alpha=p.lr)
             delta_y = models - self.theta
-            delta_c = -self.c - delta_y / (p.local_steps * p.lr)  # c_i+ - c_i
+            delta_c = -self.c - delta_y / (steps * p.lr)  # c_i+ - c_i
             q_y = self.quantize(delta_y, "scaffold-up-y", k, chunk)
             q_c = self.quantize(delta_c, "scaffold-up-c", k, chunk)
             total_y += q_y.sum(0)

@@ -39,6 +39,7 @@ from pydantic import Field, model_serializer
 
 from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams
 from wirelessfl.algorithms.participation import participant_count
+from wirelessfl.algorithms.step_schedule import DEFAULT_MAX_LOCAL_STEPS, DEFAULT_TAU, zo_hfl_steps
 from wirelessfl.contract.facts import ScenarioFacts
 from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.errors import UserError
@@ -53,7 +54,7 @@ class ZOHFLParams(ScalarFormatParams):
     gamma0: float = Field(0.01, gt=0, description="server step gamma_r = gamma0/sqrt(r+1) "
                                                   "(seed 000 Sec. IV: 0.01)")
     eta: float = Field(0.1, gt=0, description="smoothing radius eta (seed 000 Sec. IV: 0.1)")
-    tau: float = Field(20.0, gt=0, description="H_{i,r} = ceil(tau sqrt(r+1)) local steps per "
+    tau: float = Field(DEFAULT_TAU, gt=0, description="H_{i,r} = ceil(tau sqrt(r+1)) local steps per "
                                                "solve (seed 000 Table I: 20)")
     inner_lr0: float = Field(0.1, gt=0, description="client step lr_t = inner_lr0/(t+1) "
                                                     "(seed 000 Sec. IV: 0.1)")
@@ -72,7 +73,7 @@ class ZOHFLParams(ScalarFormatParams):
                           "nonidentical local steps (seed 000 contribution (iv), zo_hfl.md 2.2); "
                           "tau_i = 0 gives H = 0 (the client returns y_0 = x +- eta v_i and "
                           "computes nothing) [D]; none: tau for every device")
-    max_local_steps: int = Field(1000, gt=0, description="cap on H_{i,r} [D]")
+    max_local_steps: int = Field(DEFAULT_MAX_LOCAL_STEPS, gt=0, description="cap on H_{i,r} [D]")
     weights: Literal["paper", "renormalised"] = Field(
         "paper", description="paper: a_i = w_i for the clients whose upload arrived, 0 for the "
                              "others (seed 000 Alg. 1, zo_hfl.md A4); renormalised [D]: "
@@ -168,7 +169,7 @@ class ZOHFL(Algorithm):
         every device (tau), or [N] int64 (tau_per_device)."""
         p = self.params
         if self.tau_i is None:
-            return min(p.max_local_steps, math.ceil(p.tau * math.sqrt(r + 1)))
+            return zo_hfl_steps(p.tau, r, p.max_local_steps)
         return np.minimum(p.max_local_steps,
                           np.ceil(self.tau_i * math.sqrt(r + 1))).astype(np.int64)
 
