@@ -67,13 +67,22 @@ def to_channels_last(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=CHANNELS_LAST) if t.dim() == 4 else t
 
 
+# [D] a multiple of every vector loop's step (16 floats x unrolling): rows this long plus d's
+# remainder end in the same tail as rows of d (``rowwise_update_exact``)
+CHECK_WIDTH = 4096
+
+
 @functools.lru_cache(maxsize=16)
 def rowwise_update_exact(d: int, dtype: torch.dtype, device: str, lr: float, l2: float) -> bool:
     """True when an SGD update ``model -= lr (g + l2 model)`` of one row [d] gives the bits of
     the same update of all rows [n, d] at once. Elementwise kernels take a vectorised loop and a
     scalar one for the tail (a row's last d mod width values, the whole tensor's last few);
     where the two round alike (fused multiply-adds in both) every value is the same. Checked
-    once on random data: the kernels' rounding does not depend on the values."""
+    once on random data: the kernels' rounding does not depend on the values. Rows of
+    ``CHECK_WIDTH + d mod CHECK_WIDTH`` values (at most d) stand in for rows of d: the same
+    tail after every vector width and unrolling, without allocating a large model's rows
+    several times over (45 MB at d = 1.1M, kept by the heap for the rest of the run)."""
+    d = min(d, CHECK_WIDTH + d % CHECK_WIDTH)
     gen = torch.Generator().manual_seed(0)
     models = torch.randn(3, d, generator=gen).to(device=device, dtype=dtype)
     grads = torch.randn(3, d, generator=gen).to(device=device, dtype=dtype)
