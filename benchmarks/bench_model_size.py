@@ -62,6 +62,8 @@ QUICK_WIDTHS = ((16,), (256,), (1024,))
 # 8.5M parameters and 100 devices) and minutes a repeat, where it is slower long before
 STACKED_MAX_D = 2_000_000
 AGREEMENT = 1e-4  # [D] max |difference| / max |theta| after 5 float32 steps
+# wirelessfl's own threshold, read before ``evaluator`` sets the module's for each forced path
+PER_DEVICE_MIN_PARAMETERS = stacked.PER_DEVICE_MIN_PARAMETERS
 
 
 def _bench_rounds():
@@ -156,9 +158,6 @@ def run_case(hidden: tuple[int, ...], repeats: int) -> dict:
             "not_run": ({"stacked": f"d above {STACKED_MAX_D:,} [D]"}
                         if "stacked" not in calls else {}),
             "agreement": agreement, "agree": all(v <= AGREEMENT for v in agreement.values())}
-
-
-PER_DEVICE_MIN_PARAMETERS = stacked.PER_DEVICE_MIN_PARAMETERS
 
 
 def main() -> None:

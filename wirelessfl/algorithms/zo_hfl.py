@@ -168,10 +168,7 @@ class ZOHFL(Algorithm):
         """H_{i,r} = min(max_local_steps, ceil(tau_i sqrt(r+1))) of each solve: one count for
         every device (tau), or [N] int64 (tau_per_device)."""
         p = self.params
-        if self.tau_i is None:
-            return zo_hfl_steps(p.tau, r, p.max_local_steps)
-        return np.minimum(p.max_local_steps,
-                          np.ceil(self.tau_i * math.sqrt(r + 1))).astype(np.int64)
+        return zo_hfl_steps(p.tau if self.tau_i is None else self.tau_i, r, p.max_local_steps)
 
     def directions(self, r: int, devices: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         """v_i uniform on the unit sphere for ``devices`` (increasing indices), regenerated

@@ -4,10 +4,10 @@ with the numbers autograd gives, bit for bit.
 A chain is a model whose ``layers()`` are Conv2d / ReLU / MaxPool2d steps (the head, empty for
 an MLP), then a Flatten and Linear / ReLU layers (the tail). An MLP runs as a chain, one device
 at a time, only when it is large (learning/stacked.py ``PER_DEVICE_MIN_PARAMETERS``): its
-device's model then stays in the core's cache over the device's local steps. Its per-device passes (learning/stacked.py, the
-``per-device`` strategy; ``FlatModel.predict``) call here the kernels autograd and the module
-would call, in the layouts they would get, so every number is theirs
-(tests/test_conv_chain.py compares them exactly). What goes is the work around the kernels,
+device's model then stays in the core's cache over the device's local steps. Its per-device
+passes (learning/stacked.py, the ``per-device`` strategy; ``FlatModel.predict``) call here the
+kernels autograd and the module would call, in the layouts they would get, so every number is
+theirs (tests/test_conv_chain.py compares them exactly). What goes is the work around the kernels,
 ~30 % of a seed-002 CNN step under autograd:
 
 * layout copies: a channels-last convolution fed a plain-layout activation converts it in its

@@ -7,6 +7,7 @@ all devices at once by ``BatchedEvaluator`` (problems/classifier.py). The proble
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,7 +29,12 @@ from wirelessfl.problems.data import (
     server_keeps_data,
     split_data,
 )
-from wirelessfl.problems.data_size import classifier_sample_bytes, data_bytes, drawn_samples
+from wirelessfl.problems.data_size import (
+    SAMPLE_BYTES,
+    classifier_sample_bytes,
+    data_bytes,
+    drawn_samples,
+)
 
 if TYPE_CHECKING:
     from wirelessfl.scenario.schema import Scenario
@@ -41,6 +47,14 @@ class ClassificationConfig(ProblemConfig):
         False, description="classification: compute grad_norm_sq over the training set at "
                            "evaluation points (one extra pass over it each time; default false, "
                            "always on when f* is known: logistic with model.l2 > 0)")
+
+
+def training_passes(scenario: Scenario) -> bool:
+    """Whether evaluations pass over the whole training set: training-set metrics cost a pass
+    at each evaluation, on when the scenario asks and always when the optimum is known (their
+    point is f - f* then: logistic with model.l2 > 0)."""
+    return bool(scenario.problem.train_metrics) or (scenario.model.name == "logistic"
+                                                    and scenario.model.l2 > 0)
 
 
 def build(scenario: Scenario, device: torch.device) -> BuiltProblem:
@@ -61,12 +75,9 @@ def build(scenario: Scenario, device: torch.device) -> BuiltProblem:
     evaluator = BatchedEvaluator(flat, data, model_profile.activations_per_sample,
                                  model_profile.input_size, scenario.engine.max_chunk_mb,
                                  l2=scenario.model.l2)
-    # Training-set metrics cost a pass over all training data at each evaluation: on when the
-    # scenario asks, and always when the optimum is known (their point is f - f* then).
-    evaluator.train_metrics = bool(scenario.problem.train_metrics)
+    evaluator.train_metrics = training_passes(scenario)
     if scenario.model.name == "logistic" and scenario.model.l2 > 0:
         evaluator.solve_optimum()  # strongly convex: f* and x* by a reference solve, once
-        evaluator.train_metrics = True
     return BuiltProblem(evaluator, model_profile, dataset, shards, flat)
 
 
@@ -106,13 +117,11 @@ def check_model(model: str, shape: tuple[int, ...], dataset: str) -> None:
 def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:
     """The data (``data_bytes``) and the model, built on the CPU to count its parameters and
     activations (the dataset is not loaded)."""
-    first = data_bytes(scenario, limit_bytes)
-    entries = drawn_samples(scenario, first.on_devices) or first.on_devices
-    passes = bool(scenario.problem.train_metrics) or (scenario.model.name == "logistic"
-                                                       and scenario.model.l2 > 0)
-    n = max(scenario.population.num_devices, 1)
-    data = data_bytes(scenario, limit_bytes, classifier_sample_bytes(scenario, entries / n,
-                                                                     passes))
+    data = data_bytes(scenario, limit_bytes)
+    share = (drawn_samples(scenario, data.on_devices) or data.on_devices) \
+        / max(scenario.population.num_devices, 1)
+    per_entry = classifier_sample_bytes(scenario, share, training_passes(scenario))
+    data = replace(data, held=data.held + (per_entry - SAMPLE_BYTES) * data.entries)
     shape, classes, test = data.shape.input_shape, data.shape.classes, data.shape.test
     if max(data.held, data.load) > limit_bytes:  # no model needed to refuse
         return ProblemFacts(0, 4, data.held, data.load, data.on_devices, test, data.input_size,

@@ -189,6 +189,7 @@ class BatchedEvaluator(Problem):
         # The fewest samples a device holds: minibatches up to this width are full on every
         # device (``batch_counts`` returns None, a plain mean).
         self._smallest = int(data.sizes.min()) if len(data.sizes) else 0
+        self._chunks: torch.Tensor | None = None  # ``local_sgd(reuse=True)``'s buffer
 
     @cached_property
     def _owner_sizes(self) -> torch.Tensor:
@@ -342,7 +343,7 @@ class BatchedEvaluator(Problem):
 
     def _chunk_buffer(self, n: int, theta: torch.Tensor) -> torch.Tensor:
         """[at least n, d] rows for ``local_sgd(reuse=True)``'s chunks, kept between calls."""
-        buffer = getattr(self, "_chunks", None)
+        buffer = self._chunks
         if buffer is None or len(buffer) < n or buffer.dtype != theta.dtype:
             buffer = self._chunks = None  # the old one freed before the new one is made
             buffer = self._chunks = torch.empty((n, len(theta)), dtype=theta.dtype,
@@ -437,8 +438,12 @@ class BatchedEvaluator(Problem):
         hold their 20 million labels and owners at once (whole counts: the same numbers)."""
         sizes = self.data.sizes.numpy()
         offsets = self.data.offsets.numpy()
-        y_train = self.data.y
-        classes = int(max(int(y_train.max()) if len(y_train) else 0,
+        y_held = self.data.y  # the labels the devices hold: every row, or the rows indexed
+        if self.data.index is not None:
+            used = torch.zeros(len(y_held), dtype=torch.bool, device=y_held.device)
+            used[self.data.index] = True  # a mask, not the positions' [entries] labels
+            y_held = y_held[used]
+        classes = int(max(int(y_held.max()) if len(y_held) else 0,
                           self.data.y_test.max().item() if len(self.data.y_test) else 0)) + 1
         counts = np.zeros((self.num_devices, classes))
         for lo in range(0, self.num_devices, LABEL_MIX_DEVICES):

@@ -197,13 +197,15 @@ def _libsvm_shape(data, limit_bytes: float) -> tuple[int, int, int | None]:
 class DataBytes:
     """A problem on data, sized from the scenario: ``shape`` (``dataset_shape``), values per
     sample, the dataset in device order and as loaded plus the test set and per-sample
-    bookkeeping (``held``), the loader's peak (``load``), training samples on devices."""
+    bookkeeping (``held``, ``SAMPLE_BYTES`` an entry of the devices' index sets, ``entries``),
+    the loader's peak (``load``), training samples on devices."""
 
     shape: DataShape
     input_size: int
     held: int
     load: int
     on_devices: int
+    entries: int
 
 
 def drawn_samples(scenario, on_devices: int) -> int | None:
@@ -226,21 +228,21 @@ def drawn_samples(scenario, on_devices: int) -> int | None:
     return n * (config.samples_per_device or fewest)
 
 
-def data_bytes(scenario, limit_bytes: float = math.inf,
-               sample_bytes: int | None = None) -> DataBytes:
+def data_bytes(scenario, limit_bytes: float = math.inf) -> DataBytes:
     """What every problem on ``scenario.data`` holds of it (the problems' memory hooks add their
     own arrays): the inputs as loaded and as the devices read them (in device order, or the
     training set once when the entries drawn with replacement, ``drawn_samples``, outnumber it:
-    DeviceData's index), the test set, bookkeeping per entry (``sample_bytes``, default
-    ``SAMPLE_BYTES``; the classifier's own count: ``classifier_sample_bytes``)."""
+    DeviceData's index), the test set, ``SAMPLE_BYTES`` of bookkeeping per entry (a problem
+    holding less re-prices them: ``classifier_sample_bytes``)."""
     shape = dataset_shape(scenario.data, limit_bytes)
     input_size = math.prod(shape.input_shape)
     on_devices = round(shape.train * (1 - scenario.data.server_fraction))
     entries = drawn_samples(scenario, on_devices) or shape.train
     rows = min(entries, shape.train)
     held = BYTES_PER_FLOAT * input_size * (shape.train + rows + shape.test) \
-        + (SAMPLE_BYTES if sample_bytes is None else sample_bytes) * entries
-    return DataBytes(shape, input_size, held, shape.load_bytes * shape.loaded_values, on_devices)
+        + SAMPLE_BYTES * entries
+    return DataBytes(shape, input_size, held, shape.load_bytes * shape.loaded_values, on_devices,
+                     entries)
 
 
 def classifier_sample_bytes(scenario, entries_per_device: float, training_passes: bool) -> int:
