@@ -95,10 +95,12 @@ def evaluator(hidden: tuple[int, ...], threshold: int) -> BatchedEvaluator:
     return ev
 
 
-def plain_loop(ev: BatchedEvaluator, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Each device in turn: load theta into one module, E steps of torch.optim.SGD; the sum of
-    the devices' models (what FedAvg aggregates)."""
-    net = build_model("mlp", (FEATURES,), CLASSES, hidden=ev.hidden, seed=0)
+def plain_loop(ev: BatchedEvaluator, theta: torch.Tensor, idx: torch.Tensor,
+               net: torch.nn.Module | None = None) -> torch.Tensor:
+    """Each device in turn: load theta into one module (``net``, default the case's MLP),
+    E steps of torch.optim.SGD; the sum of the devices' models (what FedAvg aggregates)."""
+    if net is None:
+        net = build_model("mlp", (FEATURES,), CLASSES, hidden=ev.hidden, seed=0)
     params = list(net.parameters())
     out = torch.zeros(len(theta))
     for i in range(idx.shape[1]):

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wirelessfl.learning.stacked import CHANNELS_LAST, thread_safe_copies, to_channels_last
+from wirelessfl.learning.stacked import CHANNELS_LAST, to_channels_last
 
 if TYPE_CHECKING:  # evaluator imports this module
     from wirelessfl.learning.flat_model import FlatModel
@@ -140,7 +140,7 @@ class ConvChain:
         """The model's chain, or None when it is not such a chain (or holds buffers, or has no
         linear layer)."""
         layers = getattr(flat.model, "layers", None)
-        if not callable(layers) or not thread_safe_copies(flat.model):
+        if not callable(layers) or next(flat.model.buffers(), None) is not None:
             return None
         at, start = {}, 0
         for p, numel in zip(flat.model.parameters(), flat.numels):

@@ -22,6 +22,8 @@ a scenario always takes the same arithmetic path (same seed, same numbers):
   steps followed by Flatten and a Linear / ReLU tail (the seed-002 CNN) takes its passes layer
   by layer (learning/conv_chain.py): the kernels autograd would call, the same numbers, without
   the work autograd and the layouts cost around them;
+  A model with batch norm runs per device too, whatever its layers: each pass normalises with
+  one device's own minibatch;
 * ``vmap``: any other model, torch.func.vmap of functional_call.
 """
 
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 from torch.func import vmap
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from wirelessfl.host.threads import parallel_map
 
@@ -57,9 +60,13 @@ def uses_convolutions(model: nn.Module) -> bool:
 
 
 def thread_safe_copies(model: nn.Module) -> bool:
-    """True when private copies of the model compute what it computes: no buffers (a copy's
-    batch-norm running statistics, say, would drift apart from the original's)."""
-    return next(model.buffers(), None) is None
+    """True when private copies of the model compute what it computes: no buffers but batch
+    norm's running statistics, which no pass reads (learning/flat_model.py: training passes
+    normalise with the batch's statistics, evaluation loads re-estimated ones first); any
+    other buffer could drift apart between the copies."""
+    norms = {id(b) for m in model.modules() if isinstance(m, _BatchNorm)
+             for b in m.buffers(recurse=False)}
+    return all(id(b) in norms for b in model.buffers())
 
 
 def to_channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -131,7 +138,9 @@ class StackedForward:
         if self.plan is not None and (flat.chain is None
                                       or flat.d < PER_DEVICE_MIN_PARAMETERS):
             self.strategy = "linear"
-        elif flat.channels_last or (self.plan is not None and flat.chain is not None):
+        elif (flat.channels_last or flat.normalised
+              or (self.plan is not None and flat.chain is not None)):
+            # batch norm: one device's batch a pass (vmap cannot update running statistics)
             self.strategy = "per-device"
         else:
             self.strategy = "vmap"
@@ -169,15 +178,22 @@ class StackedForward:
         if self.strategy == "per-device" and self.chain is not None:
             return self._by_layer(models, x, device_losses)
         if self.strategy == "per-device":
-            def one(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-                with torch.enable_grad():
-                    leaf = models[i].detach().requires_grad_(True)
-                    loss = device_losses(self.flat.forward(leaf, x[i])[None], slice(i, i + 1))
-                    (grad,) = torch.autograd.grad(loss.sum(), leaf)
-                return loss.detach(), grad
+            flat, grads = self.flat, models.new_empty(models.shape)
 
-            results = self._each_device(one, len(models))
-            return torch.cat([r[0] for r in results]), torch.stack([r[1] for r in results])
+            def one(i: int) -> torch.Tensor:
+                # one leaf per parameter tensor, each gradient copied straight into its slice
+                # of row i: the bits of a [d] leaf's gradient, without autograd concatenating
+                # the parameters' gradients into [d] and the rows being stacked into [n, d]
+                # (a quarter of a ResNet-18 step at small batches)
+                with torch.enable_grad():
+                    leaves = {name: p.detach().requires_grad_(True)
+                              for name, p in flat.layout(flat.unflatten(models[i])).items()}
+                    loss = device_losses(flat.forward_at(leaves, x[i])[None], slice(i, i + 1))
+                    grad = torch.autograd.grad(loss.sum(), list(leaves.values()))
+                flat.write_gradient(grads[i], grad)
+                return loss.detach()
+
+            return torch.cat(self._each_device(one, len(models))), grads
         if self.strategy == "linear":
             return self._linear_losses_and_gradients(models, x, device_losses)
         with torch.enable_grad():

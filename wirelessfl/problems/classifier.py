@@ -4,7 +4,8 @@ Parameters are one flat vector theta [d] (or a stack [n, d] for per-device model
 perturbations, quantisation and aggregation are plain tensor algebra. Three kinds of work:
 
 * shared-model passes (DZOFL's queries, FedSGD's gradients at the broadcast model): one forward pass
-  over the concatenated device minibatches, per-device losses recovered by a reshape;
+  over the concatenated device minibatches, per-device losses recovered by a reshape (a model
+  with batch norm: one pass per device, each normalised with its own minibatch's statistics);
 * per-device gradients at a shared model and per-device local SGD: ``torch.func.vmap`` over devices;
 * test-set evaluation of the global model;
 * exact training-set passes for the optimisation view (``Problem``, problems/base.py):
@@ -34,7 +35,7 @@ from wirelessfl.contract.problem import Problem
 from wirelessfl.errors import UserError
 from wirelessfl.host.threads import parallel_map
 from wirelessfl.learning.conv_chain import ConvChain
-from wirelessfl.learning.flat_model import FlatModel
+from wirelessfl.learning.flat_model import NORMALISATION_SAMPLES, FlatModel
 from wirelessfl.learning.minibatch import (
     batch_counts,
     counts_of,
@@ -270,7 +271,10 @@ class BatchedEvaluator(Problem):
             losses = F.cross_entropy(logits, self.data.labels(flat_idx), reduction="none")
             return minibatch_mean(losses.view(-1, b), counts_of(counts, rows))
 
-        if self.threaded:  # about PIECE_SAMPLES samples a piece, at least MIN_PIECES pieces
+        if self.flat.normalised:  # batch norm: each device's minibatch normalised on its own
+            pieces = [slice(i, i + 1) for i in range(n)]
+            out = torch.cat(parallel_map(piece, pieces) if self.threaded else map(piece, pieces))
+        elif self.threaded:  # about PIECE_SAMPLES samples a piece, at least MIN_PIECES pieces
             count = min(n, max(math.ceil(n / self.chunk_size(b, own_model=False)), MIN_PIECES,
                                math.ceil(n * b / PIECE_SAMPLES)))
             bounds = [n * k // count for k in range(count + 1)]  # as equal as devices allow
@@ -406,8 +410,9 @@ class BatchedEvaluator(Problem):
         classes = self.label_mix.shape[1]
         hits = torch.zeros(classes, dtype=torch.float64, device=self.device)
         loss_sum = 0.0
+        statistics = self.normalisation_statistics(theta)
         for start in range(0, len(y), batch):
-            logits = self._predict(theta, x[start:start + batch])
+            logits = self._predict(theta, x[start:start + batch], statistics)
             target = y[start:start + batch]
             loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
             right = (logits.argmax(1) == target).double()
@@ -423,13 +428,37 @@ class BatchedEvaluator(Problem):
             devices = np.where(mass > 0, self.label_mix @ per_class / mass, np.nan)
         return float(hits_np.sum()) / n, loss if math.isfinite(loss) else float("nan"), devices
 
-    def _predict(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``flat.predict(theta, x)``; for a threaded model in blocks of ``SAMPLE_BLOCK`` samples
-        spread over the thread pool, concatenated in order."""
+    def _predict(self, theta: torch.Tensor, x: torch.Tensor,
+                 statistics: torch.Tensor | None = None) -> torch.Tensor:
+        """``flat.predict(theta, x, statistics)``; for a threaded model in blocks of
+        ``SAMPLE_BLOCK`` samples spread over the thread pool, concatenated in order."""
         if not self.threaded or len(x) <= SAMPLE_BLOCK:
-            return self.flat.predict(theta, x)
-        return torch.cat(parallel_map(lambda lo: self.flat.predict(theta, x[lo:lo + SAMPLE_BLOCK]),
-                                      range(0, len(x), SAMPLE_BLOCK)))
+            return self.flat.predict(theta, x, statistics)
+        return torch.cat(parallel_map(
+            lambda lo: self.flat.predict(theta, x[lo:lo + SAMPLE_BLOCK], statistics),
+            range(0, len(x), SAMPLE_BLOCK)))
+
+    def normalisation_statistics(self, theta: torch.Tensor) -> torch.Tensor | None:
+        """A normalised model's population statistics at theta, re-estimated on
+        ``_normalisation_positions``' training samples (``FlatModel.normalisation_statistics``,
+        [D]); None for a model without batch norm. A measurement, like the test set: no
+        device sends it and no energy is charged for it."""
+        if not self.flat.normalised:
+            return None
+        start = time.perf_counter()
+        out = self.flat.normalisation_statistics(
+            theta, self.data.inputs(self._normalisation_positions))
+        self.compute_s += time.perf_counter() - start
+        return out
+
+    @cached_property
+    def _normalisation_positions(self) -> torch.Tensor:
+        """``NORMALISATION_SAMPLES`` training positions (all of them when the devices hold
+        fewer) in a fixed random order (seed 0 [D]: the same samples in every run on the same
+        data), so each batch mixes devices as the population does."""
+        total = int(self.data.sizes.sum())
+        order = torch.randperm(total, generator=torch.Generator().manual_seed(0))
+        return order[:NORMALISATION_SAMPLES].to(self.device)
 
     @cached_property
     def label_mix(self) -> np.ndarray:
@@ -475,6 +504,7 @@ class BatchedEvaluator(Problem):
         rows, weights = self._row_weights
         size, count = self._samples_per_chunk(), len(weights)
         block = min(size, SAMPLE_BLOCK) if self.threaded else size
+        statistics = self.normalisation_statistics(theta)  # batch norm: f at the population's
 
         def one(lo: int) -> tuple[torch.Tensor, torch.Tensor | None]:
             where = slice(lo, lo + block) if rows is None else rows[lo:lo + block]
@@ -482,11 +512,13 @@ class BatchedEvaluator(Problem):
             w = weights[lo:lo + block]
             if not with_gradient:
                 with torch.no_grad():
-                    losses = F.cross_entropy(self.flat.predict(theta, x), y, reduction="none")
+                    losses = F.cross_entropy(self.flat.predict(theta, x, statistics), y,
+                                             reduction="none")
                     return (losses.double() * w).sum(), None
             with torch.enable_grad():
                 leaf = theta.detach().requires_grad_(True)
-                losses = F.cross_entropy(self.flat.forward(leaf, x), y, reduction="none")
+                losses = F.cross_entropy(self.flat.forward(leaf, x, statistics), y,
+                                         reduction="none")
                 value = (losses.double() * w).sum()
                 (g,) = torch.autograd.grad(value, leaf)
             return value.detach(), g
