@@ -338,7 +338,16 @@ def _reproduction(folder: str, regime: str = "") -> str:
             + table(verdicts[0], verdicts[1:]) + _measured_quantities(mine)
             + "\n\nHealth of the evaluation runs:\n\n"
             + table(["method", "healthy runs", "unhealthy: why"], health)
-            + f"\n\nWarnings:{warnings}")
+            + f"\n\nWarnings:{warnings}" + _regime_note(repro, regime))
+
+
+def _regime_note(repro: dict, regime: str) -> str:
+    """The reproduction file's note on ``regime`` (what its choices and warnings mean), as
+    recorded in reproduce.json; "" when it has none."""
+    for r in repro["reproduction"].get("regimes") or []:
+        if r["name"] == regime and r.get("note"):
+            return f"\n\nWhat the choices and warnings mean: {r['note']}"
+    return ""
 
 
 def _measured_quantities(verdicts: list[dict]) -> str:
@@ -1704,6 +1713,29 @@ def model_size() -> str:
             f"one-thread float32 matmul peak ({b['matmul_peak_gflops_one_thread']:.0f} GFLOP/s, "
             f"same process). Threshold `PER_DEVICE_MIN_PARAMETERS` = "
             f"{b['per_device_min_parameters']:,}. Recorded {b['date'][:10]} on "
+            f"`{m['platform']}` ({m['cpu_capability']}), load average "
+            f"{m['load_average_start']:.2f} at the start, {m['load_average_end']:.2f} at the "
+            f"end; `{b['command'].strip()}`.")
+
+
+@block("resnet", "benchmarks/resnet.json")
+def resnet() -> str:
+    """ResNet-18's local SGD in wirelessfl against a plain torch loop (bench_resnet.py)."""
+    b = _json("benchmarks/resnet.json")
+    names = [n for n in b["cases"][0]["ms"] if n != "plain loop"]
+    rows = []
+    for c in b["cases"]:
+        plain = c["ms"]["plain loop"]
+        rows.append([str(c["threads"])]
+                    + [f"{c['ms'][n]['best']:,.0f} ({c['ms'][n]['best'] / plain['best']:.2f}x; "
+                       f"{c['chunk_devices'][n]} a chunk)" for n in names]
+                    + [f"{plain['best']:,.0f}", "yes" if c["agree"] else "NO"])
+    m, st = b["machine"], b["settings"]
+    return (table(["threads", *(f"{n} ms (of plain; devices)" for n in names),
+                   "plain loop ms", "agree"], rows)
+            + f"\n\n{st['devices']} devices, ResNet-18 (d = {st['d']:,}), "
+            f"{st['local_steps']} steps of {st['batch_size']} samples each, best of "
+            f"{st['repeats']} interleaved repeats. Recorded {b['date'][:10]} on "
             f"`{m['platform']}` ({m['cpu_capability']}), load average "
             f"{m['load_average_start']:.2f} at the start, {m['load_average_end']:.2f} at the "
             f"end; `{b['command'].strip()}`.")
