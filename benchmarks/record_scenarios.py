@@ -268,7 +268,10 @@ def _study_facts(out_dir: Path, host_s: float, commands: dict, studies: list[Pat
 
 
 # Reproductions (wirelessfl reproduce) whose verdicts the docs quote: key -> reproduction name.
-REPRODUCTIONS = {"seed002-quick": "seed002-quick", "seed002-fashionmnist": "seed002"}
+REPRODUCTIONS = {"seed002-quick": "seed002-quick", "seed002-fashionmnist": "seed002",
+                 "seed000": "seed000"}
+# Those whose studies compare DZOFL with standard FL, where `wirelessfl crossover` applies.
+CROSSOVER = {"seed002-quick", "seed002-fashionmnist"}
 # report.html is kept so that a reader can open the study as `reproduce` showed it (issue 34);
 # it embeds its figures.
 REPRODUCTION_FILES = ("claims.csv", "runs.csv", "reproduce.json", "report.html")
@@ -309,22 +312,25 @@ def record_reproduction(key: str, name: str, study: Path | None = None,
             shutil.copyfile(folder / file, out_dir / file)
         for tune in studies:
             regime = tune.name.removeprefix("tune").removeprefix("-")
-            crossover = [sys.executable, "-m", "wirelessfl", "crossover", str(tune), "--out",
-                         str(tune / "crossover")]
-            subprocess.run(crossover, check=True, env=_env(), cwd=ROOT,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             kept = out_dir / regime
             kept.mkdir(exist_ok=True)
             for file in STUDY_FILES:
                 shutil.copyfile(tune / file, kept / file)
+            if key not in CROSSOVER:
+                continue
+            crossover = [sys.executable, "-m", "wirelessfl", "crossover", str(tune), "--out",
+                         str(tune / "crossover")]
+            subprocess.run(crossover, check=True, env=_env(), cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for file in CROSSOVER_FILES:
                 shutil.copyfile(tune / "crossover" / file, kept / file)
             shutil.copyfile(tune / "crossover" / "crossover.png", crossover_figure(key, regime))
         # read while a temporary study folder still exists
-        return _study_facts(out_dir, host_s, {
-            "command": f"wirelessfl reproduce {name} --workers 2",
-            "crossover_command": " ; ".join(
-                f"wirelessfl crossover reproduced/{name}/{t.name}" for t in studies)},
+        commands = {"command": f"wirelessfl reproduce {name} --workers 2"}
+        if key in CROSSOVER:
+            commands["crossover_command"] = " ; ".join(
+                f"wirelessfl crossover reproduced/{name}/{t.name}" for t in studies)
+        return _study_facts(out_dir, host_s, commands,
             studies, samples_per_device={
                 t.name.removeprefix("tune").removeprefix("-"): _device_samples(t)
                 for t in studies})

@@ -380,27 +380,39 @@ def seed002_reproduction() -> str:
     return (f"{note}\n\n" if note else "") + _reproduction(SEED002)
 
 
-def _fashion_block(regime: str):
-    files = [f"{SEED002_FASHION}/{name}" for name in ("reproduce.json", "runs.csv",
-                                                         "facts.json")]
-    files += [f"{SEED002_FASHION}/{regime}/{name}" for name in ("tune.json", "tuning.csv",
-                                                                 "evaluation.csv")]
+def _regime_block(name: str, folder: str, regime: str):
+    """The block ``name`` (``_reproduction``) of one regime of the reproduction in ``folder``."""
+    files = [f"{folder}/{file}" for file in ("reproduce.json", "runs.csv", "facts.json")]
+    files += [f"{folder}/{regime}/{file}" for file in ("tune.json", "tuning.csv",
+                                                        "evaluation.csv")]
 
-    @block(f"seed002-fashionmnist-{regime}", *files)
+    @block(name, *files)
     def render() -> str:
-        return _reproduction(SEED002_FASHION, regime)
+        return _reproduction(folder, regime)
     return render
 
 
+def _verdicts_block(name: str, folder: str):
+    """The block ``name``: every claim's verdict in each regime of ``folder``'s reproduction."""
+
+    @block(name, f"{folder}/reproduce.json", f"{folder}/facts.json")
+    def render() -> str:
+        return _regime_verdicts(folder)
+    return render
+
+
+SEED000 = "docs/data/seed000"
 for _regime in ("shirt-sneaker", "ten-class"):
-    _fashion_block(_regime)
+    _regime_block(f"seed002-fashionmnist-{_regime}", SEED002_FASHION, _regime)
+for _regime in ("homogeneous", "moderate", "extreme"):
+    _regime_block(f"seed000-{_regime}", SEED000, _regime)
+_verdicts_block("seed002-fashionmnist-verdicts", SEED002_FASHION)
+_verdicts_block("seed000-verdicts", SEED000)
 
 
-@block("seed002-fashionmnist-verdicts", f"{SEED002_FASHION}/reproduce.json",
-       f"{SEED002_FASHION}/facts.json")
-def seed002_fashionmnist_verdicts() -> str:
-    """Every claim's verdict in each regime side by side: where DZOFL's advantage holds and
-    where it ends."""
+def _regime_verdicts(folder: str) -> str:
+    """Every claim's verdict in each regime side by side (seed002: where DZOFL's advantage
+    holds and where it ends)."""
     from wirelessfl.tune.claims import (
         PER_ROUND_COST,
         UNHEALTHY,
@@ -409,8 +421,8 @@ def seed002_fashionmnist_verdicts() -> str:
         unhealthy_part,
     )
 
-    repro = _json(f"{SEED002_FASHION}/reproduce.json")
-    f = _json(f"{SEED002_FASHION}/facts.json")
+    repro = _json(f"{folder}/reproduce.json")
+    f = _json(f"{folder}/facts.json")
     regimes = [r["name"] for r in repro["reproduction"]["regimes"]]
     verdict = {(v["regime"], v["claim"]): v for v in repro["verdicts"]}
     rows = []
@@ -436,8 +448,9 @@ def seed002_fashionmnist_verdicts() -> str:
             cells.append(text)
         rows.append([claim["id"], *cells])
     return (f"`{f['command']}` (recorded {f['recorded']}, {g3(f['host_s'])} s of host time on "
-            f"{f['cpus']} cores), every claim in each regime (the paired estimate is the "
-            "loser's value over the winner's, per seed):\n\n"
+            f"{f['cpus']} cores), every claim in each regime (the paired estimate, per seed and "
+            "in the paper's favour: the loser's value over the winner's, or for a `within` or "
+            "`across` claim their difference):\n\n"
             + table(["claim", *regimes], rows) + "\n\n"
             + "\n".join(_regime_reading(regime, [v for v in repro["verdicts"]
                                                   if v["regime"] == regime])
@@ -737,7 +750,7 @@ def seed000_table1_reading() -> str:
          f"{_setting(a2, b2)}); the paper's MNIST column has "
          + ", ".join(f"{m} {bench.PAPER[m][0][0]:.1f} -> {bench.PAPER[m][-1][0]:.1f} %"
                      for m in base if m in bench.PAPER) + "."),
-        (f"* ZO-HFL as published (independent inner solves, a_i = w_i): "
+        (f"* ZO-HFL in the paper's mode (independent inner solves, a_i = w_i): "
          f"{' -> '.join(f'{v:.1f}' for v in paper)} % over the three settings (paper, MNIST: "
          f"{published} %; the spec's prototype with a_i = w_i at {_setting(a2, b2)}: "
          f"{ZO_HFL_PROTOTYPE_LOW}); against its server-only control "

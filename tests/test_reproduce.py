@@ -23,6 +23,7 @@ from wirelessfl.tune.claims import (
     PER_ROUND_COST,
     Claim,
     judge,
+    judge_across,
 )
 
 
@@ -103,6 +104,48 @@ def test_within_claims_follow_the_paired_difference_worked_by_hand():
     assert tight["verdict"] == NOT_REPRODUCED
     worse = {"A": _runs([0.80, 0.81, 0.82]), "B": runs["B"]}
     assert judge(claim, worse)["verdict"] == FAILS
+
+
+def test_across_claims_compare_the_per_seed_losses_worked_by_hand():
+    """'A loses less accuracy than B from setting X to Y': per seed, each method's X - Y
+    (higher is better), then B's loss minus A's, its mean and t interval. A: 0.90 -> 0.88,
+    0.91 -> 0.90, 0.92 -> 0.89 (losses 0.02, 0.01, 0.03); B: 0.95 -> 0.80, 0.94 -> 0.85,
+    0.96 -> 0.82 (0.15, 0.09, 0.14); differences 0.13, 0.08, 0.11."""
+    claim = Claim(id="r", statement="A is more robust than B", metric="final_accuracy",
+                  winner="A", loser="B", across=["X", "Y"])
+    before = {"A": _runs([0.90, 0.91, 0.92]), "B": _runs([0.95, 0.94, 0.96])}
+    after = {"A": _runs([0.88, 0.90, 0.89]), "B": _runs([0.80, 0.85, 0.82])}
+    mean, half = _hand_interval([0.13, 0.08, 0.11])
+    v = judge_across(claim, before, after)
+    assert v["verdict"] == HOLDS and v["against"] == "X"
+    assert v["paired"]["estimate"] == pytest.approx(mean)
+    assert v["paired"]["low"] == pytest.approx(mean - half)
+    assert v["measured"]["A"]["mean"] == pytest.approx(0.02)
+    assert v["measured"]["B"]["mean"] == pytest.approx(0.38 / 3)
+    assert "from X to Y" in v["metric"]
+    # the other way round: B is the more robust
+    swapped = claim.model_copy(update={"winner": "B", "loser": "A"})
+    assert judge_across(swapped, before, after)["verdict"] == FAILS
+    # a lower-is-better metric worsens by growing: Y - X
+    loss = Claim(id="l", statement="A's loss grows less", metric="final_loss", winner="A",
+                 loser="B", across=["X", "Y"])
+    grown = judge_across(loss, {"A": _runs([1, 1, 1]), "B": _runs([1, 1, 1])},
+                         {"A": _runs([1.1, 1.2, 1.1]), "B": _runs([2, 2.5, 2.2])})
+    assert grown["verdict"] == HOLDS
+    assert grown["measured"]["B"]["mean"] == pytest.approx(1.2333333)
+    # an unhealthy run in either setting makes the seed's loss unhealthy
+    sick = judge_across(claim, before, {**after, "B": _runs([0.80, 0.85, 0.82], healthy=False)})
+    assert sick["verdict"] == INCONCLUSIVE
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"across": ["X", "X"]}, "two different regimes"),
+    ({"across": ["X", "Y"], "times": 2}, "no 'times'"),
+    ({"across": ["X", "Y"], "regimes": ["X"]}, "replaces 'regimes'"),
+])
+def test_across_claims_are_validated(bad, message):
+    with pytest.raises(ValueError, match=message):
+        Claim(id="r", statement="s", metric="final_accuracy", winner="A", loser="B", **bad)
 
 
 def test_the_regime_check_fires_on_a_loser_that_reaches_the_target_in_its_first_round():

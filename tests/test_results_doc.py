@@ -47,6 +47,9 @@ ALLOWED = {
     "zo_hfl.md 5.3": "a section of the spec",
     "target accuracy 0.95": "seed002-digits28's target accuracy, [D] (configuration)",
     "95 % confidence": "the confidence level of wirelessfl reproduce's intervals (a constant)",
+    "(alpha = 1000, beta = 0.9)": "seed 000 Table I's homogeneous setting (paper, configuration)",
+    "(alpha = 1, beta = 0.5)": "seed 000 Table I's moderate setting (paper, configuration)",
+    "(alpha = 0.1, beta = 0.1)": "seed 000 Table I's extreme setting (paper, configuration)",
 }
 # A decimal, or a number followed by a unit of energy, time, power, memory, ratio or share.
 MEASURED = re.compile(

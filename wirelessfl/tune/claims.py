@@ -96,6 +96,11 @@ class Claim(BaseModel):
     regimes: list[str] | None = Field(
         None, min_length=1, description="a reproduction with regimes: judge it only in these "
                                         "(default: every regime)")
+    across: list[str] | None = Field(
+        None, min_length=2, max_length=2,
+        description="two regimes [A, B]: the claim is on how much the metric worsens from A to "
+                    "B (the winner loses less than the loser; with 'within', not more than "
+                    "that much more), per seed, paired")
 
     @model_validator(mode="after")
     def _one_kind(self):
@@ -114,6 +119,12 @@ class Claim(BaseModel):
             raise ValueError("give one of 'times' (a ratio) and 'within' (a difference)")
         if self.target is not None and not self.to_target:
             raise ValueError(f"'target' is read by to-target metrics only, not '{self.metric}'")
+        if self.across is not None:
+            if not pair or self.times is not None:
+                raise ValueError("'across' compares two methods' losses as a difference: give "
+                                 "'winner' and 'loser', and no 'times'")
+            if self.regimes is not None or self.across[0] == self.across[1]:
+                raise ValueError("'across' names two different regimes and replaces 'regimes'")
         return self
 
     @property
@@ -135,8 +146,10 @@ class Claim(BaseModel):
         return [m for m in (self.winner, self.loser, self.algorithm) if m is not None]
 
     def judged_in(self, regime: str) -> bool:
-        """Whether the claim is judged in the reproduction's regime ``regime`` ("" for one
-        without regimes)."""
+        """Whether the claim reads the runs of the reproduction's regime ``regime`` ("" for one
+        without regimes); an ``across`` claim reads both its regimes' and is judged once."""
+        if self.across is not None:
+            return regime in self.across
         return self.regimes is None or regime in self.regimes
 
     @property
@@ -221,6 +234,36 @@ def judge(claim: Claim, runs: dict[str, list[dict]]) -> dict:
     if claim.algorithm is not None:
         return {**out, **_against_constant(claim, measured[claim.algorithm])}
     return {**out, **_comparison(claim, runs, measured)}
+
+
+def judge_across(claim: Claim, before: dict[str, list[dict]], after: dict[str, list[dict]]
+                 ) -> dict:
+    """The verdict of an ``across`` claim: per method and seed, how much the metric worsens
+    from the first regime (``before``: method -> runs, as ``judge`` takes them) to the second
+    (``after``), A - B when higher is better (B - A when lower is); each seed's loss is scored
+    when both runs reached a value, healthy when both were. The winner losing less is then a
+    lower-is-better difference claim on those losses (``paired_difference``: the loser's minus
+    the winner's, past -within, default 0), judged by ``judge``."""
+    higher = claim.direction == "higher"
+    losses = {}
+    for method in claim.methods:
+        first = {g.get("seed", i): g for i, g in enumerate(before.get(method, []))}
+        second = {g.get("seed", i): g for i, g in enumerate(after.get(method, []))}
+        rows = []
+        for seed in (s for s in first if s in second):
+            a, b = first[seed], second[seed]
+            reached = a["reached"] and b["reached"]
+            rows.append({"value": (a["value"] - b["value"] if higher
+                                   else b["value"] - a["value"]) if reached else math.nan,
+                         "reached": reached, "healthy": a["healthy"] and b["healthy"],
+                         "seed": seed, "first": False})
+        losses[method] = rows
+    loss = claim.model_copy(update={"better": "lower", "within": claim.within or 0.0,
+                                    "target": None})
+    verdict = judge(loss, losses)
+    start, end = claim.across
+    return {**verdict, "metric": f"loss of {claim.column} from {start} to {end}",
+            "target": claim.target.describe() if claim.target else None, "against": start}
 
 
 # How an unhealthy verdict's reason names what the healthy seeds give (read back below).

@@ -22,7 +22,13 @@ from wirelessfl.results.summary import TERMINAL_WIDTH, text_table
 from wirelessfl.scenario import catalog
 from wirelessfl.scenario.loader import format_validation_error, refuse_other_kind
 from wirelessfl.scenario.names import safe_name, validated_name
-from wirelessfl.tune.claims import PER_ROUND_COST, Claim, decided_by_round_cost, judge
+from wirelessfl.tune.claims import (
+    PER_ROUND_COST,
+    Claim,
+    decided_by_round_cost,
+    judge,
+    judge_across,
+)
 from wirelessfl.tune.objectives import OBJECTIVES, score
 from wirelessfl.tune.spec import Tune, load_tune
 from wirelessfl.tune.study import TuneResult, run_tune
@@ -77,7 +83,7 @@ class ReproductionFile(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError("two regimes share a name")
         for claim in self.claims:
-            unknown = sorted(set(claim.regimes or []) - set(names))
+            unknown = sorted(set(claim.regimes or claim.across or []) - set(names))
             if unknown:
                 raise ValueError(f"claim '{claim.id}' names regimes {', '.join(unknown)}, which "
                                  f"are not listed under 'regimes' ({', '.join(names) or 'none'})")
@@ -204,6 +210,10 @@ def run_reproduction(repro: Reproduction, out: Path, executor: str, workers: int
     runs = pd.DataFrame(rows)
     verdicts = [{"regime": regime, **verdict}
                 for regime in repro.tunes for verdict in judge_regime(repro, runs, regime)]
+    verdicts += [{"regime": claim.across[1], **judge_across(
+        claim, _method_runs(runs, claim, claim.across[0]),
+        _method_runs(runs, claim, claim.across[1]))}
+        for claim in repro.spec.claims if claim.across is not None]
     outcome = ReproductionResult(out, tunings, verdicts, runs)
     write_csv(out / "claims.csv", claims_frame(verdicts))
     write_csv(out / "runs.csv", runs)
@@ -221,20 +231,18 @@ def run_reproduction(repro: Reproduction, out: Path, executor: str, workers: int
 def judge_regime(repro: Reproduction, runs: pd.DataFrame, regime: str) -> list[dict]:
     """Every claim's verdict from one regime's evaluation runs (a runs.csv table), the methods'
     runs paired by seed."""
+    return [judge(claim, _method_runs(runs, claim, regime)) for claim in repro.spec.claims
+            if claim.judged_in(regime) and claim.across is None]
+
+
+def _method_runs(runs: pd.DataFrame, claim: Claim, regime: str) -> dict[str, list[dict]]:
+    """Method -> its evaluation runs in ``regime`` as ``judge`` takes them (claim's column)."""
     mine = runs[runs.regime == regime] if len(runs) else runs
-    verdicts = []
-    for claim in repro.spec.claims:
-        if not claim.judged_in(regime):
-            continue
-        by_method = {}
-        for method, group in mine.groupby("method", sort=False):
-            by_method[method] = [
-                {"value": v, "reached": math.isfinite(v), "healthy": bool(h), "seed": int(s),
-                 "first": bool(f)}
-                for v, h, s, f in zip(group[claim.column], group.healthy, group.seed,
-                                      group[f"{claim.column} first"])]
-        verdicts.append(judge(claim, by_method))
-    return verdicts
+    return {method: [{"value": v, "reached": math.isfinite(v), "healthy": bool(h),
+                      "seed": int(s), "first": bool(f)}
+                     for v, h, s, f in zip(group[claim.column], group.healthy, group.seed,
+                                           group[f"{claim.column} first"])]
+            for method, group in mine.groupby("method", sort=False)}
 
 
 def claims_frame(verdicts: list[dict]) -> pd.DataFrame:
