@@ -402,6 +402,17 @@ def _verdicts_block(name: str, folder: str):
 
 
 SEED000 = "docs/data/seed000"
+SEED001 = "docs/data/seed001"
+
+
+@block("seed001-reproduction", f"{SEED001}/reproduce.json", f"{SEED001}/tune.json",
+       f"{SEED001}/tuning.csv", f"{SEED001}/evaluation.csv", f"{SEED001}/runs.csv",
+       f"{SEED001}/facts.json")
+def seed001_reproduction() -> str:
+    """Seed 001's local hypergradient estimation (`wirelessfl reproduce seed001`)."""
+    repro = _json(f"{SEED001}/reproduce.json")
+    note = repro["reproduction"].get("note", "")
+    return (f"{note}\n\n" if note else "") + _reproduction(SEED001)
 for _regime in ("shirt-sneaker", "ten-class"):
     _regime_block(f"seed002-fashionmnist-{_regime}", SEED002_FASHION, _regime)
 for _regime in ("homogeneous", "moderate", "extreme"):
