@@ -375,9 +375,13 @@ def _measured_quantities(verdicts: list[dict]) -> str:
        f"{SEED002}/facts.json")
 def seed002_reproduction() -> str:
     """The quick seed-002 reproduction (`wirelessfl reproduce seed002-quick`)."""
-    repro = _json(f"{SEED002}/reproduce.json")
-    note = repro["reproduction"].get("note", "")
-    return (f"{note}\n\n" if note else "") + _reproduction(SEED002)
+    return _noted_reproduction(SEED002)
+
+
+def _noted_reproduction(folder: str) -> str:
+    """A single-study reproduction's note (what it can and cannot show), then the study."""
+    note = _json(f"{folder}/reproduce.json")["reproduction"].get("note", "")
+    return (f"{note}\n\n" if note else "") + _reproduction(folder)
 
 
 def _regime_block(name: str, folder: str, regime: str):
@@ -410,9 +414,7 @@ SEED001 = "docs/data/seed001"
        f"{SEED001}/facts.json")
 def seed001_reproduction() -> str:
     """Seed 001's local hypergradient estimation (`wirelessfl reproduce seed001`)."""
-    repro = _json(f"{SEED001}/reproduce.json")
-    note = repro["reproduction"].get("note", "")
-    return (f"{note}\n\n" if note else "") + _reproduction(SEED001)
+    return _noted_reproduction(SEED001)
 for _regime in ("shirt-sneaker", "ten-class"):
     _regime_block(f"seed002-fashionmnist-{_regime}", SEED002_FASHION, _regime)
 for _regime in ("homogeneous", "moderate", "extreme"):
