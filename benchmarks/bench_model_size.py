@@ -162,6 +162,13 @@ def run_case(hidden: tuple[int, ...], repeats: int) -> dict:
             "agreement": agreement, "agree": all(v <= AGREEMENT for v in agreement.values())}
 
 
+def machine_facts(load: tuple[float, ...]) -> dict:
+    """The recording machine, and its load average at the start (``load``) and now."""
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "load_average_start": load[0], "load_average_end": os.getloadavg()[0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/model_size.json")
@@ -186,10 +193,7 @@ def main() -> None:
             + f"  chosen {case['chosen']}, agree {case['agree']}", flush=True)
     out = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
            "command": "benchmarks/bench_model_size.py " + " ".join(sys.argv[1:]),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                       "torch": torch.__version__, "cpu_capability":
-                           torch.backends.cpu.get_cpu_capability(),
-                       "load_average_start": load[0], "load_average_end": os.getloadavg()[0]},
+           "machine": machine_facts(load),
            "settings": {"devices": DEVICES, "samples_per_device": SAMPLES,
                         "local_steps": LOCAL_STEPS, "batch_size": BATCH, "lr": LR,
                         "repeats": args.repeats, "threads": 1, "agreement_tolerance": AGREEMENT,

@@ -30,7 +30,6 @@ import copy
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -82,9 +81,10 @@ def _bench_model_size():
     return module
 
 
-def run_setting(evs: dict[str, BatchedEvaluator], theta: torch.Tensor, idx: torch.Tensor,
-                count: int, repeats: int) -> dict:
-    reference = _bench_model_size()  # its LR is this one's, 0.05
+def run_setting(reference, evs: dict[str, BatchedEvaluator], theta: torch.Tensor,
+                idx: torch.Tensor, count: int, repeats: int) -> dict:
+    """Both ways at ``count`` threads; ``reference`` is bench_model_size (its summed local SGD
+    and plain loop, at its LR: this one's, 0.05)."""
     ev = evs["default"]
     net = copy.deepcopy(ev.flat.model).train()  # the plain loop's one module
 
@@ -129,6 +129,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     threads.configure(used=1)
+    reference = _bench_model_size()
     evs = {"default": evaluator(), "wide": evaluator(WIDE_CHUNK_MB)}
     ev = evs["default"]
     assert ev.stacked.strategy == "per-device" and ev.threaded
@@ -138,7 +139,7 @@ def main() -> None:
     print(f"ResNet-18 d = {ev.flat.d:,}; load average {load[0]:.2f}", flush=True)
     settings = []
     for count in (1, 2):
-        case = run_setting(evs, theta, idx, count, args.repeats)
+        case = run_setting(reference, evs, theta, idx, count, args.repeats)
         settings.append(case)
         print(f"{count} thread(s): " + "  ".join(
             f"{name} {side['best']:9.0f} ms ({side['gflops']:5.1f} GFLOP/s)"
@@ -147,10 +148,7 @@ def main() -> None:
             flush=True)
     out = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
            "command": "benchmarks/bench_resnet.py " + " ".join(sys.argv[1:]),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                       "torch": torch.__version__, "cpu_capability":
-                           torch.backends.cpu.get_cpu_capability(),
-                       "load_average_start": load[0], "load_average_end": os.getloadavg()[0]},
+           "machine": reference.machine_facts(load),
            "settings": {"model": "resnet18-cifar", "d": ev.flat.d, "devices": DEVICES,
                         "samples_per_device": SAMPLES, "local_steps": LOCAL_STEPS,
                         "batch_size": BATCH, "lr": LR, "repeats": args.repeats,

@@ -1728,7 +1728,7 @@ def model_size() -> str:
         rows.append(row)
     chosen = [c["ms"]["stacked" if c["chosen"] == "stacked" else "per-device"]["best"]
               / c["ms"]["plain loop"]["best"] for c in b["cases"]]
-    m, st = b["machine"], b["settings"]
+    st = b["settings"]
     return (table(["d", "MLP", "stacked ms (% of peak)", "per-device ms (% of peak)",
                    "plain loop ms (% of peak)", "chosen", "agree"], rows)
             + f"\n\nThe chosen strategy took {min(chosen):.2f} to {max(chosen):.2f} times the "
@@ -1738,10 +1738,15 @@ def model_size() -> str:
             f"best of {st['repeats']} interleaved repeats on one thread; percentages of the "
             f"one-thread float32 matmul peak ({b['matmul_peak_gflops_one_thread']:.0f} GFLOP/s, "
             f"same process). Threshold `PER_DEVICE_MIN_PARAMETERS` = "
-            f"{b['per_device_min_parameters']:,}. Recorded {b['date'][:10]} on "
-            f"`{m['platform']}` ({m['cpu_capability']}), load average "
-            f"{m['load_average_start']:.2f} at the start, {m['load_average_end']:.2f} at the "
-            f"end; `{b['command'].strip()}`.")
+            f"{b['per_device_min_parameters']:,}. " + _recorded_on(b))
+
+
+def _recorded_on(b: dict) -> str:
+    """When, where and how a benchmark record (bench_model_size's ``machine`` facts) was made."""
+    m = b["machine"]
+    return (f"Recorded {b['date'][:10]} on `{m['platform']}` ({m['cpu_capability']}), load "
+            f"average {m['load_average_start']:.2f} at the start, {m['load_average_end']:.2f} "
+            f"at the end; `{b['command'].strip()}`.")
 
 
 @block("resnet", "benchmarks/resnet.json")
@@ -1756,15 +1761,12 @@ def resnet() -> str:
                     + [f"{c['ms'][n]['best']:,.0f} ({c['ms'][n]['best'] / plain['best']:.2f}x; "
                        f"{c['chunk_devices'][n]} a chunk)" for n in names]
                     + [f"{plain['best']:,.0f}", "yes" if c["agree"] else "NO"])
-    m, st = b["machine"], b["settings"]
+    st = b["settings"]
     return (table(["threads", *(f"{n} ms (of plain; devices)" for n in names),
                    "plain loop ms", "agree"], rows)
             + f"\n\n{st['devices']} devices, ResNet-18 (d = {st['d']:,}), "
             f"{st['local_steps']} steps of {st['batch_size']} samples each, best of "
-            f"{st['repeats']} interleaved repeats. Recorded {b['date'][:10]} on "
-            f"`{m['platform']}` ({m['cpu_capability']}), load average "
-            f"{m['load_average_start']:.2f} at the start, {m['load_average_end']:.2f} at the "
-            f"end; `{b['command'].strip()}`.")
+            f"{st['repeats']} interleaved repeats. " + _recorded_on(b))
 
 
 @block("memory-estimate", "benchmarks/memory_estimate.json")

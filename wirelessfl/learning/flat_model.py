@@ -4,8 +4,10 @@ plain tensor algebra (docs/architecture.md, `learning/`)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -112,15 +114,8 @@ class FlatModel:
         with ``statistics`` as ``forward``."""
         x = to_channels_last(x) if self.channels_last else x
         module = self.module()
-        if statistics is None:
+        with self._normalising_with(module, statistics):
             return functional_call(module, params, (x,))
-        with torch.no_grad():
-            self._load_statistics(module, statistics)
-        module.eval()
-        try:
-            return functional_call(module, params, (x,))
-        finally:
-            module.train()
 
     def write_gradient(self, row: torch.Tensor, gradients: list[torch.Tensor]) -> None:
         """Copy per-parameter gradients (the order of ``names``, any layout) into a flat row
@@ -141,14 +136,8 @@ class FlatModel:
         for p, view in zip(module.parameters(), self.unflatten(theta).values()):
             p.data = to_channels_last(view) if self.channels_last else view
         x = to_channels_last(x) if self.channels_last else x
-        if statistics is None:
+        with self._normalising_with(module, statistics):
             return module(x)
-        self._load_statistics(module, statistics)
-        module.eval()
-        try:
-            return module(x)
-        finally:
-            module.train()
 
     @torch.no_grad()
     def normalisation_statistics(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -173,13 +162,25 @@ class FlatModel:
                 m.momentum = momentum
 
     @staticmethod
-    def _load_statistics(module: nn.Module, statistics: torch.Tensor) -> None:
-        """Copy ``normalisation_statistics``' vector into the module's running statistics."""
+    @contextlib.contextmanager
+    def _normalising_with(module: nn.Module, statistics: torch.Tensor | None) -> Iterator[None]:
+        """Passes inside normalise with ``statistics`` (``normalisation_statistics``' vector,
+        copied into the module's running statistics, the module in eval mode, back in training
+        mode after); with None, with each batch's own statistics (training mode, as always)."""
+        if statistics is None:
+            yield
+            return
         at = 0
-        for m in batch_norms(module):
-            for buffer in (m.running_mean, m.running_var):
-                buffer.copy_(statistics[at:at + buffer.numel()])
-                at += buffer.numel()
+        with torch.no_grad():
+            for m in batch_norms(module):
+                for buffer in (m.running_mean, m.running_var):
+                    buffer.copy_(statistics[at:at + buffer.numel()])
+                    at += buffer.numel()
+        module.eval()
+        try:
+            yield
+        finally:
+            module.train()
 
     def loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of one minibatch (the f_i(theta, xi) of the specs)."""

@@ -21,9 +21,8 @@ a scenario always takes the same arithmetic path (same seed, same numbers):
   never depend on the thread count. A model whose ``layers()`` are Conv2d / ReLU / MaxPool2d
   steps followed by Flatten and a Linear / ReLU tail (the seed-002 CNN) takes its passes layer
   by layer (learning/conv_chain.py): the kernels autograd would call, the same numbers, without
-  the work autograd and the layouts cost around them;
-  A model with batch norm runs per device too, whatever its layers: each pass normalises with
-  one device's own minibatch;
+  the work autograd and the layouts cost around them. A model with batch norm runs per device
+  too, whatever its layers: each pass normalises with one device's own minibatch;
 * ``vmap``: any other model, torch.func.vmap of functional_call.
 """
 
