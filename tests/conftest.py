@@ -64,7 +64,7 @@ def one_intra_op_thread():
 @contextlib.contextmanager
 def runs_in_this_process(before_each=None):
     """Sweeps, tunes and reproductions on the local executor run their points one after another
-    in this process, through ``run_point`` (what a worker process runs for each point), instead
+    in this process, through ``run_task`` (what a worker process runs for each task), instead
     of in 'spawn' worker processes that each start a fresh interpreter and import torch (seconds
     of CPU each). For tests of what a study does with its runs' results; the executors
     themselves (worker processes, their deaths and signals, Dask) are tested with real processes
@@ -72,13 +72,13 @@ def runs_in_this_process(before_each=None):
     ``before_each(k, task)``, when given, is called before the k-th run (from 0). Each run's
     progress events go straight to the sweep's printer (``on_event``)."""
     from wirelessfl.sweep import executors
-    from wirelessfl.sweep.worker import run_point
+    from wirelessfl.sweep.worker import run_task
 
     def one_by_one(tasks, workers, on_event=None):
         for k, task in enumerate(tasks):
             if before_each is not None:
                 before_each(k, task)
-            yield run_point(task, on_event)
+            yield run_task(task, on_event)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(executors, "run_local", one_by_one)

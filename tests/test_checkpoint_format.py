@@ -301,7 +301,7 @@ def test_a_checkpoint_of_another_run_or_scenario_is_refused(tmp_path):
 
 def _fresh(world, params):
     """An algorithm as a run starts it, and what the run is given (not saved)."""
-    algorithm = simulation._build(world, params, simpy.Environment(), None, None)
+    algorithm = simulation.build_algorithm(world, params, simpy.Environment(), None, None)
     return algorithm, simulation._given(world, algorithm)
 
 

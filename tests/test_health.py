@@ -229,12 +229,12 @@ def test_float_scalars_clip_only_beyond_the_format_s_largest_level(monkeypatch):
     diffs = [5e9, -5e9, 3.2e9, 1.0, 0.0, -4e9, 2.0, 3.0]
     calls = []
 
-    def device_losses(self, theta, idx):
+    def device_losses_many(self, thetas, idx):  # DZOFL's passes, one theta each here
         calls.append(None)
         values = diffs if len(calls) % 2 else [0.0] * len(diffs)
-        return torch.tensor(values, dtype=theta.dtype, device=theta.device)
+        return [torch.tensor(values, dtype=theta.dtype, device=theta.device) for theta in thetas]
 
-    monkeypatch.setattr(BatchedEvaluator, "device_losses", device_losses)
+    monkeypatch.setattr(BatchedEvaluator, "device_losses_many", device_losses_many)
     rounds = 3
     sc = small_scenario(ALL_DELIVERED, algorithms=[{"name": "dzofl", "rounds": rounds,
                                                     "eval_every": rounds, "bits": 8,

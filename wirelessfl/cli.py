@@ -54,7 +54,8 @@ def _interruptible(run, study, out: Path, args):
     try:
         with sigterm_as_interrupt():
             return run(study, out, args.executor, args.workers or default_workers(),
-                       args.address, args.quiet, threads=args.threads)
+                       args.address, args.quiet, threads=args.threads,
+                       lockstep=not args.no_lockstep)
     except KeyboardInterrupt:
         print(f"interrupted: finished runs are kept in {out}; run the same command again to "
               "finish the rest", file=sys.stderr)
@@ -701,8 +702,8 @@ def _cmd_link(args) -> int:
 
 
 def _add_executor_options(parser: argparse.ArgumentParser) -> None:
-    """--executor, --address, --workers, --threads and --quiet of the commands that run many
-    runs (sweep, tune, reproduce); checked by _check_executor."""
+    """--executor, --address, --workers, --threads, --quiet and --no-lockstep of the commands
+    that run many runs (sweep, tune, reproduce); checked by _check_executor."""
     parser.add_argument("--executor", choices=["local", "dask"], default="local",
                         help="local worker processes (default) or Dask distributed")
     parser.add_argument("--address", help="Dask scheduler, e.g. tcp://10.0.0.5:8786 (default "
@@ -715,6 +716,10 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
                              "divided among the workers); the results do not depend on it")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress (neither the bar nor, in logs, the progress lines)")
+    parser.add_argument("--no-lockstep", action="store_true",
+                        help="run every point alone, also those that differ only in step sizes "
+                             "(by default run together in one simulated world, docs/sweeps.md); "
+                             "the results are the same, only slower")
 
 
 def _add_reference_option(parser: argparse.ArgumentParser) -> None:

@@ -210,6 +210,11 @@ class Algorithm:
         data (a ``server_data`` parameter set true)."""
         return cls.server_learns or bool(getattr(params, "server_data", False))
 
+    # Parameters that change only theta's arithmetic, never what crosses the air or when (step
+    # sizes): runs that differ only in them can run in lockstep (algorithms/lanes.py), which an
+    # algorithm offers by naming them and writing its round as ``lanes_round``. None by default.
+    lockstep_parameters: ClassVar[tuple[str, ...]] = ()
+
     # Upload phases of a round in which every packet arrives (two for methods that exchange a
     # gradient and then a model); the conformance suite reads it with ``declared_payloads``.
     uploads_per_round: ClassVar[int] = 1

@@ -15,6 +15,7 @@ import torch
 from pydantic import Field, model_validator
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams, ScalarFormatParams
+from wirelessfl.algorithms.lanes import Alone, Lanes, quantize_each
 from wirelessfl.contract.memory import RoundShape
 from wirelessfl.contract.payload import Cost, Payload
 from wirelessfl.learning.seeds import keyed_generator
@@ -76,32 +77,58 @@ class DZOFL(Algorithm):
         signs = torch.randint(0, 2, (d,), generator=gen, dtype=torch.int8).float() * 2 - 1
         return (signs / d**0.5).to(self.theta.device)
 
+    # Step sizes: they change theta alone, never what crosses the air or when, so a grid over
+    # them runs in lockstep (algorithms/lanes.py).
+    lockstep_parameters = ("alpha0", "gamma0", "v1", "v2")
+
     def round(self, k: int):
-        p, ctx = self.params, self.ctx
+        yield from self.lanes_round(Alone(self), k)
+
+    @staticmethod
+    def lanes_round(lanes: Lanes, k: int):
+        """Iteration k of every live lane of ``lanes`` (one run: ``Alone``): the lead's air and
+        draws (participants, minibatches, Phi_k, quantiser noise), each lane's arithmetic on
+        its own theta as a run alone does it."""
+        lead = lanes.lead
+        p, ctx = lead.params, lead.ctx
         n = ctx.num_devices
-        alpha = p.alpha0 * (1 + k) ** (-p.v1)
-        gamma = p.gamma0 * (1 + k) ** (-p.v2)
-        phi = self.perturbation(k)
-        scalar, _ = self.declared_payloads(self.theta.numel(), self.bits)
+        phi = lead.perturbation(k)
+        scalar, _ = lead.declared_payloads(lead.theta.numel(), lead.bits)
         cost = Cost(forward_passes=2, paper_forward_passes=1,
                     batch_size=ctx.evaluator.minibatch_sizes(p.batch_size))
-        result = yield from self.collect(cost, scalar)
+        result = yield from lanes.collect(cost, scalar)
         # Only delivered differences reach the aggregate: compute and quantise those alone.
         devices = result.delivered_devices
-        q_up = torch.zeros(0)
-        if len(devices):
-            idx = self.minibatches(k, devices)[0]
-            diff = (ctx.evaluator.device_losses(self.theta + gamma * phi, idx)
-                    - ctx.evaluator.device_losses(self.theta - gamma * phi, idx))
-            fixed = p.fixed_range()  # None: the stochastic float format, relative error
-            q_up = self.quantize_scalars(diff, fixed, self.scalar_noise("dzofl-up", k, devices))
-        aggregate = aggregate_delivered(q_up, n)
-        yield from self.broadcast(scalar)
-        if aggregate is None:  # S_k empty: the model stays as it is
-            return
-        # fixed format: |aggregate| <= (N / |S|) |S| r = N r, the broadcast's range
+        live = list(lanes.live)
+        steps = {id(lane): lane.step_sizes(k) for lane in live}
+        # fixed None: the stochastic float format (relative error); |aggregate| <= N r under
+        # the fixed format, the broadcast's range
         fixed = p.fixed_range()
-        q_down = self.quantize_scalars(aggregate.reshape(1), None if fixed is None else n * fixed,
-                                       keyed_generator(ctx.seed, "dzofl-down", k),
-                                       direction="down")
-        self.theta = self.theta - alpha * phi * q_down[0]
+        q_up = {}
+        if len(devices):
+            idx = lead.minibatches(k, devices)[0]
+            plus = ctx.evaluator.device_losses_many(
+                [lane.theta + steps[id(lane)][1] * phi for lane in live], idx)
+            minus = ctx.evaluator.device_losses_many(
+                [lane.theta - steps[id(lane)][1] * phi for lane in live], idx)
+            q_up = quantize_each(lanes, {id(lane): a - b for lane, a, b
+                                         in zip(live, plus, minus, strict=True)},
+                                 fixed, lead.scalar_noise("dzofl-up", k, devices))
+        yield from lanes.broadcast(scalar)
+        aggregates = {id(lane): aggregate_delivered(q_up.get(id(lane), torch.zeros(0)), n)
+                      for lane in lanes.live}
+        if not len(devices):  # S_k empty: the models stay as they are
+            return
+        uniform = torch.rand((1,), generator=keyed_generator(ctx.seed, "dzofl-down", k))
+        q_down = quantize_each(lanes, {key: value.reshape(1) for key, value in aggregates.items()},
+                               None if fixed is None else n * fixed, uniform, direction="down")
+
+        def update(lane: DZOFL) -> None:
+            lane.theta = lane.theta - steps[id(lane)][0] * phi * q_down[id(lane)][0]
+
+        lanes.each(update)
+
+    def step_sizes(self, k: int) -> tuple[float, float]:
+        """(alpha_k, gamma_k) = (alpha_0 (1+k)^-v1, gamma_0 (1+k)^-v2)."""
+        p = self.params
+        return p.alpha0 * (1 + k) ** (-p.v1), p.gamma0 * (1 + k) ** (-p.v2)

@@ -88,6 +88,13 @@ class Problem(ABC):
     def device_losses(self, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """f_i(theta; idx_i) of every device at a shared theta [d]: idx [N, b] -> [N]."""
 
+    def device_losses_many(self, thetas: list[torch.Tensor], idx: torch.Tensor
+                           ) -> list[torch.Tensor]:
+        """``device_losses`` at each of ``thetas`` on the same minibatches (runs in lockstep,
+        algorithms/lanes.py); a problem may share the work that does not depend on theta, but
+        each result must be the bits ``device_losses`` gives."""
+        return [self.device_losses(theta, idx) for theta in thetas]
+
     @abstractmethod
     def stacked_losses(self, models: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """f_i(models_i; idx_i), each device at its own model, no gradient: [n, d], [n, b] -> [n]."""

@@ -26,10 +26,11 @@ from wirelessfl.host.threads import ensure as ensure_threads
 from wirelessfl.pipeline.build import World, build_world
 from wirelessfl.pipeline.checkpoint import CHECKPOINT_NAME, read_checkpoint, refuse_legacy
 from wirelessfl.pipeline.fingerprint import MANIFEST_KEY, check_resumable, scenario_fingerprint
+from wirelessfl.pipeline.lockstep import lane_world, lanes_per_group, run_lockstep
 from wirelessfl.pipeline.memory import check_memory_from_scenario
 from wirelessfl.pipeline.notes import same_slots_note, small_share_warning
 from wirelessfl.pipeline.preflight import check_runnable
-from wirelessfl.pipeline.simulation import run_algorithm
+from wirelessfl.pipeline.simulation import AlgorithmRun, run_algorithm
 from wirelessfl.results.health import manifest_entry
 from wirelessfl.results.records import MemoryWriter, RunRecord, RunWriter, device_records
 from wirelessfl.results.summary import summarize
@@ -97,7 +98,8 @@ def run_to_record(scenario: Scenario, out: Path | None, *,
                   on_algorithm: Callable[[str], None] | None = None,
                   warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
                   extra: dict | None = None, resume: bool = False,
-                  checkpoint_every: int | None = None, threads: int | None = None
+                  checkpoint_every: int | None = None, threads: int | None = None,
+                  world: World | None = None, runs: dict[str, AlgorithmRun] | None = None
                   ) -> tuple[str, pd.DataFrame, RunRecord]:
     """Simulate every algorithm of ``scenario`` into the run folder ``out`` (rounds.parquet,
     devices.parquet, manifest.json, summary.csv), or with ``out`` None into memory only (the
@@ -117,13 +119,15 @@ def run_to_record(scenario: Scenario, out: Path | None, *,
     KeyboardInterrupt; once the folder has been written, wherever it comes (between
     algorithms, in a write), so the folder always holds a manifest that says so. ``threads``:
     host threads (host/threads.py; default: the CPUs available), recorded in the manifest; the
-    results do not depend on it."""
+    results do not depend on it. ``world`` and ``runs``: the scenario's world already built and
+    its algorithms' runs already simulated, by label (a lockstep group, ``run_in_lockstep``);
+    they are recorded as their own runs would be."""
     if out is None and (resume or checkpoint_every):
         raise UserError("resuming and checkpoints need a run folder: give out=FOLDER")
     setting = ensure_threads(threads)  # before any numerics, building the world's included
     check_runnable(scenario, checkpoint_every, warn)  # before anything is built or written
     check_memory_from_scenario(scenario)  # before anything large is loaded or built
-    world = build_world(scenario)
+    world = build_world(scenario) if world is None else world
     short = small_share_warning(world)  # known once the data is split, before any round
     if short is not None:
         warn(f"warning: {short}")
@@ -148,7 +152,7 @@ def run_to_record(scenario: Scenario, out: Path | None, *,
             writer = MemoryWriter(*facts) if out is None else RunWriter(out, *facts)
             every = checkpoint_every or 0
         status = _run_algorithms(world, scenario, writer, out, resume, every, on_round,
-                                 on_algorithm, warn)
+                                 on_algorithm, warn, runs or {})
         writer.finish(status)
     except KeyboardInterrupt:
         if writer is not None:  # None: nothing written (RunWriter finishes its own first write)
@@ -161,8 +165,51 @@ def run_to_record(scenario: Scenario, out: Path | None, *,
     return status, table, record
 
 
+def run_in_lockstep(scenarios: list[Scenario], outs: list[Path | None], *,
+                    warns: list[Callable[[str], None]], extras: list[dict | None],
+                    on_round: Callable[[int], None] | None = None, threads: int | None = None
+                    ) -> list[tuple[str, pd.DataFrame, RunRecord] | UserError]:
+    """Scenarios whose runs may share a lockstep group (pipeline/lockstep.py ``lockstep_key``
+    equal, one algorithm each) into their run folders ``outs``, each as ``run_to_record`` writes
+    it alone (``warns``, ``extras``: each one's): one world is built and the lanes are
+    simulated together, in groups of at most ``lanes_per_group``; a lane the group hands back
+    runs alone. Each result is ``run_to_record``'s, or the UserError that refused the
+    scenario (its preflight, its memory check)."""
+    setting = ensure_threads(threads)
+    results: list = [None] * len(scenarios)
+    able = []
+    for i, scenario in enumerate(scenarios):  # a refused scenario says why, alone
+        try:
+            check_runnable(scenario, None, lambda _text: None)
+            check_memory_from_scenario(scenario)
+        except UserError as err:
+            results[i] = err
+        else:
+            able.append(i)
+    runs: dict[int, AlgorithmRun | None] = {}
+    if able:
+        world = build_world(scenarios[able[0]])
+        size = lanes_per_group(world.evaluator.d)
+        for start in range(0, len(able), size):
+            part = able[start:start + size]
+            worlds = [lane_world(world, scenarios[i]) for i in part]
+            runs.update(zip(part, run_lockstep(worlds, on_round), strict=True))
+    for i in able:
+        run = runs[i]
+        try:
+            results[i] = run_to_record(
+                scenarios[i], outs[i], warn=warns[i], extra=extras[i], threads=setting.requested,
+                on_round=None if run is not None else on_round,
+                **({"world": lane_world(world, scenarios[i]), "runs": {run.label: run}}
+                   if run is not None else {}))
+        except UserError as err:
+            results[i] = err
+    return results
+
+
 def _run_algorithms(world: World, scenario: Scenario, writer: MemoryWriter, out: Path | None,
-                    resume: bool, every: int, on_round, on_algorithm, warn) -> str:
+                    resume: bool, every: int, on_round, on_algorithm, warn,
+                    runs: dict[str, AlgorithmRun]) -> str:
     """Every algorithm the writer has not recorded as finished, each into ``writer`` as it
     ends; returns the run's status. An interrupted algorithm's rounds are recorded, then its
     KeyboardInterrupt raised (``run_to_record`` marks the run); a MemoryError marks the run
@@ -182,8 +229,9 @@ def _run_algorithms(world: World, scenario: Scenario, writer: MemoryWriter, out:
         if saved is not None:  # run_algorithm refuses one of another run or scenario
             warn(f"{params.display_name}: continuing from the checkpoint after round "
                  f"{saved.completed}")
-        run = run_algorithm(world, params, on_round=on_round, checkpoint_every=every,
-                            checkpoint_path=checkpoint_path, resume=saved)
+        run = runs.get(params.display_name) or run_algorithm(
+            world, params, on_round=on_round, checkpoint_every=every,
+            checkpoint_path=checkpoint_path, resume=saved)
         info = {"status": run.status, "message": run.message,
                 "params": params.model_dump(mode="json"), **run.extra,
                 "health": manifest_entry(run.rows, run.status, scenario.health,

@@ -111,7 +111,7 @@ def run_algorithm(world: World, params: AlgorithmParams,
                                 fingerprint)
 
     try:
-        algorithm = _build(world, params, env, on_round, save)
+        algorithm = build_algorithm(world, params, env, on_round, save)
     except UserError:
         raise  # bad input, not this algorithm's failure: one error line (cli.main)
     except Exception as err:  # noqa: BLE001 - this algorithm's failure: the others run on
@@ -136,11 +136,8 @@ def run_algorithm(world: World, params: AlgorithmParams,
     env.process(algorithm.process(start))
     try:
         env.run()
-    except ReachedTarget as stop:
-        run.message = f"{params.display_name}: stopped at the target after round {stop.round_index}"
-    except BecameUnhealthy as stop:
-        run.message = (f"{params.display_name}: stopped unhealthy after round {stop.round_index}: "
-                       f"{stop.reason} (stop_when_unhealthy)")
+    except (ReachedTarget, BecameUnhealthy) as stop:
+        stopped(run, stop)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the rounds evaluated so far
         run.status = "interrupted"
         run.message = f"{params.display_name}: interrupted at round {algorithm.round_index}"
@@ -165,6 +162,16 @@ def run_algorithm(world: World, params: AlgorithmParams,
     return run
 
 
+def stopped(run: AlgorithmRun, stop: ReachedTarget | BecameUnhealthy) -> None:
+    """``run`` ended at an evaluation by a stop rule (stop_at_target, stop_when_unhealthy):
+    complete, with the message saying where and why."""
+    if isinstance(stop, ReachedTarget):
+        run.message = f"{run.label}: stopped at the target after round {stop.round_index}"
+    else:
+        run.message = (f"{run.label}: stopped unhealthy after round {stop.round_index}: "
+                       f"{stop.reason} (stop_when_unhealthy)")
+
+
 def _failed(run: AlgorithmRun, err: Exception, round_index: int) -> AlgorithmRun:
     """``run`` ended by the exception ``err`` (a bug, a library's error, memory): status
     ``failed``, its rows so far kept, the message (type and text, on one line) and the traceback
@@ -183,7 +190,8 @@ def restore_algorithm(world: World, params: AlgorithmParams, saved: Checkpoint):
     it on."""
     check_belongs(saved, params.display_name, algorithm_fingerprint(world.scenario, params),
                   params.rounds)
-    algorithm = _build(world, params, simpy.Environment(initial_time=saved.now_s), None, None)
+    algorithm = build_algorithm(world, params, simpy.Environment(initial_time=saved.now_s),
+                                None, None)
     restore_state(saved, algorithm, _given(world, algorithm))
     return algorithm
 
@@ -196,22 +204,28 @@ def _given(world: World, algorithm) -> set[int]:
                     shared=vars(world).values())
 
 
-def _build(world: World, params: AlgorithmParams, env: simpy.Environment,
-           on_round: Callable[[int], None] | None, save: Callable[[int], None] | None):
+def build_algorithm(world: World, params: AlgorithmParams, env: simpy.Environment,
+                    on_round: Callable[[int], None] | None, save: Callable[[int], None] | None,
+                    air: RunContext | None = None):
     """The algorithm as a run starts it: a new ledger, network and run context in ``env``, and
-    the algorithm's ``setup`` done (also what a resumed run is built as)."""
+    the algorithm's ``setup`` done (also what a resumed run is built as). ``air``: a lane of a
+    lockstep group (pipeline/lockstep.py) shares that context's network and ledger."""
     sc = world.scenario
-    ledger = Ledger(world.num_devices)
-    # Every algorithm draws fading from the same stream: common random numbers across methods.
-    uplink = world.uplink()
-    network = ENGINES[sc.engine.mode](env, ledger, uplink, world.downlink(),
-                                      world.compute_model(params.bits),
-                                      world.device_power(uplink),
-                                      keyed_rng(sc.seed, "fading"),
-                                      keyed_rng(sc.seed, "downlink"),
-                                      accounting=sc.energy_accounting,
-                                      per_device=sc.population.per_device_streams,
-                                      seed=sc.seed)
+    if air is not None:
+        network, ledger = air.net, air.ledger
+    else:
+        ledger = Ledger(world.num_devices)
+        # Every algorithm draws fading from the same stream: common random numbers across
+        # methods.
+        uplink = world.uplink()
+        network = ENGINES[sc.engine.mode](env, ledger, uplink, world.downlink(),
+                                          world.compute_model(params.bits),
+                                          world.device_power(uplink),
+                                          keyed_rng(sc.seed, "fading"),
+                                          keyed_rng(sc.seed, "downlink"),
+                                          accounting=sc.energy_accounting,
+                                          per_device=sc.population.per_device_streams,
+                                          seed=sc.seed)
     ctx = RunContext(params.display_name, env, network, ledger, world.evaluator,
                      world.initial(), sc.seed, params.rounds,
                      params.eval_every, on_round, worst_fraction=sc.worst_fraction,

@@ -261,6 +261,8 @@ class BatchedEvaluator(Problem):
         """Per-device minibatch loss at a shared theta [N]: one forward pass per chunk of
         devices (a threaded model: per piece of whole devices, the pieces spread over the
         thread pool; the pieces depend only on N and the batch size)."""
+        if not self.threaded and not self.flat.normalised:
+            return self.device_losses_many([theta], idx)[0]
         start = time.perf_counter()
         n, b = idx.shape
         counts = self._batch_counts(idx)
@@ -274,17 +276,42 @@ class BatchedEvaluator(Problem):
         if self.flat.normalised:  # batch norm: each device's minibatch normalised on its own
             pieces = [slice(i, i + 1) for i in range(n)]
             out = torch.cat(parallel_map(piece, pieces) if self.threaded else map(piece, pieces))
-        elif self.threaded:  # about PIECE_SAMPLES samples a piece, at least MIN_PIECES pieces
+        else:  # about PIECE_SAMPLES samples a piece, at least MIN_PIECES pieces
             count = min(n, max(math.ceil(n / self.chunk_size(b, own_model=False)), MIN_PIECES,
                                math.ceil(n * b / PIECE_SAMPLES)))
             bounds = [n * k // count for k in range(count + 1)]  # as equal as devices allow
             out = torch.cat(parallel_map(piece, [slice(lo, hi) for lo, hi in pairwise(bounds)]))
-        else:
-            out = torch.cat([piece(rows) for rows in self.row_chunks(n, b, own_model=False)])
         if self.l2:
             out += 0.5 * self.l2 * float(theta.square().sum())
         self.compute_s += time.perf_counter() - start
         return out
+
+    @torch.no_grad()
+    def device_losses_many(self, thetas: list[torch.Tensor], idx: torch.Tensor
+                           ) -> list[torch.Tensor]:
+        """``device_losses`` at each of ``thetas`` on the same minibatches (runs in lockstep,
+        algorithms/lanes.py): each chunk's samples and labels are gathered once, and each
+        theta's losses are the operations ``device_losses`` does on them, so the same bits. A
+        threaded or batch-norm model takes ``device_losses`` theta by theta."""
+        if self.threaded or self.flat.normalised:
+            return [self.device_losses(theta, idx) for theta in thetas]
+        start = time.perf_counter()
+        n, b = idx.shape
+        counts = self._batch_counts(idx)
+        pieces: list[list[torch.Tensor]] = [[] for _ in thetas]
+        for rows in self.row_chunks(n, b, own_model=False):
+            flat_idx = idx[rows].reshape(-1)
+            x, y, rows_counts = (self.data.inputs(flat_idx), self.data.labels(flat_idx),
+                                 counts_of(counts, rows))
+            for theta, out in zip(thetas, pieces, strict=True):
+                losses = F.cross_entropy(self.flat.predict(theta, x), y, reduction="none")
+                out.append(minibatch_mean(losses.view(-1, b), rows_counts))
+        outs = [torch.cat(out) for out in pieces]
+        if self.l2:
+            for theta, out in zip(thetas, outs, strict=True):
+                out += 0.5 * self.l2 * float(theta.square().sum())
+        self.compute_s += time.perf_counter() - start
+        return outs
 
     @torch.no_grad()
     def stacked_losses(self, models: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ YAML file of the user's own, relative to the scenario that names it.
 
 from __future__ import annotations
 
+import copy
 import difflib
 from pathlib import Path
 
@@ -34,10 +35,31 @@ def entries(kind: str) -> dict[str, Path]:
     return found
 
 
+# Parsed files kept by (path, modification time, size): a study resolves one scenario per run
+# (hundreds), each naming the same channel and energy profiles, and parsing them again each
+# time was 3.5 s of a quickstart-tune. A changed file is read again. [D] size of the cache.
+_PARSED: dict[tuple[str, int, int], object] = {}
+_PARSED_MOST = 64
+
+
 def read_yaml(path: Path, what: str) -> object:
     """Parse a YAML file safely (no arbitrary objects, duplicate keys refused, depth and size
     bounded while parsing: ``safe_yaml``), with one clean error line on bad syntax that names the
-    file and the line, never quoting the file's text."""
+    file and the line, never quoting the file's text. A file parsed before and unchanged since
+    is not parsed again (a copy of what it gave is returned)."""
+    try:
+        stat = path.stat()
+    except OSError as err:
+        raise UserError(f"{path}: cannot read the {what} ({err.strerror})") from None
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _PARSED:
+        if len(_PARSED) >= _PARSED_MOST:
+            _PARSED.clear()
+        _PARSED[key] = _parse_yaml(path, what)
+    return copy.deepcopy(_PARSED[key])
+
+
+def _parse_yaml(path: Path, what: str) -> object:
     try:
         size = path.stat().st_size
         if size > safe_yaml.MAX_FILE_BYTES:

@@ -5,6 +5,7 @@ same resolved scenario is skipped; failed, missing and stale runs are (re)run.""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import pandas as pd
 
 from wirelessfl.errors import UserError
 from wirelessfl.host.progress import StudyProgress
+from wirelessfl.pipeline.lockstep import lockstep_key
 from wirelessfl.plugins import worker_plugins
 from wirelessfl.results.compare import table_value
 from wirelessfl.results.records import (
@@ -106,13 +108,51 @@ def _reconcile(sweep: Sweep, by_run: dict[str, dict], runs_dir: Path) -> None:
             entry["status"] = manifest.get("status", "complete")
 
 
+def lockstep_groups(tasks: list[dict], workers: int) -> list[dict]:
+    """``tasks`` with those that may share a lockstep group (pipeline/lockstep.py
+    ``lockstep_key``: one algorithm whose runs differ only in step sizes, the same seed and
+    everything else) made one task each group (``members``), first, so the longest work starts
+    first. Fewer groups than ``workers`` are split (at least two runs a part) so every worker
+    has one. A run's records are the same in a group as alone."""
+    by_key: dict[str, list[dict]] = {}
+    alone = []
+    for task in tasks:
+        key = lockstep_key(task["scenario"])
+        (alone if key is None else by_key.setdefault(key, [])).append(task)
+    groups = [group for group in by_key.values() if len(group) > 1]
+    alone += [group[0] for group in by_key.values() if len(group) == 1]
+    if groups and len(groups) < workers:
+        parts = []
+        for group in groups:
+            count = max(1, min(math.ceil(workers / len(groups)), len(group) // 2))
+            parts += [group[i::count] for i in range(count)]
+        groups = parts
+    return [{**group[0], "members": group} for group in groups] + alone
+
+
+def _member_results(outcome: dict, members: dict[str, list[dict]]):
+    """The results of the runs in one task's ``outcome``: a group's members, or a group that
+    failed whole (its worker died) as a failure of each member, or the one run's."""
+    if "members" in outcome:
+        yield from outcome["members"]
+    elif outcome["run_id"] in members:
+        group = members[outcome["run_id"]]
+        for member in group:
+            yield {**outcome, "run_id": member["run_id"],
+                   "wall_s": outcome["wall_s"] / len(group), "cpu_s": outcome["cpu_s"] / len(group)}
+    else:
+        yield outcome
+
+
 def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str | None = None,
-              quiet: bool = False, threads: int | None = None) -> SweepCounts:
+              quiet: bool = False, threads: int | None = None, lockstep: bool = True
+              ) -> SweepCounts:
     """Run every unfinished point of ``sweep`` into ``out``; the table is rewritten (atomically)
     after every run, so a kill loses at most the runs in flight. A second sweep on the same
     folder while this one runs is refused (the folder's lock, results/records.py). ``threads``:
     host threads per run (default: the available CPUs divided among the workers; results do
-    not depend on it). Progress on stderr (host/progress.py ``StudyProgress``): a line as each
+    not depend on it; nor on ``lockstep``, which runs points that differ only in step sizes as
+    one group, ``lockstep_groups``). Progress on stderr (host/progress.py ``StudyProgress``): a line as each
     run starts, its rounds now and then, the runs done and an estimate of the time left; none
     with ``quiet``."""
     runs_dir = Path(out) / RUNS
@@ -122,11 +162,12 @@ def run_sweep(sweep: Sweep, out: Path, executor: str, workers: int, address: str
         raise UserError(f"--out {out}: cannot create the sweep folder ({err.strerror})") from None
     with acquire_lock(Path(out)):
         return _run_unfinished(sweep, Path(out), runs_dir, executor, workers, address, quiet,
-                               threads)
+                               threads, lockstep)
 
 
 def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, workers: int,
-                    address: str | None, quiet: bool, threads: int | None) -> SweepCounts:
+                    address: str | None, quiet: bool, threads: int | None,
+                    lockstep: bool) -> SweepCounts:
     _clean_leftovers(runs_dir)
     previous = _previous_entries(Path(out))
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -171,9 +212,11 @@ def _run_unfinished(sweep: Sweep, out: Path, runs_dir: Path, executor: str, work
     failed = 0
     bar = StudyProgress({t["run_id"]: _named(t["sweep"]["values"], by_run[t["run_id"]]["seed"])
                          for t in tasks}, workers, name=sweep.name, quiet=quiet or not tasks)
-    results = execute(tasks, executor, workers, address, threads, bar.event)
+    work = lockstep_groups(tasks, workers) if lockstep else tasks
+    members = {task["run_id"]: task["members"] for task in work if "members" in task}
+    results = execute(work, executor, workers, address, threads, bar.event)
     try:
-        for result in results:
+        for result in (one for outcome in results for one in _member_results(outcome, members)):
             entry = by_run[result["run_id"]]
             if result["files"]:
                 try:

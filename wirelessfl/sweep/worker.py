@@ -82,6 +82,75 @@ def run_point(task: dict, report: Report | None = None) -> dict:
     return result
 
 
+def run_group(task: dict, report: Report | None = None) -> dict:
+    """The points ``task["members"]`` of one lockstep group (pipeline/lockstep.py: runs that
+    differ only in step sizes, simulated together and recorded each as its run alone) in this
+    worker; never raises. The result holds each point's result as ``run_point`` gives it, in
+    ``members``, with the group's wall and CPU time shared equally among them (a study's host
+    time, the sum, stays the time spent). Progress events are the group's, under the first
+    point's run id."""
+    wanted = task.get("threads") or {}
+    setting = threads.configure(wanted.get("requested"), wanted.get("used"), wanted.get("busy"))
+    from wirelessfl.errors import UserError
+    from wirelessfl.pipeline.runner import run_in_lockstep
+    from wirelessfl.plugins import allow_references, import_worker_modules
+    from wirelessfl.results.records import folder_files
+    from wirelessfl.scenario.loader import scenario_from_document
+
+    start, start_cpu = time.perf_counter(), time.process_time()
+    heartbeat = Heartbeat(task, report)
+    heartbeat.started()
+    members = task["members"]
+    results = [{"run_id": m["run_id"], "host": socket.gethostname(), "pid": os.getpid(),
+                "module": PACKAGE_FILE, "files": {}} for m in members]
+    plugins = task.get("plugins") or {}
+    try:
+        with allow_references(plugins.get("references") is True):
+            import_worker_modules(plugins.get("modules", []), plugins.get("path", []))
+            scenarios, places = [], []
+            for i, member in enumerate(members):
+                try:
+                    scenarios.append(scenario_from_document(member["scenario"],
+                                                            member["source"]))
+                    places.append(i)
+                except UserError as err:
+                    results[i].update(status="failed", message=" ".join(str(err).split()))
+            warnings: list[list[str]] = [[] for _ in places]
+            callbacks = heartbeat.callbacks([(scenarios[0].algorithms[0].display_name,
+                                              scenarios[0].algorithms[0].rounds)]
+                                            if scenarios else [])
+            with tempfile.TemporaryDirectory(prefix="wirelessfl-sweep-") as tmp:
+                outs = [Path(tmp) / f"run-{i}" for i in places]
+                if callbacks:
+                    callbacks["on_algorithm"](scenarios[0].algorithms[0].display_name)
+                done = run_in_lockstep(scenarios, outs, warns=[w.append for w in warnings],
+                                       extras=[{"sweep": members[i]["sweep"]} for i in places],
+                                       on_round=callbacks.get("on_round"),
+                                       threads=setting.requested) if scenarios else []
+                for i, out, said, outcome in zip(places, outs, warnings, done, strict=True):
+                    if isinstance(outcome, UserError):
+                        results[i].update(status="failed",
+                                          message=" ".join(str(outcome).split()))
+                    else:
+                        results[i].update(status=outcome[0], message="; ".join(said),
+                                          files=folder_files(out))
+    except Exception as err:  # noqa: BLE001 - any crash of the group is each run's, recorded
+        for result in results:
+            if "status" not in result:
+                result.update(status="failed", files={},
+                              message=f"{type(err).__name__}: " + " ".join(str(err).split()))
+    wall_s = time.perf_counter() - start
+    cpu_s = time.process_time() - start_cpu
+    for result in results:
+        result.update(wall_s=wall_s / len(results), cpu_s=cpu_s / len(results))
+    return {"run_id": task["run_id"], "members": results}
+
+
+def run_task(task: dict, report: Report | None = None) -> dict:
+    """A sweep task: one point (``run_point``) or a lockstep group of points (``run_group``)."""
+    return run_group(task, report) if task.get("members") else run_point(task, report)
+
+
 def run_on_dask(task: dict) -> dict:
     """``run_point`` on a Dask worker: its progress events are logged as the worker's events
     on ``task["progress"]["topic"]``, which the sweep's client subscribes to
@@ -91,7 +160,7 @@ def run_on_dask(task: dict) -> dict:
 
     topic = (task.get("progress") or {}).get("topic")
     worker = get_worker()
-    return run_point(task, (lambda event: worker.log_event(topic, event)) if topic else None)
+    return run_task(task, (lambda event: worker.log_event(topic, event)) if topic else None)
 
 
 # Exit code of a worker whose run SIGTERM stopped (128 + the signal, as a shell reports it).
@@ -133,7 +202,7 @@ def serve(conn) -> None:
         except (EOFError, OSError):
             return  # the sweep is done with this worker, or gone
         try:
-            result = run_point(task, conn.send)
+            result = run_task(task, conn.send)
         except KeyboardInterrupt:  # SIGTERM stopped the run: nothing to send
             sys.exit(STOPPED)
         conn.send(result)

@@ -1,0 +1,86 @@
+"""Tuning studies with and without runs in lockstep (docs/sweeps.md, "Runs in lockstep"): the
+wall time of ``wirelessfl tune quickstart-tune`` and ``wirelessfl reproduce seed002-quick`` as a
+user runs them (``--workers 2``, the CLI, reports included), each once with ``--no-lockstep``
+(every point alone, as before lockstep existed) and once by default, interleaved in one sitting;
+and whether every table the study writes is the same file both ways (every ``*.csv`` but the
+sweeps' ``runs.csv``, whose ``wall_s`` and ``cpu_s`` are host times).
+
+    PYTHONPATH=. python benchmarks/bench_lockstep.py [--out benchmarks/lockstep.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+STUDIES = [("tune", "quickstart-tune"), ("reproduce", "seed002-quick")]
+WORKERS = 2  # [D] the machine's two cores, as the docs' recorded studies ran
+
+
+def _machine_facts(load: tuple[float, ...]) -> dict:
+    spec = importlib.util.spec_from_file_location("bench_model_size",
+                                                  BENCH_DIR / "bench_model_size.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.machine_facts(load)
+
+
+def run_study(command: str, name: str, out: Path, lockstep: bool) -> float:
+    """Wall seconds of the study's command line, run to its end in ``out``."""
+    args = [sys.executable, "-m", "wirelessfl", command, name, "--out", str(out),
+            "--workers", str(WORKERS), "--quiet"] + ([] if lockstep else ["--no-lockstep"])
+    start = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    return seconds
+
+
+def tables(out: Path) -> dict[str, bytes]:
+    """Every table the study wrote (relative path -> bytes), the runs' host times left out."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.csv"))
+            if p.name != "runs.csv" and "runs" not in p.relative_to(out).parts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/lockstep.json")
+    args = parser.parse_args()
+    load = os.getloadavg()
+    cases = []
+    with tempfile.TemporaryDirectory(prefix="bench-lockstep-") as tmp:
+        for command, name in STUDIES:
+            seconds, written = {}, {}
+            for lockstep in (False, True):
+                out = Path(tmp) / f"{name}-{'lockstep' if lockstep else 'alone'}"
+                seconds[lockstep] = run_study(command, name, out, lockstep)
+                written[lockstep] = tables(out)
+                print(f"{command} {name} {'lockstep' if lockstep else 'alone'}: "
+                      f"{seconds[lockstep]:.1f} s", flush=True)
+            differing = sorted(k for k in written[False].keys() | written[True].keys()
+                               if written[False].get(k) != written[True].get(k))
+            cases.append({"command": f"wirelessfl {command} {name} --workers {WORKERS}",
+                          "alone_s": seconds[False], "lockstep_s": seconds[True],
+                          "speedup": seconds[False] / seconds[True],
+                          "tables": sorted(written[True]), "differing_tables": differing})
+            print(f"  {seconds[False] / seconds[True]:.2f}x faster; tables "
+                  f"{'identical' if not differing else 'DIFFER: ' + ', '.join(differing)}",
+                  flush=True)
+    record = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
+              "command": "PYTHONPATH=. python benchmarks/bench_lockstep.py",
+              "machine": _machine_facts(load), "workers": WORKERS, "cases": cases}
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
