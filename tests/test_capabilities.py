@@ -104,6 +104,11 @@ def old_refusal(name: str, spec, where: str) -> str | None:
     """pipeline/preflight.py's capability rule as it was: FedNest needs a bilevel problem,
     FedMSA a multi-sequence one, every other algorithm a single-level one; the same texts."""
     problem = spec.name
+    if name == "centralized-sgd":  # added with the capability: the generic refusal
+        return None if spec.compositional else (
+            f"{where}: centralized-sgd needs a problem with capability 'compositional' "
+            f"(problem.name: {', '.join(problems_with('compositional'))}); this scenario's "
+            f"problem is '{problem}'")
     if name == "fednest" and not spec.bilevel:
         return (f"{where}: fednest needs a bilevel problem (problem.name: "
                 f"{' or '.join(problems_with('bilevel'))}); this scenario's problem is "
@@ -112,7 +117,7 @@ def old_refusal(name: str, spec, where: str) -> str | None:
         return (f"{where}: fedmsa needs a multi-sequence problem (problem.name: "
                 f"{', '.join(problems_with('multi_sequence'))}); this scenario's problem "
                 f"is single-level ('{problem}')")
-    if name not in ("fedmsa", "fednest") and spec.multi_sequence:
+    if name not in ("fedmsa", "fednest", "centralized-sgd") and spec.multi_sequence:
         return (f"{where}: problem '{problem}' is a multi-sequence (bilevel) problem: "
                 "it has no single loss f_i to take gradients of; run it with algorithm "
                 "'fedmsa' (or 'fednest'), or use a single-level problem (classification, "
@@ -126,7 +131,8 @@ def test_each_algorithm_needs_the_problem_it_needed(name):
     for problem, spec in PROBLEMS.load_builtins().items():
         capabilities = problem_capabilities({"multi_sequence": spec.multi_sequence,
                                              "bilevel": spec.bilevel,
-                                             "reads_data": spec.reads_data})
+                                             "reads_data": spec.reads_data,
+                                             "compositional": spec.compositional})
         refused = None
         if cls.problem_needs not in capabilities:
             refused = preflight._missing_capability(cls.name, cls.problem_needs, where, problem)

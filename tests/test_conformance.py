@@ -45,21 +45,30 @@ def test_every_check_runs_on_some_algorithm():
 
 def test_checks_follow_the_declarations():
     """Only an algorithm whose base station learns from its own data may move the model while
-    every upload is lost (ZO-HFL); every other one is held to theta_0."""
+    every upload is lost (ZO-HFL), and one off the air has no uploads to lose (centralized
+    SGD); every other one is held to theta_0."""
     exempt = {name for name in NAMES
               if testing.check_lost_uploads_keep_initial_model
               not in list(algorithm_checks(REGISTRY[name]))}
-    assert exempt == {name for name in NAMES if REGISTRY[name].server_learns} == {"zo-hfl"}
+    off_air = {name for name in NAMES
+               if testing.check_off_air in list(algorithm_checks(REGISTRY[name]))}
+    assert off_air == {name for name in NAMES if REGISTRY[name].uploads_per_round == 0} == {
+        "centralized-sgd"}  # it sends nothing, so it has no uploads to lose
+    assert exempt == {name for name in NAMES if REGISTRY[name].server_learns} | off_air == {
+        "zo-hfl", "centralized-sgd"}
 
 
 def test_scenario_follows_the_needed_capability():
-    """The suite runs the multi-sequence and bilevel methods on the small bilevel quadratic and
-    every other one on the digits classifier, as conftest's MSA_ALGORITHMS has it."""
+    """The suite runs the multi-sequence and bilevel methods on the small bilevel quadratic,
+    centralized SGD on the small compositional problem and every other one on the digits
+    classifier, as conftest's MSA_ALGORITHMS has it."""
     needing = {name for name in NAMES if needed_capability(REGISTRY[name]) is not None}
-    assert needing == MSA_ALGORITHMS
+    assert needing == MSA_ALGORITHMS | {"centralized-sgd"}
     for name in NAMES:
         doc = default_scenario(REGISTRY[name])
-        if name in MSA_ALGORITHMS:
+        if name == "centralized-sgd":
+            assert doc["problem"]["name"] == "risk-averse-mco" and "data" not in doc
+        elif name in MSA_ALGORITHMS:
             assert doc["problem"]["name"] == "bilevel-quadratic" and "data" not in doc
         else:
             assert "problem" not in doc and doc["data"]["name"] == "digits"

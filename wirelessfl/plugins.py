@@ -376,6 +376,7 @@ ALGORITHMS = Registry("algorithms", {
     "scaffold": _ALGORITHMS + "fedavg:Scaffold",
     "zo-hfl": _ALGORITHMS + "zo_hfl:ZOHFL",
     "fedmsa": _ALGORITHMS + "fedmsa:FedMSA",
+    "centralized-sgd": _ALGORITHMS + "centralized:CentralizedSGD",
     "fednest": _ALGORITHMS + "fednest:FedNest",
     "fgdro-cvar": _ALGORITHMS + "fgdro:FGDROCVaR",
     "fgdro-kl": _ALGORITHMS + "fgdro:FGDROKL",

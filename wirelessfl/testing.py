@@ -73,6 +73,7 @@ __all__ = [
     "check_declared_payloads",
     "check_deterministic",
     "check_energy_accounting",
+    "check_off_air",
     "check_lost_uploads_keep_initial_model",
     "check_lost_uploads_never_reach_the_model",
     "default_scenario",
@@ -107,6 +108,7 @@ _CLASSIFIER: dict[str, Any] = {"data": {"name": "digits", "server_fraction": 0.3
 # fedmsa.md Sec. 5.1's quadratic, small (one client per device).
 _SMALL_PROBLEMS: tuple[dict[str, Any], ...] = (
     {"name": "bilevel-quadratic", "dimension_x": 3, "dimension_w": 4},
+    {"name": "risk-averse-mco", "dimension": 3, "samples": 40, "sample_batch": 10},
 )
 
 Check = Callable[..., None]
@@ -341,6 +343,19 @@ def check_declared_payloads(subject: _Subject) -> None:
 
 
 @_check
+def check_off_air(subject: _Subject) -> None:
+    """A method that declares no uploads (``uploads_per_round`` 0: a centralized reference)
+    uses neither the air nor the devices: no bits, no device or base-station energy, no
+    simulated time, while its rounds still count its updates."""
+    _, _, run = subject.run()
+    rows = pd.DataFrame(run.rows)
+    for column in ("energy_j", "energy_bs_j", "bits_up", "bits_down", "sim_time_s"):
+        _require(bool((rows[column] == 0).all()), f"{column} is not 0 for a method off the air")
+    _require(bool((np.diff(rows.local_steps) > 0).all()),
+             "local_steps (its updates) does not rise every evaluated round")
+
+
+@_check
 def check_energy_accounting(subject: _Subject) -> None:
     """Energies are non-negative and add up: each device's, compute (forward + backward) +
     uplink + downlink per row, rising every round with the simulated time, the last row the
@@ -411,11 +426,15 @@ def algorithm_checks(cls: type) -> Iterator[Check]:
     """The checks that apply to ``cls``, in the order ``check_algorithm`` runs them (cheapest
     first); each is called as ``check(cls, params=None, scenario=None)``. Chosen by what
     ``cls`` declares: ``check_lost_uploads_keep_initial_model`` only without
-    ``server_learns``."""
+    ``server_learns``; for a method of no uploads (``uploads_per_round`` 0) ``check_off_air``
+    instead of the energy and lost-upload checks."""
     yield check_declarations
     yield check_clean_parameter_errors
     yield check_deterministic
     yield check_declared_payloads
+    if getattr(cls, "uploads_per_round", 1) == 0:  # off the air: nothing to spend or lose
+        yield check_off_air
+        return
     yield check_energy_accounting
     yield check_lost_uploads_never_reach_the_model
     if not getattr(cls, "server_learns", False):

@@ -20,8 +20,12 @@ MULTI_SEQUENCE = "multi_sequence"
 BILEVEL = "bilevel"
 # A problem on a dataset (its ``data`` section is read).
 READS_DATA = "reads_data"
+# A compositional problem whose composed objective the base station can take minibatch
+# gradients of with every client's samples pooled (``MSAProblem.pooled_gradient``: the
+# centralized reference of the Fed-MCO experiment, fedmsa.md 4.1).
+COMPOSITIONAL = "compositional"
 # The flags a ProblemSpec carries.
-PROBLEM_FLAGS = (MULTI_SEQUENCE, BILEVEL, READS_DATA)
+PROBLEM_FLAGS = (MULTI_SEQUENCE, BILEVEL, READS_DATA, COMPOSITIONAL)
 # A single-level problem: one loss f_i a device takes gradients of (any problem that is not
 # multi-sequence); what every algorithm needs unless it says otherwise.
 SINGLE_LEVEL = "single_level"

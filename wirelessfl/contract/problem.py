@@ -333,6 +333,13 @@ class MSAProblem(Problem):
     def x_part(self, theta: torch.Tensor) -> torch.Tensor:
         return theta[..., :self.blocks[0]]
 
+    def pooled_gradient(self, theta: torch.Tensor, key: int, batch: int) -> torch.Tensor:
+        """The gradient at theta's x part [d_0] (float64) of the composed objective estimated
+        on ``batch`` samples drawn (keyed by ``key``) from every client's samples pooled: what a
+        centralized method steps along (problems with the ``compositional`` capability)."""
+        raise UserError(f"problem '{self.name}' has no composed objective to pool: centralized "
+                        "SGD needs a compositional problem (risk-averse-mco)")
+
     def relative_error(self, theta: torch.Tensor) -> float:
         """||x - x*|| / ||x*|| of the state's x part (NaN when x* is unknown)."""
         if self.solution is None:

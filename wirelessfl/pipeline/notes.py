@@ -62,6 +62,8 @@ def _slots(world, params: AlgorithmParams, bits: int, up_rate: np.ndarray,
     rate when ``params``' algorithm sends ``bits``-bit values; None when it cannot say."""
     cls = algorithm_class(params.name)
     channel = world.scenario.channel
+    if cls.uploads_per_round == 0:  # off the air (a centralized reference): nothing to say
+        return None
     try:
         up, down = cls.declared_payloads(world.evaluator.d, bits,
                                          participants=world.num_devices,

@@ -35,6 +35,7 @@ problem edits no other module:
   ``server_loss(scenario, facts)``: whether the base station holds a loss of its own.
 * capabilities: ``reads_data`` (the ``data`` section is read: its files are checked),
   ``multi_sequence`` (an ``MSAProblem``: FedMSA runs on it and single-level methods do not),
+  ``compositional`` (an ``MSAProblem`` with ``pooled_gradient``: centralized SGD runs on it),
   ``bilevel`` (a ``BilevelProblem``: FedNest runs on it).
 
 Algorithms that need a kind of problem check a capability, never a name (pipeline/preflight.py).
@@ -131,6 +132,7 @@ class ProblemSpec:
     reads_data: bool = False
     multi_sequence: bool = False
     bilevel: bool = False
+    compositional: bool = False
     summary: str = ""
 
 

@@ -179,6 +179,29 @@ class RiskAverseMCO(MSAProblem):
             value = f1[0] + self.lam * torch.sqrt(f1[1] + self.delta)
             return torch.autograd.grad(value, x)[0]
 
+    def pooled_gradient(self, theta: torch.Tensor, key: int, batch: int) -> torch.Tensor:
+        """grad_x of the composed objective's plug-in estimate on ``batch`` samples drawn with
+        replacement from all M clients' samples pooled (the authors' centralized baseline: plain
+        minibatch SGD on the objective, fedmsa.md 4.5 [C]; with replacement, as the clients'
+        own minibatches are drawn [D]): E U and the semi-deviation both as means over the batch,
+        so the estimate of the square root's argument, and of the gradient, is biased (what
+        the tracking recipe avoids)."""
+        start = time.perf_counter()
+        idx = np.random.default_rng(int(key)).integers(0, self.a.shape[0] * self.a.shape[1],
+                                                        batch)
+        idx = torch.as_tensor(idx, device=self.device)
+        a = self.a.reshape(-1, self.dim)[idx][None]
+        b = self.b.reshape(-1)[idx][None]
+        x = self.x_part(theta).to(torch.float64).detach().requires_grad_(True)
+        with torch.enable_grad():
+            u = self._u(x[None], a, b)[0]
+            mean = u.mean()
+            value = mean + self.lam * torch.sqrt(torch.clamp(u - mean, min=0).square().mean()
+                                                 + self.delta)
+            (grad,) = torch.autograd.grad(value, x)
+        self.compute_s += time.perf_counter() - start
+        return grad
+
     def grad_norm_sq(self, theta: torch.Tensor) -> float:
         g = self.objective_gradient(theta)
         return float(g @ g)
@@ -271,5 +294,5 @@ def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:
 
 SPEC = ProblemSpec(
     name="risk-averse-mco", Config=RiskAverseMCOConfig, build=build, memory=memory, fit=fit,
-    check=check, multi_sequence=True,
+    check=check, multi_sequence=True, compositional=True,
     summary="fedmsa.md's three-level risk-averse compositional problem (fedmsa)")

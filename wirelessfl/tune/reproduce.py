@@ -156,6 +156,8 @@ def load_reproduction(name_or_path: str) -> Reproduction:
         tune_path = catalog.find("scenarios", file, where, path.parent)
         tune = tunes[regime] = load_tune(str(tune_path))
         for i, claim in enumerate(spec.claims):
+            if regime and not claim.judged_in(regime):
+                continue  # its methods are tuned where it is judged
             for method in claim.methods:
                 if method not in tune.grids:
                     raise UserError(f"{path}: claims[{i}] ({claim.id}): '{method}' is not tuned "
