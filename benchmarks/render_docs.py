@@ -409,16 +409,13 @@ SEED000 = "docs/data/seed000"
 SEED001 = "docs/data/seed001"
 
 
-@block("seed001-reproduction", f"{SEED001}/reproduce.json", f"{SEED001}/tune.json",
-       f"{SEED001}/tuning.csv", f"{SEED001}/evaluation.csv", f"{SEED001}/runs.csv",
-       f"{SEED001}/facts.json")
-def seed001_reproduction() -> str:
-    """Seed 001's local hypergradient estimation (`wirelessfl reproduce seed001`)."""
-    return _noted_reproduction(SEED001)
 for _regime in ("shirt-sneaker", "ten-class"):
     _regime_block(f"seed002-fashionmnist-{_regime}", SEED002_FASHION, _regime)
 for _regime in ("homogeneous", "moderate", "extreme"):
     _regime_block(f"seed000-{_regime}", SEED000, _regime)
+for _regime in ("quadratic", "mco"):
+    _regime_block(f"seed001-study-{_regime}", SEED001, _regime)
+_verdicts_block("seed001-verdicts", SEED001)
 _verdicts_block("seed002-fashionmnist-verdicts", SEED002_FASHION)
 _verdicts_block("seed000-verdicts", SEED000)
 

@@ -15,6 +15,7 @@ from scipy import stats
 
 from tests.conftest import cli as _cli
 from tests.conftest import small_doc
+from wirelessfl.errors import UserError
 from wirelessfl.tune.claims import (
     FAILS,
     HOLDS,
@@ -440,3 +441,33 @@ def test_the_recorded_seed002_reproduction_is_healthy_and_matches_its_files():
         assert set(rows.method) == set(verdict["measured"])
     assert repro["choices"] == json.loads((root / "tune.json").read_text())["choices"]
     assert not json.loads((root / "facts.json").read_text())["host_s"] > 10 * 60
+
+
+def test_a_claim_needs_its_methods_tuned_only_where_it_is_judged(tmp_path):
+    """Regimes that tune different methods (seed001: the quadratic's FedMSA variants, the
+    compositional problem's centralized SGD): a claim scoped to one regime names methods of
+    that regime's tune file only; one scoped to a regime that does not tune its method is
+    refused, naming that regime's tune file."""
+    from wirelessfl.tune.reproduce import load_reproduction
+
+    fedsgd = {"name": "fedsgd", "label": "FedSGD", "rounds": 6, "eval_every": 2, "lr": 0.5}
+    fedavg = {"name": "fedavg", "label": "FedAvg", "rounds": 4, "eval_every": 2}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(small_doc(algorithms=[fedsgd, fedavg])))
+    for name, method in (("one", "FedSGD"), ("two", "FedAvg")):
+        (tmp_path / f"{name}-tune.yaml").write_text(yaml.safe_dump(
+            {"name": name, "scenario": "base.yaml", "objective": "final_accuracy",
+             "tuning_seeds": [100], "evaluation_seeds": [0, 1], "compare_untuned": False,
+             "search": {method: {"lr": [0.1, 0.2]}}}))
+    claims = [{"id": f"{m}-high", "statement": "s", "metric": "final_accuracy",
+               "algorithm": m, "above": 0.1, "regimes": [regime]}
+              for m, regime in (("FedSGD", "one"), ("FedAvg", "two"))]
+    doc = {"title": "t", "paper": "p", "claims": claims,
+           "regimes": [{"name": "one", "title": "1", "tune": "one-tune.yaml"},
+                       {"name": "two", "title": "2", "tune": "two-tune.yaml"}]}
+    path = tmp_path / "scoped.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert set(load_reproduction(str(path)).tunes) == {"one", "two"}
+    claims[1]["regimes"] = ["one", "two"]  # FedAvg is not tuned in regime one
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(UserError, match="'FedAvg' is not tuned by one-tune.yaml"):
+        load_reproduction(str(path))
