@@ -3,7 +3,9 @@ wall time of ``wirelessfl tune quickstart-tune`` and ``wirelessfl reproduce seed
 user runs them (``--workers 2``, the CLI, reports included), each once with ``--no-lockstep``
 (every point alone, as before lockstep existed) and once by default, interleaved in one sitting;
 and whether every table the study writes is the same file both ways (every ``*.csv`` but the
-sweeps' ``runs.csv``, whose ``wall_s`` and ``cpu_s`` are host times).
+sweeps' ``runs.csv``, whose ``wall_s`` and ``cpu_s`` are host times). Also the time of one
+lane's cross-entropy with this host's torch kernels and with the AVX2 ones (what bounds a
+lane's cost, benchmarks/README.md).
 
     PYTHONPATH=. python benchmarks/bench_lockstep.py [--out benchmarks/lockstep.json]
 """
@@ -46,6 +48,28 @@ def run_study(command: str, name: str, out: Path, lockstep: bool) -> float:
     return seconds
 
 
+# [D] one lane's loss pass of the quickstart: 50 devices x 10 samples, 10 classes
+CROSS_ENTROPY = """
+import time, torch, torch.nn.functional as F
+torch.set_num_threads(1)
+logits, labels = torch.randn(500, 10), torch.randint(0, 10, (500,))
+for _ in range(100):
+    F.cross_entropy(logits, labels, reduction="none")
+start = time.perf_counter()
+for _ in range(2000):
+    F.cross_entropy(logits, labels, reduction="none")
+print((time.perf_counter() - start) / 2000 * 1e6)
+"""
+
+
+def cross_entropy_us(**env: str) -> float:
+    """Microseconds of one cross-entropy of a lane's 500 logits of 10 classes, with torch's
+    kernels as this host picks them or as ``env`` sets them (ATEN_CPU_CAPABILITY=avx2)."""
+    done = subprocess.run([sys.executable, "-c", CROSS_ENTROPY], capture_output=True, text=True,
+                          check=True, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    return float(done.stdout)
+
+
 def tables(out: Path) -> dict[str, bytes]:
     """Every table the study wrote (relative path -> bytes), the runs' host times left out."""
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.csv"))
@@ -76,9 +100,11 @@ def main() -> None:
             print(f"  {seconds[False] / seconds[True]:.2f}x faster; tables "
                   f"{'identical' if not differing else 'DIFFER: ' + ', '.join(differing)}",
                   flush=True)
+    kernels = {"default": cross_entropy_us(), "avx2": cross_entropy_us(ATEN_CPU_CAPABILITY="avx2")}
     record = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
               "command": "PYTHONPATH=. python benchmarks/bench_lockstep.py",
-              "machine": _machine_facts(load), "workers": WORKERS, "cases": cases}
+              "machine": _machine_facts(load), "workers": WORKERS, "cases": cases,
+              "cross_entropy_us": kernels}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
 
 

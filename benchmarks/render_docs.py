@@ -1766,6 +1766,26 @@ def resnet() -> str:
             f"{st['repeats']} interleaved repeats. " + _recorded_on(b))
 
 
+@block("lockstep", "benchmarks/lockstep.json")
+def lockstep() -> str:
+    """Tuning studies with and without runs in lockstep (bench_lockstep.py)."""
+    b = _json("benchmarks/lockstep.json")
+    rows = [[f"`{c['command']}`", f"{c['alone_s']:,.0f}", f"{c['lockstep_s']:,.0f}",
+             f"{c['speedup']:.2f}x",
+             "identical" if not c["differing_tables"] else
+             "DIFFER: " + ", ".join(c["differing_tables"])]
+            for c in b["cases"]]
+    tables = sum(len(c["tables"]) for c in b["cases"])
+    ce = b["cross_entropy_us"]
+    return (table(["study", "every point alone (`--no-lockstep`) s", "in lockstep s",
+                   "faster", "tables"], rows)
+            + f"\n\nWall seconds of each command, reports included, on {b['workers']} worker "
+            f"processes; the {tables} tables the studies write compared byte for byte. One "
+            f"lane's cross-entropy (500 logits of 10 classes): {ce['default']:.0f} us with "
+            f"this host's torch kernels, {ce['avx2']:.0f} us with the AVX2 ones. "
+            + _recorded_on(b))
+
+
 @block("memory-estimate", "benchmarks/memory_estimate.json")
 def memory_estimate() -> str:
     """The pre-run memory estimate against each family's measured peak (docs/reliability.md)."""
