@@ -468,8 +468,9 @@ def _regime_verdicts(folder: str) -> str:
 
 
 def _regime_reading(regime: str, verdicts: list[dict]) -> str:
-    """One line per regime: which claims hold, which go the other way, which are open, read
-    from the verdicts (for an unhealthy run, what the healthy seeds give)."""
+    """One line per regime: which claims hold, which do not (the other way, or short of a
+    claimed factor), which are open, read from the verdicts (for an unhealthy run, what the
+    healthy seeds give)."""
     from wirelessfl.tune.claims import healthy_seeds_verdict, unhealthy_part
 
     groups: dict[str, list[str]] = {}
@@ -478,7 +479,7 @@ def _regime_reading(regime: str, verdicts: list[dict]) -> str:
         verdict = v["verdict"]
         if unhealthy_part(v) is not None:
             verdict = healthy_seeds_verdict(v) or "inconclusive"
-        key = {"holds": "hold", "does not hold": "go the other way",
+        key = {"holds": "hold", "does not hold": "do not hold",
                "not reproduced (inconclusive)": "are not reproduced (inconclusive)"}.get(
             verdict, "stay inconclusive")
         groups.setdefault(key, []).append(v["claim"])
