@@ -1,13 +1,14 @@
 """Tuning studies with and without runs in lockstep (docs/sweeps.md, "Runs in lockstep"): the
 wall time of ``wirelessfl tune quickstart-tune`` and ``wirelessfl reproduce seed002-quick`` as a
 user runs them (``--workers 2``, the CLI, reports included), each once with ``--no-lockstep``
-(every point alone, as before lockstep existed) and once by default, interleaved in one sitting;
-and whether every table the study writes is the same file both ways (every ``*.csv`` but the
+(every point alone, as before lockstep existed) and once by default, alternated ``--repeats``
+times in one sitting (the best of each side compared); and whether every table the study writes
+is the same file every time (every ``*.csv`` but the
 sweeps' ``runs.csv``, whose ``wall_s`` and ``cpu_s`` are host times). Also the time of one
 lane's cross-entropy with this host's torch kernels and with the AVX2 ones (what bounds a
 lane's cost, benchmarks/README.md).
 
-    PYTHONPATH=. python benchmarks/bench_lockstep.py [--out benchmarks/lockstep.json]
+    PYTHONPATH=. python benchmarks/bench_lockstep.py [--out benchmarks/lockstep.json] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,25 +81,34 @@ def tables(out: Path) -> dict[str, bytes]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/lockstep.json")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="runs of each side, alternated; the best of each is compared")
     args = parser.parse_args()
     load = os.getloadavg()
     cases = []
     with tempfile.TemporaryDirectory(prefix="bench-lockstep-") as tmp:
         for command, name in STUDIES:
-            seconds, written = {}, {}
-            for lockstep in (False, True):
-                out = Path(tmp) / f"{name}-{'lockstep' if lockstep else 'alone'}"
-                seconds[lockstep] = run_study(command, name, out, lockstep)
-                written[lockstep] = tables(out)
-                print(f"{command} {name} {'lockstep' if lockstep else 'alone'}: "
-                      f"{seconds[lockstep]:.1f} s", flush=True)
-            differing = sorted(k for k in written[False].keys() | written[True].keys()
-                               if written[False].get(k) != written[True].get(k))
+            seconds: dict[bool, list[float]] = {False: [], True: []}
+            written: dict[tuple[bool, int], dict[str, bytes]] = {}
+            for repeat in range(args.repeats):
+                for lockstep in (False, True):
+                    out = Path(tmp) / f"{name}-{'lockstep' if lockstep else 'alone'}-{repeat}"
+                    seconds[lockstep].append(run_study(command, name, out, lockstep))
+                    written[lockstep, repeat] = tables(out)
+                    shutil.rmtree(out)
+                    print(f"{command} {name} {'lockstep' if lockstep else 'alone'}: "
+                          f"{seconds[lockstep][-1]:.1f} s", flush=True)
+            reference = written[False, 0]
+            differing = sorted({k for got in written.values()
+                                for k in reference.keys() | got.keys()
+                                if reference.get(k) != got.get(k)})
+            best = {side: min(times) for side, times in seconds.items()}
             cases.append({"command": f"wirelessfl {command} {name} --workers {WORKERS}",
-                          "alone_s": seconds[False], "lockstep_s": seconds[True],
-                          "speedup": seconds[False] / seconds[True],
-                          "tables": sorted(written[True]), "differing_tables": differing})
-            print(f"  {seconds[False] / seconds[True]:.2f}x faster; tables "
+                          "alone_s": best[False], "lockstep_s": best[True],
+                          "alone_samples_s": seconds[False], "lockstep_samples_s": seconds[True],
+                          "speedup": best[False] / best[True],
+                          "tables": sorted(reference), "differing_tables": differing})
+            print(f"  {best[False] / best[True]:.2f}x faster (best of {args.repeats}); tables "
                   f"{'identical' if not differing else 'DIFFER: ' + ', '.join(differing)}",
                   flush=True)
     kernels = {"default": cross_entropy_us(), "avx2": cross_entropy_us(ATEN_CPU_CAPABILITY="avx2")}

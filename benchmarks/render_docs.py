@@ -1772,17 +1772,21 @@ def resnet() -> str:
 def lockstep() -> str:
     """Tuning studies with and without runs in lockstep (bench_lockstep.py)."""
     b = _json("benchmarks/lockstep.json")
-    rows = [[f"`{c['command']}`", f"{c['alone_s']:,.0f}", f"{c['lockstep_s']:,.0f}",
-             f"{c['speedup']:.2f}x",
+    def samples(times: list[float]) -> str:
+        return " / ".join(f"{t:,.0f}" for t in times)
+
+    rows = [[f"`{c['command']}`", samples(c["alone_samples_s"]),
+             samples(c["lockstep_samples_s"]), f"{c['speedup']:.2f}x",
              "identical" if not c["differing_tables"] else
              "DIFFER: " + ", ".join(c["differing_tables"])]
             for c in b["cases"]]
     tables = sum(len(c["tables"]) for c in b["cases"])
     ce = b["cross_entropy_us"]
     return (table(["study", "every point alone (`--no-lockstep`) s", "in lockstep s",
-                   "faster", "tables"], rows)
+                   "faster (best against best)", "tables"], rows)
             + f"\n\nWall seconds of each command, reports included, on {b['workers']} worker "
-            f"processes; the {tables} tables the studies write compared byte for byte. One "
+            "processes, each side run in turn (alone, lockstep, alone, ...); the "
+            f"{tables} tables the studies write compared byte for byte across every run. One "
             f"lane's cross-entropy (500 logits of 10 classes): {ce['default']:.0f} us with "
             f"this host's torch kernels, {ce['avx2']:.0f} us with the AVX2 ones. "
             + _recorded_on(b))
