@@ -3,10 +3,10 @@ wall time of ``wirelessfl tune quickstart-tune`` and ``wirelessfl reproduce seed
 user runs them (``--workers 2``, the CLI, reports included), each once with ``--no-lockstep``
 (every point alone, as before lockstep existed) and once by default, alternated ``--repeats``
 times in one sitting (the best of each side compared); and whether every table the study writes
-is the same file every time (every ``*.csv`` but the
-sweeps' ``runs.csv``, whose ``wall_s`` and ``cpu_s`` are host times). Also the time of one
-lane's cross-entropy with this host's torch kernels and with the AVX2 ones (what bounds a
-lane's cost, benchmarks/README.md).
+is the same file every time: every ``*.csv`` but the ``runs.csv`` files (the sweeps' hold host
+times, the reproduction's names each run's folder; tests/test_lockstep.py compares the run
+folders themselves). Also the time of one lane's cross-entropy with this host's torch kernels
+and with the AVX2 ones (what bounds a lane's cost, benchmarks/README.md).
 
     PYTHONPATH=. python benchmarks/bench_lockstep.py [--out benchmarks/lockstep.json] [--repeats 2]
 """
