@@ -168,6 +168,10 @@ ALGORITHM_NEEDS = {"gd": {"lr": 0.1}, "scaffold-cv": {"lr": 0.1},
 # problem they get (fedmsa.md Sec. 5.1's quadratic, one client per device).
 MSA_ALGORITHMS = {"fedmsa", "fednest"}
 SMALL_BILEVEL = {"name": "bilevel-quadratic", "dimension_x": 3, "dimension_w": 4}
+# Algorithms that need a compositional problem (centralized SGD) and the small one they get.
+COMPOSITIONAL_ALGORITHMS = {"centralized-sgd"}
+SMALL_COMPOSITIONAL = {"name": "risk-averse-mco", "dimension": 3, "samples": 40,
+                       "sample_batch": 10}
 
 
 def algorithm_scenario(algorithm: dict, overrides=()):
@@ -175,9 +179,10 @@ def algorithm_scenario(algorithm: dict, overrides=()):
     overrides of the data split are dropped for a problem without data."""
     name = algorithm["name"]
     algorithm = {**ALGORITHM_NEEDS.get(name, {}), **algorithm}
-    if name not in MSA_ALGORITHMS:
+    if name not in MSA_ALGORITHMS | COMPOSITIONAL_ALGORITHMS:
         return small_scenario(overrides, algorithms=[algorithm])
-    doc = small_doc(problem=SMALL_BILEVEL, algorithms=[algorithm])
+    problem = SMALL_COMPOSITIONAL if name in COMPOSITIONAL_ALGORITHMS else SMALL_BILEVEL
+    doc = small_doc(problem=problem, algorithms=[algorithm])
     for key in ("data", "model"):
         doc.pop(key)
     kept = [o for o in overrides if not o.startswith(("partition", "data"))]

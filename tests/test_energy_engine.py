@@ -530,7 +530,8 @@ def test_energy_accounting_rejects_other_values():
 # ---- conservation over random small scenarios ----
 
 REGISTRY = ALGORITHMS.load_builtins()
-ALGORITHMS = sorted(REGISTRY)
+# the methods on the air (a centralized reference sends and spends nothing: check_off_air)
+ALGORITHMS = sorted(name for name, cls in REGISTRY.items() if cls.uploads_per_round > 0)
 
 
 @st.composite

@@ -50,6 +50,7 @@ FIXED = {
     "scaffold-cv": "#a6761d",    # ochre
     "scaffnew": "#653700",       # dark brown
     "fedred": "#c27e79",         # dusty rose
+    "centralized-sgd": "#7f7f7f",  # grey: a reference off the air
 }
 # The colours a label without a fixed one takes, first free first: the fixed colours in the
 # order above (tab10's first).
