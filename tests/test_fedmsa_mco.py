@@ -111,7 +111,7 @@ def test_centralized_sgd_is_numpys_minibatch_sgd_on_the_pooled_objective(monkeyp
     F = mean U + lambda sqrt(mean max(0, U - mean U)^2 + delta) on them, derived by hand, and
     steps x by -lr times it; the trackers never move, nothing crosses the air, and one round is
     one update."""
-    from wirelessfl.algorithms.centralized import KEY_LIMIT
+    from wirelessfl.contract.problem import KEY_LIMIT
     from wirelessfl.learning.seeds import keyed_rng
 
     rounds, lr, batch = 6, 0.05, 16

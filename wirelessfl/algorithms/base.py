@@ -407,15 +407,24 @@ class Algorithm:
         if start == 0:
             self.ctx.end_round(0, self.theta)
         for k in range(start, self.params.rounds):
-            self.round_index = k
-            # Local iterations of this round; round() overrides it when the count varies.
-            steps = getattr(self.params, "local_steps", 1)
-            self.round_local_steps = steps if steps is not None else 0
-            self.ctx.health.begin_round()
+            self.begin_round(k)
             yield from self.resync()
             yield from self.round(k)
-            self.ctx.health.end_round()
-            self.ctx.local_steps += self.round_local_steps
-            self.ctx.end_round(k + 1, self.theta)
+            self.finish_round(k)
             if self.ctx.on_checkpoint is not None:
                 self.ctx.on_checkpoint(k + 1)
+
+    def begin_round(self, k: int) -> None:
+        """Round k starts: its index, its local iterations (``round`` overrides the count when
+        it varies) and the health log's round (also a lockstep lane's, pipeline/lockstep.py)."""
+        self.round_index = k
+        steps = getattr(self.params, "local_steps", 1)
+        self.round_local_steps = steps if steps is not None else 0
+        self.ctx.health.begin_round()
+
+    def finish_round(self, k: int) -> None:
+        """Round k ended: the health log's round, the local iterations counted, and the run
+        context's end of round (the evaluation when due, the stop rules)."""
+        self.ctx.health.end_round()
+        self.ctx.local_steps += self.round_local_steps
+        self.ctx.end_round(k + 1, self.theta)

@@ -20,10 +20,8 @@ from pydantic import Field
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
 from wirelessfl.contract.facts import COMPOSITIONAL
 from wirelessfl.contract.payload import Payload
+from wirelessfl.contract.problem import KEY_LIMIT
 from wirelessfl.learning.seeds import keyed_rng
-
-# Keys of the pooled minibatches: below numpy's seed limit, as the problems' sample keys.
-KEY_LIMIT = 2**62
 
 
 class CentralizedSGDParams(AlgorithmParams):

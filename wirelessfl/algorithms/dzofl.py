@@ -104,7 +104,6 @@ class DZOFL(Algorithm):
         # fixed None: the stochastic float format (relative error); |aggregate| <= N r under
         # the fixed format, the broadcast's range
         fixed = p.fixed_range()
-        q_up = {}
         if len(devices):
             idx = lead.minibatches(k, devices)[0]
             plus = ctx.evaluator.device_losses_many(
@@ -115,10 +114,9 @@ class DZOFL(Algorithm):
                                          in zip(live, plus, minus, strict=True)},
                                  fixed, lead.scalar_noise("dzofl-up", k, devices))
         yield from lanes.broadcast(scalar)
-        aggregates = {id(lane): aggregate_delivered(q_up.get(id(lane), torch.zeros(0)), n)
-                      for lane in lanes.live}
         if not len(devices):  # S_k empty: the models stay as they are
             return
+        aggregates = {id(lane): aggregate_delivered(q_up[id(lane)], n) for lane in lanes.live}
         uniform = torch.rand((1,), generator=keyed_generator(ctx.seed, "dzofl-down", k))
         q_down = quantize_each(lanes, {key: value.reshape(1) for key, value in aggregates.items()},
                                None if fixed is None else n * fixed, uniform, direction="down")

@@ -4,8 +4,8 @@ and each recorded as the run it would have been alone.
 
 Why: a tuning grid of DZOFL step sizes on one seed repeats the same radio simulation, the same
 participants, minibatches, Phi_k and quantiser noise for every configuration; in lockstep they
-are simulated once and only each lane's own arithmetic runs per lane (``wirelessfl tune
-quickstart-tune`` three times faster, benchmarks/README.md).
+are simulated once and only each lane's own arithmetic runs per lane (measured:
+benchmarks/bench_lockstep.py, benchmarks/README.md).
 
 Same records: a lane's learning arithmetic is its run's alone, and the air, clock and ledger
 it shares do not depend on theta. A lane that ends at an evaluation (target reached, loss grown
@@ -18,6 +18,7 @@ run's (tests/test_lockstep.py compares every lane with its run alone).
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 
 import simpy
@@ -25,7 +26,7 @@ import simpy
 from wirelessfl.algorithms.base import Algorithm
 from wirelessfl.engine.recorder import BecameUnhealthy, ReachedTarget
 from wirelessfl.pipeline.build import World
-from wirelessfl.pipeline.simulation import AlgorithmRun, build_algorithm, stopped
+from wirelessfl.pipeline.simulation import AlgorithmRun, build_algorithm, note_resolved, stopped
 from wirelessfl.plugins import algorithm_class
 from wirelessfl.scenario.schema import Scenario
 
@@ -45,9 +46,7 @@ def lockstep_key(document: dict) -> str | None:
     """What runs that may share a group have in common: the resolved scenario ``document``
     with its one algorithm's ``lockstep_parameters`` and label left out (JSON text); None when
     the scenario cannot run in lockstep (several algorithms, one without lockstep parameters,
-    a checkpointed or a GPU run)."""
-    import json
-
+    a run on a GPU)."""
     algorithms = document.get("algorithms") or []
     if len(algorithms) != 1 or not isinstance(algorithms[0], dict):
         return None
@@ -102,28 +101,17 @@ class Lockstep:
         for k in range(self.lead.params.rounds):
             if not self.live:
                 return
+            # the lead drives the air even after its own run ended (its log is no longer read)
             for lane in {id(a): a for a in [self.lead, *self.live]}.values():
-                lane.round_index = k
-                steps = getattr(lane.params, "local_steps", 1)
-                lane.round_local_steps = steps if steps is not None else 0
-            for lane in self.live:
-                lane.ctx.health.begin_round()
+                lane.begin_round(k)
             yield from self.lead.resync()
             yield from self.lead.lanes_round(self, k)
+            self.each(lambda lane, k=k: lane.finish_round(k))
 
-            def end(lane: Algorithm, completed: int = k + 1) -> None:
-                lane.ctx.health.end_round()
-                lane.ctx.local_steps += lane.round_local_steps
-                lane.ctx.end_round(completed, lane.theta)
-
-            self.each(end)
-
-    def _run(self, lane: Algorithm, ledger) -> AlgorithmRun:
-        run = AlgorithmRun(lane.params.display_name, lane.params, lane.ctx.rows, ledger)
-        resolved = lane.resolved()
-        if resolved:
-            run.extra["resolved"] = resolved
-        return run
+    @staticmethod
+    def _run(lane: Algorithm, ledger) -> AlgorithmRun:
+        return note_resolved(AlgorithmRun(lane.params.display_name, lane.params, lane.ctx.rows,
+                                          ledger), lane)
 
 
 def run_lockstep(worlds: list[World], on_round: Callable[[int], None] | None = None

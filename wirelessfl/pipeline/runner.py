@@ -187,21 +187,22 @@ def run_in_lockstep(scenarios: list[Scenario], outs: list[Path | None], *,
         else:
             able.append(i)
     runs: dict[int, AlgorithmRun | None] = {}
+    worlds = {}
     if able:
         world = build_world(scenarios[able[0]])
+        worlds = {i: lane_world(world, scenarios[i]) for i in able}
         size = lanes_per_group(world.evaluator.d)
         for start in range(0, len(able), size):
             part = able[start:start + size]
-            worlds = [lane_world(world, scenarios[i]) for i in part]
-            runs.update(zip(part, run_lockstep(worlds, on_round), strict=True))
+            runs.update(zip(part, run_lockstep([worlds[i] for i in part], on_round),
+                            strict=True))
     for i in able:
         run = runs[i]
         try:
             results[i] = run_to_record(
                 scenarios[i], outs[i], warn=warns[i], extra=extras[i], threads=setting.requested,
                 on_round=None if run is not None else on_round,
-                **({"world": lane_world(world, scenarios[i]), "runs": {run.label: run}}
-                   if run is not None else {}))
+                **({"world": worlds[i], "runs": {run.label: run}} if run is not None else {}))
         except UserError as err:
             results[i] = err
     return results

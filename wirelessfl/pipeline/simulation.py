@@ -156,8 +156,14 @@ def run_algorithm(world: World, params: AlgorithmParams,
         ctx.net.close()
         return _failed(run, err, algorithm.round_index)
     ctx.net.close()  # lazily charged accounts written in, whatever ended the run
+    return note_resolved(run, algorithm)
+
+
+def note_resolved(run: AlgorithmRun, algorithm) -> AlgorithmRun:
+    """``run`` with the parameters' values after the defaults' rules (``resolved``, for its
+    manifest entry) when there are any."""
     resolved = algorithm.resolved()
-    if resolved:  # the parameters' values after the defaults' rules (manifest entry)
+    if resolved:
         run.extra["resolved"] = resolved
     return run
 

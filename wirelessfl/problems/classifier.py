@@ -269,9 +269,9 @@ class BatchedEvaluator(Problem):
 
         def piece(rows: slice) -> torch.Tensor:
             flat_idx = idx[rows].reshape(-1)
-            logits = self.flat.predict(theta, self.data.inputs(flat_idx))
-            losses = F.cross_entropy(logits, self.data.labels(flat_idx), reduction="none")
-            return minibatch_mean(losses.view(-1, b), counts_of(counts, rows))
+            return self._minibatch_losses(theta, self.data.inputs(flat_idx),
+                                          self.data.labels(flat_idx), b,
+                                          counts_of(counts, rows))
 
         if self.flat.normalised:  # batch norm: each device's minibatch normalised on its own
             pieces = [slice(i, i + 1) for i in range(n)]
@@ -304,14 +304,20 @@ class BatchedEvaluator(Problem):
             x, y, rows_counts = (self.data.inputs(flat_idx), self.data.labels(flat_idx),
                                  counts_of(counts, rows))
             for theta, out in zip(thetas, pieces, strict=True):
-                losses = F.cross_entropy(self.flat.predict(theta, x), y, reduction="none")
-                out.append(minibatch_mean(losses.view(-1, b), rows_counts))
+                out.append(self._minibatch_losses(theta, x, y, b, rows_counts))
         outs = [torch.cat(out) for out in pieces]
         if self.l2:
             for theta, out in zip(thetas, outs, strict=True):
                 out += 0.5 * self.l2 * float(theta.square().sum())
         self.compute_s += time.perf_counter() - start
         return outs
+
+    def _minibatch_losses(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, b: int,
+                          counts: torch.Tensor | None) -> torch.Tensor:
+        """Each device's mean loss at theta over its rows of minibatch samples x, labels y
+        (b a device; ``counts``: the real samples of short rows)."""
+        losses = F.cross_entropy(self.flat.predict(theta, x), y, reduction="none")
+        return minibatch_mean(losses.view(-1, b), counts)
 
     @torch.no_grad()
     def stacked_losses(self, models: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -158,9 +158,12 @@ class RiskAverseMCO(MSAProblem):
         f0, f1 = self._global_layers(x)
         return torch.cat([x, f0, f1]).float()
 
-    def _global_layers(self, x: torch.Tensor):
-        a = self.a.reshape(1, -1, self.dim)
-        b = self.b.reshape(1, -1)
+    def _global_layers(self, x: torch.Tensor, a: torch.Tensor | None = None,
+                       b: torch.Tensor | None = None):
+        """(F^0(x), F^1(F^0(x))) over the samples (a [1, s, d], b [1, s]), by default every
+        client's."""
+        a = self.a.reshape(1, -1, self.dim) if a is None else a
+        b = self.b.reshape(1, -1) if b is None else b
         z = x.to(torch.float64)[None]
         u = self._u(z, a, b)
         f0 = torch.cat([z, u.mean(1, keepdim=True)], dim=1)[0]
@@ -172,10 +175,12 @@ class RiskAverseMCO(MSAProblem):
         _, f1 = self._global_layers(self.x_part(theta))
         return float(f1[0] + self.lam * math.sqrt(float(f1[1]) + self.delta))
 
-    def objective_gradient(self, theta: torch.Tensor) -> torch.Tensor:
+    def objective_gradient(self, theta: torch.Tensor, a: torch.Tensor | None = None,
+                           b: torch.Tensor | None = None) -> torch.Tensor:
+        """grad_x F at theta's x part, F over the samples (a, b) (default: all data)."""
         x = self.x_part(theta).to(torch.float64).detach().requires_grad_(True)
         with torch.enable_grad():
-            _, f1 = self._global_layers(x)
+            _, f1 = self._global_layers(x, a, b)
             value = f1[0] + self.lam * torch.sqrt(f1[1] + self.delta)
             return torch.autograd.grad(value, x)[0]
 
@@ -190,15 +195,8 @@ class RiskAverseMCO(MSAProblem):
         idx = np.random.default_rng(int(key)).integers(0, self.a.shape[0] * self.a.shape[1],
                                                         batch)
         idx = torch.as_tensor(idx, device=self.device)
-        a = self.a.reshape(-1, self.dim)[idx][None]
-        b = self.b.reshape(-1)[idx][None]
-        x = self.x_part(theta).to(torch.float64).detach().requires_grad_(True)
-        with torch.enable_grad():
-            u = self._u(x[None], a, b)[0]
-            mean = u.mean()
-            value = mean + self.lam * torch.sqrt(torch.clamp(u - mean, min=0).square().mean()
-                                                 + self.delta)
-            (grad,) = torch.autograd.grad(value, x)
+        grad = self.objective_gradient(theta, self.a.reshape(-1, self.dim)[idx][None],
+                                       self.b.reshape(-1)[idx][None])
         self.compute_s += time.perf_counter() - start
         return grad
 
