@@ -427,10 +427,23 @@ def final_values(rounds: pd.DataFrame) -> dict:
     return out
 
 
+# Columns added to the tables after records were made, left out of a table while they are empty
+# (NaN throughout), so that a record made before them still speaks for every run that leaves them
+# empty; a run that fills one differs from such a record, as it should.
+LATER_COLUMNS = {"rounds": ("objective",)}
+
+
+def without_empty_later_columns(table: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` without the LATER_COLUMNS of ``table`` that hold no value."""
+    empty = [c for c in LATER_COLUMNS.get(table, ()) if c in frame and frame[c].isna().all()]
+    return frame.drop(columns=empty)
+
+
 def read_run(folder: Path) -> tuple[dict[str, pd.DataFrame], str | None]:
     """A results folder's two tables and its status (``complete``, or ``partial`` when an
     algorithm failed or diverged)."""
-    frames = {t: pd.read_parquet(folder / f"{t}.parquet") for t in TABLES}
+    frames = {t: without_empty_later_columns(t, pd.read_parquet(folder / f"{t}.parquet"))
+              for t in TABLES}
     manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     return frames, manifest.get("status")
 

@@ -375,3 +375,23 @@ def test_summary_counts_rounds_and_gradients_to_a_suboptimality_target(tmp_path)
     nan = RunRecord(tmp_path, rows.assign(suboptimality=np.nan), pd.DataFrame(), {})
     assert optimization_progress(nan) is None
     assert "final f - f*" not in format_summary(summarize(nan.rounds, 0.8, 2), 0.8)
+
+
+def test_the_progress_figure_draws_a_methods_own_objective(tmp_path):
+    """A run that records only its own objective (ZO-HFL's global loss, no f*) gets the progress
+    figure with that row alone, one line per algorithm on each x axis; a run recording neither
+    gets none."""
+    from wirelessfl.report.plots import PROGRESS_AXES, optimization_progress
+    from wirelessfl.results.records import RunRecord
+
+    rows = pd.DataFrame({
+        "algorithm": ["A"] * 3 + ["B"] * 3, "round": [0, 1, 2] * 2,
+        "sim_time_s": [0.0, 1.0, 2.0] * 2, "energy_j": [0.0, 1.0, 2.0] * 2,
+        "gradient_evaluations": [0.0, 1.0, 2.0] * 2, "suboptimality": np.nan,
+        "objective": [2.0, 1.5, 1.2, 2.0, 1.8, 1.7]})
+    fig = optimization_progress(RunRecord(tmp_path, rows, pd.DataFrame(), {}))
+    assert [len(ax.lines) for ax in fig.axes] == [2] * len(PROGRESS_AXES)
+    assert fig.axes[0].get_ylabel() == "objective f(x)"
+    np.testing.assert_array_equal(fig.axes[0].lines[0].get_ydata(), [2.0, 1.5, 1.2])
+    empty = RunRecord(tmp_path, rows.assign(objective=np.nan), pd.DataFrame(), {})
+    assert optimization_progress(empty) is None

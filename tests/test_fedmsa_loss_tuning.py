@@ -1,5 +1,6 @@
 """Federated loss-function tuning (fedmsa.md Sec. 4.2 / 5.2): the long tail, the q-partition, the
-bilevel maps of the linear-softmax loss tuning, and runs of FedMSA and FedNest on it.
+bilevel maps of the loss tuning with the linear softmax model and with the authors' ReLU MLP, and
+runs of FedMSA and FedNest on it.
 
 Truths used: counts worked out from the spec's formulas; finite differences of the inner and
 outer losses written out again in numpy (for grad_w g, the Hessian-vector product, the mixed
@@ -20,7 +21,8 @@ from tests.test_datasets import make_idx_folder
 from wirelessfl.errors import UserError
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
-from wirelessfl.problems.loss_tuning import LossTuning, long_tail, q_partition
+from wirelessfl.pipeline.memory import problem_facts
+from wirelessfl.problems.loss_tuning import LossTuning, long_tail, model_size, q_partition
 from wirelessfl.scenario.loader import scenario_from_document
 
 
@@ -44,14 +46,26 @@ def test_q_partition_gives_each_client_its_share_of_its_class():
     assert own[0] >= 94 and own[1] >= 94 and own[2] >= 94 and own[3] == 50
 
 
-def _problem(seed=0):
+def _problem(seed=0, hidden=0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((600, 5))
     y = rng.integers(0, 3, 600)
     xt = rng.standard_normal((90, 5))
     yt = np.repeat(np.arange(3), 30)
     return LossTuning(x, y, xt, yt, 3, 6, np.random.default_rng(seed), imbalance_ratio=0.3,
-                      heterogeneity_q=0.5, weight_decay=0.05)
+                      heterogeneity_q=0.5, weight_decay=0.05, hidden_units=hidden,
+                      init_rng=np.random.default_rng(seed + 1))
+
+
+def _numpy_logits(prob, a, w):
+    """z(a; w) in numpy: W^T a, or W2^T [relu(W1^T a); 1] (loss_tuning's docstring)."""
+    c, h = prob.num_classes, prob.hidden
+    if not h:
+        return a @ w.reshape(prob.dim, c)
+    w1 = w[:prob.dim * h].reshape(prob.dim, h)
+    w2 = w[prob.dim * h:].reshape(h + 1, c)
+    hidden = np.maximum(a @ w1, 0)
+    return np.c_[hidden, np.ones(len(a))] @ w2
 
 
 def _numpy_losses(prob, m, x, w):
@@ -60,23 +74,24 @@ def _numpy_losses(prob, m, x, w):
     rows = mask > 0
     a, y = a[rows], y[rows]
     c = prob.num_classes
-    W = w.reshape(prob.dim, c)
 
     def ce(logits, labels):
         z = logits - logits.max(1, keepdims=True)
         return -(z[np.arange(len(labels)), labels] - np.log(np.exp(z).sum(1)))
 
     scale = 1 / (1 + np.exp(-x[:c]))
-    inner = ce(scale * (a @ W) + x[c:], y).mean() + 0.5 * prob.weight_decay * (w**2).sum()
+    inner = (ce(scale * _numpy_logits(prob, a, w) + x[c:], y).mean()
+             + 0.5 * prob.weight_decay * (w**2).sum())
     av, yv, mv = (t[m].numpy() for t in prob.val)
     av, yv = av[mv > 0], yv[mv > 0]
     weight = prob.omega.numpy()[yv]
-    outer = (ce(av @ W, yv) * weight).sum() / weight.sum()
+    outer = (ce(_numpy_logits(prob, av, w), yv) * weight).sum() / weight.sum()
     return inner, outer
 
 
-def test_maps_match_finite_differences_of_the_two_losses():
-    prob = _problem()
+@pytest.mark.parametrize("hidden", [0, 4], ids=["linear", "mlp"])
+def test_maps_match_finite_differences_of_the_two_losses(hidden):
+    prob = _problem(hidden=hidden)
     rng = np.random.default_rng(3)
     m = 4
     x = 0.3 * rng.standard_normal(prob.dx)
@@ -102,8 +117,28 @@ def test_maps_match_finite_differences_of_the_two_losses():
     np.testing.assert_allclose(got[:prob.dx], -jvp, atol=2e-5)  # grad_x f = 0 here
 
 
-def test_balanced_accuracy_is_sklearns():
-    prob = _problem()
+def test_mlp_sizes_and_start():
+    """d_w of the authors' 784-200-10 MLP is fedmsa.md 3.5's 159,010; the MLP starts where
+    torch.nn.Linear starts (weights and biases within 1/sqrt(fan_in)), x and v at zero, and the
+    start is the seed's; the linear model starts at W = 0."""
+    assert model_size(784, 200, 10) == 159_010
+    assert model_size(784, 0, 10) == 785 * 10
+    prob = _problem(hidden=4)
+    assert prob.dw == 6 * 4 + 5 * 3
+    theta = prob.initial().double().numpy()
+    x, w, v = np.split(theta, [prob.dx, prob.dx + prob.dw])
+    assert not x.any() and not v.any()
+    first = prob.dim * 4
+    assert 0 < np.abs(w[:first]).max() <= 1 / math.sqrt(5)
+    assert 0 < np.abs(w[first:]).max() <= 1 / math.sqrt(4)
+    assert np.abs(w[:first]).max() > 0.8 / math.sqrt(5)  # spread over its range, not tiny
+    np.testing.assert_array_equal(theta, _problem(hidden=4).initial().double().numpy())
+    assert not _problem(hidden=0).initial().any()
+
+
+@pytest.mark.parametrize("hidden", [0, 4], ids=["linear", "mlp"])
+def test_balanced_accuracy_is_sklearns(hidden):
+    prob = _problem(hidden=hidden)
     theta = torch.as_tensor(np.random.default_rng(9).standard_normal(prob.d))
     logits = prob._test_logits(theta).numpy()
     acc, _ = prob.evaluate(theta)
@@ -134,6 +169,19 @@ def test_tuning_on_long_tailed_digits_learns(algorithm):
     assert rows.test_accuracy.iloc[0] == pytest.approx(0.1)
     assert rows.test_accuracy.iloc[-1] > 0.7
     assert rows.hessian_vector_products.iloc[-1] > 0
+
+
+def test_mlp_tuning_on_long_tailed_digits_learns():
+    """The MLP (64-16-10 here) starts near chance and FedMSA trains it past 0.7 balanced
+    accuracy; the memory estimate's parameter count is the built model's."""
+    sc = _digits({"name": "fedmsa", "rounds": 40, "local_steps": 5, "alpha": 0.5,
+                  "beta": 0.5}, hidden_units=16)
+    world = build_world(sc)
+    assert world.evaluator.dw == 65 * 16 + 17 * 10
+    assert problem_facts(sc).d == world.evaluator.dw
+    rows = pd.DataFrame(run_algorithm(world, sc.algorithms[0]).rows)
+    assert rows.test_accuracy.iloc[0] < 0.3
+    assert rows.test_accuracy.iloc[-1] > 0.7
 
 
 def test_mnist_scenario_builds_from_an_idx_folder(tmp_path):

@@ -3,6 +3,7 @@ its two payload modes against each other."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -419,3 +420,83 @@ def test_a_tau_per_device_of_the_wrong_length_is_one_error_line(capsys):
     assert line.endswith("algorithms 'ZO-HFL': tau_per_device has 3 entries but "
                          "population.num_devices is 10; give one tau per device, or remove "
                          "tau_per_device to use tau = 5 for every device")
+
+
+# ---- the global loss of Fig. 2 (log_objective) ---------------------------------------------------
+
+def test_global_loss_on_quadratic_clients_is_the_closed_form(monkeypatch):
+    """With quadratic clients y_i(x) = (A_i + mu I)^-1 (c_i + mu x) in closed form, so the logged
+    f(x_r) = f_1(x_r) + sum_i w_i (lam/2) ||x_r - y_i(x_r)||^2 (w_i = 1/m, equal clients) is known
+    exactly at every evaluated x_r; the solver's tolerance (1e-5 in y) bounds the difference."""
+    sc = _quadratic_bilevel(6)
+    sc.algorithms[0] = sc.algorithms[0].model_copy(update={"log_objective": True,
+                                                           "eval_every": 2})
+    world, thetas, run = run_recording_thetas(monkeypatch, sc)
+    prob = world.evaluator
+    a, c = prob.a_np, prob.c_np
+    m, d = c.shape
+    rows = pd.DataFrame(run.rows)
+    assert rows["round"].tolist() == [0, 2, 4, 6]
+    for r, got in zip(rows["round"], rows["objective"]):
+        x = thetas[r].double().numpy()  # end_round sees theta_0 too
+        f1 = 0.5 * x @ a.mean(0) @ x - c.mean(0) @ x
+        gaps = [x - np.linalg.solve(a_i + np.eye(d), c_i + x) for a_i, c_i in zip(a, c)]
+        want = f1 + sum(0.5 * g @ g for g in gaps) / m
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-6)
+
+
+def test_global_loss_on_classifier_clients_matches_a_float64_reference_solve(monkeypatch):
+    """f_1 = mean cross-entropy over the base station's data; each y_i(x) re-solved by scipy's
+    L-BFGS-B in float64 on client i's samples (CE_i(y) + (mu/2) ||y - x||^2, mu = 2 here) and
+    weighted by w_i = N_i / N; the logged value agrees to the solver tolerance and float32."""
+    from scipy.optimize import minimize
+
+    algo = {"name": "zo-hfl", "rounds": 2, "eval_every": 2, "tau": 2, "gamma0": 0.5, "mu": 2.0,
+            "lam": 3.0, "batch_size": 8, "server_batch_size": 8, "log_objective": True}
+    world, thetas, run = run_recording_thetas(monkeypatch, small_scenario(EXACT,
+                                                                          algorithms=[algo]))
+    ev = world.evaluator
+    x = thetas[-1].double()
+    module = copy.deepcopy(world.flat.model).double()
+
+    def ce(theta, inputs, labels):
+        params = {k: v.double() for k, v in world.flat.unflatten(theta).items()}
+        logits = torch.func.functional_call(module, params, (inputs.double(),))
+        return F.cross_entropy(logits, labels)
+
+    def best_response(i):
+        lo, n = int(ev.data.offsets[i]), int(ev.data.sizes[i])
+        inputs, labels = ev.data.x[lo:lo + n], ev.data.y[lo:lo + n]
+
+        def fun(z):
+            y = torch.as_tensor(z).requires_grad_(True)
+            value = ce(y, inputs, labels) + 1.0 * (y - x).square().sum()
+            (grad,) = torch.autograd.grad(value, y)
+            return float(value.detach()), grad.numpy()
+
+        return minimize(fun, x.numpy(), jac=True, method="L-BFGS-B",
+                        options={"gtol": 1e-12, "ftol": 1e-15, "maxiter": 5000}).x
+
+    sizes = ev.data.sizes.double().numpy()
+    w = sizes / sizes.sum()
+    gaps = [float(np.square(x.numpy() - best_response(i)).sum()) for i in range(len(sizes))]
+    f1 = float(ce(x, ev.data.x_server, ev.data.y_server))
+    want = f1 + 0.5 * 3.0 * float(w @ np.array(gaps))
+    got = pd.DataFrame(run.rows)["objective"].iloc[-1]
+    assert got == pytest.approx(want, rel=2e-5)
+
+
+def test_logging_the_global_loss_leaves_the_run_unchanged(monkeypatch):
+    """The objective is computed outside the simulated run: every other column is identical with
+    and without it, and without it the column is NaN throughout."""
+    algo = {"name": "zo-hfl", "rounds": 3, "eval_every": 1, "tau": 2, "gamma0": 0.5,
+            "batch_size": 8, "server_batch_size": 8}
+    runs = []
+    for log in (False, True):
+        sc = small_scenario(EXACT, algorithms=[{**algo, "log_objective": log}])
+        runs.append(pd.DataFrame(run_algorithm(build_world(sc), sc.algorithms[0]).rows))
+    off, on = runs
+    assert off["objective"].isna().all() and on["objective"].notna().all()
+    pd.testing.assert_frame_equal(off.drop(columns="objective"), on.drop(columns="objective"))
+    # the loss falls as the model learns (it starts at the untrained model's)
+    assert on["objective"].iloc[-1] < on["objective"].iloc[0]

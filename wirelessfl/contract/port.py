@@ -167,6 +167,9 @@ class RunPort(Protocol):
     local_steps: float
     # Called with the rounds completed after each round (checkpointing); None: no checkpoints.
     on_checkpoint: Callable[[int], None] | None
+    # The algorithm's own objective at the global model, recorded at each evaluation as the
+    # rounds table's "objective" (an algorithm sets it in ``setup``); None: not recorded (NaN).
+    objective: Callable[[torch.Tensor], float] | None
 
     @property
     def num_devices(self) -> int: ...

@@ -261,6 +261,12 @@ class Problem(ABC):
                         f"'{type(self).__name__}' does not have; set data.server_fraction > 0 "
                         "(classification) or problem.server_loss: true (quadratic)")
 
+    def server_objective(self, theta: torch.Tensor) -> float:
+        """The base station's own loss f_1(theta) over all of its data (seed 000's f_1, whose
+        minibatch gradient is ``server_gradient``); problems without one refuse likewise."""
+        self.server_gradient(theta, torch.Generator(), 1)  # its refusal, if any
+        raise NotImplementedError(f"problem '{type(self).__name__}' has no server_objective")
+
     def describe(self) -> dict:
         """Facts for the run manifest (``problem`` entry)."""
         return {"d": self.d, "optimum_value": self.optimum_value}

@@ -149,6 +149,8 @@ class RunRecorder:
         if not bool(torch.isfinite(theta).all()):
             raise Diverged(completed, self.rows[-1] if self.rows else None)
         metrics = self.evaluator.metrics(theta)
+        if self.objective is not None:
+            metrics["objective"] = float(self.objective(theta))
         if not math.isfinite(metrics["test_loss"]):
             raise Diverged(completed, self.rows[-1] if self.rows else None)
         self.rows.append(self.snapshot(completed, metrics, theta))
@@ -207,6 +209,7 @@ class RunRecorder:
             "test_loss": float(metrics["test_loss"]),
             "suboptimality": float(metrics["suboptimality"]),
             "grad_norm_sq": float(metrics["grad_norm_sq"]),
+            "objective": float(metrics.get("objective", math.nan)),
             **device_accuracy_columns(metrics.get("device_accuracy"), self.worst_fraction,
                                       self.accuracy_devices),
             "param_norm": float(theta.double().norm()) if theta is not None else math.nan,

@@ -427,6 +427,23 @@ class BatchedEvaluator(Problem):
             (g,) = torch.autograd.grad(loss, leaf)
         return g + self.l2 * theta if self.l2 else g
 
+    def server_objective(self, theta: torch.Tensor, batch: int = 4096) -> float:
+        """f_1(theta): mean cross-entropy over all of the base station's data, plus the l2 term
+        (the loss whose minibatch gradient ``server_gradient`` is), in blocks of ``batch``."""
+        if self.data.x_server is None:
+            return super().server_objective(theta)
+        y = self.data.y_server
+        total = 0.0
+        with torch.no_grad():
+            for lo in range(0, len(y), batch):
+                logits = self.flat.forward(theta, self.data.x_server[lo:lo + batch])
+                total += float(F.cross_entropy(logits.double(), y[lo:lo + batch],
+                                               reduction="sum"))
+        value = total / len(y)
+        if self.l2:
+            value += 0.5 * self.l2 * float(theta.double().square().sum())
+        return value
+
     def evaluate(self, theta: torch.Tensor, batch: int = 4096) -> tuple[float, float]:
         """(accuracy, mean loss) of theta on the test set."""
         return self.evaluate_devices(theta, batch)[:2]

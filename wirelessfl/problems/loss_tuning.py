@@ -1,5 +1,6 @@
 """Federated loss-function tuning on class-imbalanced data (fedmsa.md Sec. 4.2 / 5.2): the paper's
-Fed-BLO experiment, with a linear softmax model (Sec. 5.2) on any classification dataset.
+Fed-BLO experiment on any classification dataset, with the linear softmax model of Sec. 5.2 or
+the authors' one-hidden-layer ReLU MLP (784-200-10 on MNIST, Sec. 4.5 [C]).
 
 Data (Sec. 4.2, 4.5 [C], A18): the training set is cut to a long tail, class c keeping
 ceil(n_0 imbalance_ratio^(c / (C - 1))) samples (n_0 the largest class's count); C clients of
@@ -9,13 +10,21 @@ x 10 = 100; here population.num_devices / C) and each client's samples into trai
 validation (f) parts (80 / 20 [C]).
 The test set is the dataset's own, which is about class-balanced.
 
-Bilevel problem (Sec. 2.4): w = W [(D + 1) x C] (bias appended), x = (kappa, l) in R^{2C},
-inner g^m = mean CE(sigmoid(kappa) * W^T a + l, y) + weight_decay / 2 ||W||^2 over the client's
-train part, outer f^m = class-weighted CE on the raw logits W^T a over its validation part,
+Bilevel problem (Sec. 2.4): w the model's weights, x = (kappa, l) in R^{2C}, inner g^m = mean
+CE(sigmoid(kappa) * z(a; w) + l, y) + weight_decay / 2 ||w||^2 over the client's train part,
+outer f^m = class-weighted CE on the raw logits z(a; w) over its validation part,
 weights omega_c proportional to 1 / n_c (the long-tailed training counts), normalised by the sum
 of omega_y over the part. Clients hold different sample counts: their rows are padded and masked,
 so one batched pass serves all of them. ``test_accuracy`` is the *balanced* test accuracy (the
-mean over classes of the per-class accuracy of argmax W^T a), the paper's metric.
+mean over classes of the per-class accuracy of argmax z(a; w)), the paper's metric.
+
+Models (``hidden_units``): 0, z = W^T a with W [(D + 1) x C] (bias appended; Sec. 5.2, starting
+at W = 0 as the rest of the state); H > 0, z = W2^T [relu(W1^T a); 1] with W1 [(D + 1) x H] and
+W2 [(H + 1) x C], w = [vec W1; vec W2] (d_w = 159,010 for 784-200-10, fedmsa.md 3.5), started
+where torch.nn.Linear starts, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases, drawn
+from the stream (seed, "loss-tuning-init") [D] (a zero start is a saddle of the MLP). The
+authors' MLP has dropout; it is left out here, so that the two evaluations of a difference see
+one function (fedmsa.md A19) [D].
 """
 
 from __future__ import annotations
@@ -53,7 +62,16 @@ LOSS_TUNING_DEFAULTS = {
     "heterogeneity_q": 0.5,  # q (Sec. 4.2: {0.1, 0.3, 0.5})
     "validation_fraction": 0.2,  # per-client 80/20 train/validation split (Sec. 4.5 [C])
     "weight_decay": 1e-2,  # lambda_w (Sec. 5.2)
+    "hidden_units": 0,  # the linear softmax model of Sec. 5.2
 }
+
+
+def model_size(features: int, hidden: int, classes: int) -> int:
+    """d_w of the model on ``features`` inputs: (D + 1) C for the linear one, (D + 1) H +
+    (H + 1) C for the D-H-C MLP (784-200-10: 159,010, fedmsa.md 3.5)."""
+    if not hidden:
+        return (features + 1) * classes
+    return (features + 1) * hidden + (hidden + 1) * classes
 
 
 def long_tail(y: np.ndarray, ratio: float, rng: np.random.Generator) -> np.ndarray:
@@ -115,7 +133,8 @@ class LossTuning(BilevelProblem):
     def __init__(self, x_train, y_train, x_test, y_test, num_classes: int, clients: int,
                  rng: np.random.Generator, imbalance_ratio: float = 0.01,
                  heterogeneity_q: float = 0.5, validation_fraction: float = 0.2,
-                 weight_decay: float = 1e-2, device: torch.device | str = "cpu"):
+                 weight_decay: float = 1e-2, device: torch.device | str = "cpu",
+                 hidden_units: int = 0, init_rng: np.random.Generator | None = None):
         self.device = torch.device(device)
         self.compute_s = 0.0
         x_train = np.asarray(x_train, dtype=np.float64).reshape(len(y_train), -1)
@@ -142,7 +161,9 @@ class LossTuning(BilevelProblem):
                             "validation_fraction nearer 0.5")
         self.num_devices, self.num_classes = clients, c
         self.dim = x_lt.shape[1] + 1
-        self.dw, self.dx = self.dim * c, 2 * c
+        self.hidden = int(hidden_units)
+        self.dw = model_size(self.dim - 1, self.hidden, c)
+        self.dx = 2 * c
         self.blocks = (self.dx, 2 * self.dw)
         self.d = self.dx + 2 * self.dw
         self.weight_decay = float(weight_decay)
@@ -154,14 +175,37 @@ class LossTuning(BilevelProblem):
         self.test_x = torch.as_tensor(np.c_[x_test, np.ones(len(x_test))], device=self.device)
         self.test_y = torch.as_tensor(np.asarray(y_test, dtype=np.int64), device=self.device)
         self.model_profile = ModelProfile(params=self.dw, macs_per_sample=self.dw,
-                                          activations_per_sample=c, input_size=self.dim)
+                                          activations_per_sample=self.hidden + c,
+                                          input_size=self.dim)
+        self.w0 = torch.zeros(self.dw, dtype=torch.float64, device=self.device)
+        if self.hidden:
+            init_rng = init_rng if init_rng is not None else np.random.default_rng(0)
+            first = self.dim * self.hidden
+            bound1, bound2 = 1 / math.sqrt(self.dim - 1), 1 / math.sqrt(self.hidden)
+            self.w0[:first] = torch.as_tensor(init_rng.uniform(-bound1, bound1, first))
+            self.w0[first:] = torch.as_tensor(init_rng.uniform(-bound2, bound2, self.dw - first))
 
     def work(self, rows: int) -> int:
         """Multiply-adds of one map evaluation for ``rows`` clients (their padded samples)."""
         return rows * self.train[0].shape[1] * self.model_profile.macs_per_sample
 
-    def _w(self, w: torch.Tensor) -> torch.Tensor:
-        return w.reshape(-1, self.dim, self.num_classes)
+    def logits(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """z(a; w) [n, s, C] of samples a [n, s, D + 1] (bias column last) under each row's
+        weights w [n, d_w] (module docstring)."""
+        n, c, h = w.shape[0], self.num_classes, self.hidden
+        if not h:
+            return torch.bmm(a, w.reshape(n, self.dim, c))
+        first = self.dim * h
+        hidden = torch.relu(torch.bmm(a, w[:, :first].reshape(n, self.dim, h)))
+        w2 = w[:, first:].reshape(n, h + 1, c)
+        return torch.bmm(hidden, w2[:, :h]) + w2[:, h:]
+
+    def initial(self) -> torch.Tensor:
+        """x_0 = 0, w_0 (zero for the linear model, torch.nn.Linear's start for the MLP;
+        module docstring), v_0 = 0."""
+        theta = super().initial()
+        theta[self.dx:self.dx + self.dw] = self.w0.to(theta.dtype)
+        return theta
 
     def inner_loss(self, x, w, devices, keys, batch=None):
         if batch is None:
@@ -171,7 +215,7 @@ class LossTuning(BilevelProblem):
             a, y = self.train[0][rows, batch.positions], self.train[1][rows, batch.positions]
             mask = batch.weights
         kappa, shift = x[:, :self.num_classes], x[:, self.num_classes:]
-        logits = torch.sigmoid(kappa)[:, None] * torch.bmm(a, self._w(w)) + shift[:, None]
+        logits = torch.sigmoid(kappa)[:, None] * self.logits(a, w) + shift[:, None]
         ce = -torch.log_softmax(logits, -1).gather(-1, y[..., None])[..., 0]
         # a client whose epoch has ended has an empty batch (its step is not taken): no 0 / 0
         per_client = (ce * mask).sum(1) / mask.sum(1).clamp_min(1.0)
@@ -179,7 +223,7 @@ class LossTuning(BilevelProblem):
 
     def outer_loss(self, x, w, devices, keys):
         a, y, mask = (t[devices] for t in self.val)
-        logits = torch.bmm(a, self._w(w))
+        logits = self.logits(a, w)
         ce = -torch.log_softmax(logits, -1).gather(-1, y[..., None])[..., 0]
         weight = self.omega[y] * mask
         return ((ce * weight).sum(1) / weight.sum(1)).sum()
@@ -196,11 +240,13 @@ class LossTuning(BilevelProblem):
 
     # ---- metrics ---------------------------------------------------------------------------------
     def _test_logits(self, theta: torch.Tensor) -> torch.Tensor:
-        w = theta[self.dx:self.dx + self.dw].to(torch.float64).reshape(self.dim, -1)
-        return self.test_x @ w
+        w = theta[self.dx:self.dx + self.dw].to(torch.float64)
+        if not self.hidden:  # one matrix product (the batched one may round differently)
+            return self.test_x @ w.reshape(self.dim, -1)
+        return self.logits(self.test_x[None], w[None])[0]
 
     def evaluate(self, theta: torch.Tensor) -> tuple[float, float]:
-        """(balanced test accuracy, test cross-entropy) of the raw logits W^T a."""
+        """(balanced test accuracy, test cross-entropy) of the raw logits z(a; w)."""
         logits = self._test_logits(theta)
         hit = (logits.argmax(1) == self.test_y).double()
         per_class = [float(hit[self.test_y == c].mean()) for c in range(self.num_classes)
@@ -225,7 +271,7 @@ class LossTuning(BilevelProblem):
 
     def describe(self) -> dict:
         return {"name": self.name, "clients": self.num_devices, "d": self.d,
-                "dimension_x": self.dx, "dimension_w": self.dw,
+                "dimension_x": self.dx, "dimension_w": self.dw, "hidden_units": self.hidden,
                 "class_counts": self.class_counts.tolist(),
                 "train_samples": int(self.train_sizes.sum())}
 
@@ -248,6 +294,10 @@ class LossTuningConfig(ProblemConfig):
                                                              " fedmsa.md 4.5 [C])", gt=0, lt=1)
     weight_decay: float = _key("weight_decay", "loss-tuning: lambda_w of the inner loss (default "
                                                "{default}, fedmsa.md 5.2)", ge=0)
+    hidden_units: int = _key("hidden_units", "loss-tuning: 0 for the linear softmax model "
+                                             "(default {default}, fedmsa.md 5.2), H for a "
+                                             "D-H-C ReLU MLP (the authors' 200, fedmsa.md 4.5 "
+                                             "[C])", ge=0, le=100_000)
 
 
 def build(scenario: Scenario, device: torch.device) -> BuiltProblem:
@@ -258,16 +308,17 @@ def build(scenario: Scenario, device: torch.device) -> BuiltProblem:
     return BuiltProblem(LossTuning(
         data.x_train, data.y_train, data.x_test, data.y_test, data.num_classes,
         scenario.population.num_devices, keyed_rng(scenario.seed, "loss-tuning"),
-        p.imbalance_ratio, p.heterogeneity_q, p.validation_fraction, p.weight_decay, device))
+        p.imbalance_ratio, p.heterogeneity_q, p.validation_fraction, p.weight_decay, device,
+        p.hidden_units, keyed_rng(scenario.seed, "loss-tuning-init")))
 
 
 def fit(scenario: Scenario) -> None:
-    """Loss tuning builds its own linear model and its own split of ``data``."""
+    """Loss tuning builds its own model (problem.hidden_units) and its own split of ``data``."""
     key = unread_section(scenario, ("model", "partition"))
     if key is not None:
-        raise ValueError(f"{key}: not read by problem 'loss-tuning' (a linear softmax "
-                         "model on its own q-partition: problem.heterogeneity_q); remove "
-                         f"the {key} section")
+        raise ValueError(f"{key}: not read by problem 'loss-tuning' (its own model: "
+                         "problem.hidden_units, on its own q-partition: "
+                         f"problem.heterogeneity_q); remove the {key} section")
 
 
 def check(scenario: Scenario, facts: DataFacts | None) -> None:
@@ -280,11 +331,12 @@ def check(scenario: Scenario, facts: DataFacts | None) -> None:
 
 
 def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:
-    """The data; the state is W [(D + 1) x C] and x [2C] per client."""
+    """The data; the state is the model's weights (d_w) and x [2C] per client."""
     data = data_bytes(scenario, limit_bytes)
     size, classes = data.input_size, data.shape.classes
-    return ProblemFacts(size * classes + classes, 4, data.held, data.load, data.on_devices,
-                        data.shape.test, size, classes, classes)
+    hidden = scenario.problem.hidden_units
+    return ProblemFacts(model_size(size, hidden, classes), 4, data.held, data.load,
+                        data.on_devices, data.shape.test, size, hidden + classes, classes)
 
 
 SPEC = ProblemSpec(

@@ -253,6 +253,12 @@ class QuadraticProblem(Problem):
             g = g + xi.to(self.device) * self.noise_std / math.sqrt(batch_size * self.d)
         return g.to(theta.dtype)
 
+    def server_objective(self, theta: torch.Tensor) -> float:
+        """With ``server_loss``, f_1 = the clients' mean quadratic (``objective``)."""
+        if not self.server_loss:
+            return super().server_objective(theta)
+        return self.objective(theta)
+
     def objective_gradient(self, theta: torch.Tensor) -> torch.Tensor:
         x = theta.to(torch.float64)
         return (self.A_mean @ x - self.c_mean).to(theta.dtype)

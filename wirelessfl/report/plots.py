@@ -245,15 +245,24 @@ PROGRESS_AXES = [("round", "rounds (model averages)"),
                  ("sim_time_s", "simulated time [s]"), ("energy_j", "energy, all devices [J]")]
 
 
+def _recorded(rounds: pd.DataFrame, column: str) -> bool:
+    return column in rounds and bool(np.isfinite(rounds[column].to_numpy(dtype=float)).any())
+
+
 def optimization_progress(record) -> Figure | None:
-    """f - f* (top) and ||grad f||^2 (bottom, where recorded) of the global model against rounds,
-    gradient evaluations, simulated seconds and joules; None when no run knows f*."""
+    """f - f* and ||grad f||^2 of the global model (where recorded), and the methods' own
+    objective (``objective``: ZO-HFL's global loss, seed 000 Fig. 2) against rounds, gradient
+    evaluations, simulated seconds and joules; None when no run records any of them."""
     rounds = record.rounds
-    if "suboptimality" not in rounds or not np.isfinite(rounds.suboptimality).any():
+    rows = []
+    if _recorded(rounds, "suboptimality"):
+        rows.append(("suboptimality", "f(x) - f*"))
+        if _recorded(rounds, "grad_norm_sq"):
+            rows.append(("grad_norm_sq", "||grad f(x)||^2"))
+    if _recorded(rounds, "objective"):
+        rows.append(("objective", "objective f(x)"))
+    if not rows:
         return None
-    rows = [("suboptimality", "f(x) - f*")]
-    if "grad_norm_sq" in rounds and np.isfinite(rounds.grad_norm_sq).any():
-        rows.append(("grad_norm_sq", "||grad f(x)||^2"))
     axes_cols = [a for a in PROGRESS_AXES if a[0] in rounds]
     fig = new_figure((3.6 * len(axes_cols), 3.0 * len(rows)), 110)
     axes = fig.subplots(len(rows), len(axes_cols), squeeze=False, sharey="row")
@@ -272,7 +281,7 @@ def optimization_progress(record) -> Figure | None:
             axes[i, j].grid(True, which="both", alpha=0.3)
             axes[-1, j].set_xlabel(xlabel)
     target = _target(record, "target_suboptimality")
-    if target is not None:
+    if target is not None and rows[0][0] == "suboptimality":
         for ax in axes[0]:
             ax.axhline(target, color="grey", linestyle="--", linewidth=1)
     fig.suptitle(_title(record), fontsize=10)

@@ -38,7 +38,7 @@ ROUND_COLUMNS = [
     "energy_bs_j", "energy_system_j", "bs_airtime_s", "bits_up", "bits_down",
     "delivered_fraction", "transmissions", "late_uploads", "queue_wait_s", "broadcasts_missed",
     "alive_devices", "gradient_evaluations", "hessian_vector_products", "local_steps", "exchanges",
-    "test_accuracy", "test_loss", "suboptimality", "grad_norm_sq",
+    "test_accuracy", "test_loss", "suboptimality", "grad_norm_sq", "objective",
     "mean_device_accuracy", "worst_device_accuracy", "worst_k_device_accuracy", "device_accuracy",
     "param_norm", "quantized_up", "clipped_up", "quantized_down", "clipped_down", "empty_rounds",
     "nonfinite_uploads",

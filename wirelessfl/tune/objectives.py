@@ -42,6 +42,8 @@ OBJECTIVES = {o.name: o for o in (
               "final worst-device accuracy"),
     Objective("final_suboptimality", "suboptimality", "min", False, "final f - f*"),
     Objective("final_loss", "test_loss", "min", False, "final test loss"),
+    Objective("final_objective", "objective", "min", False,
+              "final objective (the method's own, e.g. ZO-HFL's global loss)"),
 )}
 
 
