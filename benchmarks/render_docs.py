@@ -407,14 +407,18 @@ def _verdicts_block(name: str, folder: str):
 
 SEED000 = "docs/data/seed000"
 SEED001 = "docs/data/seed001"
+SEED000_FIG2 = "docs/data/seed000-fig2"
 
 
 for _regime in ("shirt-sneaker", "ten-class"):
     _regime_block(f"seed002-fashionmnist-{_regime}", SEED002_FASHION, _regime)
 for _regime in ("homogeneous", "moderate", "extreme"):
     _regime_block(f"seed000-{_regime}", SEED000, _regime)
+for _regime in ("homogeneous", "moderate", "extreme", "remedy"):
+    _regime_block(f"seed000-fig2-{_regime}", SEED000_FIG2, _regime)
+_verdicts_block("seed000-fig2-verdicts", SEED000_FIG2)
 for _regime in ("quadratic", "mco", "loss-k4", "loss-k8", "loss-k12", "loss-k4-q01", "loss-k8-q01",
-                "loss-k12-q01", "loss-k4-q03", "loss-k8-q03", "loss-k12-q03"):
+                "loss-k12-q01", "loss-k4-q03", "loss-k8-q03", "loss-k12-q03", "loss-mlp"):
     _regime_block(f"seed001-study-{_regime}", SEED001, _regime)
 _verdicts_block("seed001-verdicts", SEED001)
 _verdicts_block("seed002-fashionmnist-verdicts", SEED002_FASHION)

@@ -395,3 +395,19 @@ def test_the_progress_figure_draws_a_methods_own_objective(tmp_path):
     np.testing.assert_array_equal(fig.axes[0].lines[0].get_ydata(), [2.0, 1.5, 1.2])
     empty = RunRecord(tmp_path, rows.assign(objective=np.nan), pd.DataFrame(), {})
     assert optimization_progress(empty) is None
+
+
+def test_scaffnew_refuses_its_default_p_without_strong_convexity():
+    """p = sqrt(mu / L) is 0 at mu = 0: a built mu = 0 instance measures mu about 1e-14 L, whose
+    p would draw tens of millions of local steps a round (an exact 0 became p = 1, plain GD,
+    silently). The run stops with one error naming the parameter and both fixes; an explicit p
+    runs."""
+    from wirelessfl.errors import UserError
+
+    sc = _scenario({"name": "scaffnew", "rounds": 2}, mu=0.0)
+    with pytest.raises(UserError, match=r"p defaults to sqrt\(mu / L\), which is 0 here "
+                                        r"\(mu = .*zero up to rounding.*set p explicitly"
+                                        r".*problem.mu"):
+        run_algorithm(build_world(sc), sc.algorithms[0])
+    _, rows = _run({"name": "scaffnew", "rounds": 2, "p": 0.5}, mu=0.0)
+    assert len(rows) == 3

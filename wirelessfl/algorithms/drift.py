@@ -79,6 +79,10 @@ class DriftParams(AlgorithmParams):
     max_retries: int = Field(32, ge=0, description="retransmission phases per upload phase")
 
 
+# Below this share of L a problem's mu is taken for 0 (Scaffnew's default p refuses it) [D].
+MU_ROUNDING = 1e-10
+
+
 def theory_value(algorithm: Algorithm, param: str, rule: str, *keys: str) -> dict[str, float]:
     """The problem's constants needed by a parameter's default rule, or a UserError telling the
     user to set the parameter (neural networks know no L or delta)."""
@@ -727,7 +731,8 @@ class FedRed(DriftCorrected):
 class ScaffnewParams(DriftParams):
     lr: float | None = Field(None, gt=0, description="gamma (default 1/L, ProxSkip theory [E])")
     p: float | None = Field(None, gt=0, le=1, description="communication probability (default "
-                                                          "sqrt(mu / L), ProxSkip theory [E])")
+                                                          "sqrt(mu / L), ProxSkip theory [E]; "
+                                                          "refused when mu is 0)")
 
 
 class Scaffnew(SingleExchange):
@@ -753,7 +758,17 @@ class Scaffnew(SingleExchange):
         self.p = p.p
         if self.p is None:
             c = theory_value(self, "p", "sqrt(mu / L)", "L", "mu")
-            self.p = min(1.0, math.sqrt(max(c["mu"], 0.0) / c["L"])) or 1.0
+            # p = 0 would never communicate: ProxSkip's rule needs mu > 0, and a mu within
+            # eigenvalue rounding of 0 (a built mu = 0 instance measures about 1e-14 L) gives
+            # Geom(p) local steps by the tens of millions [D]
+            if c["mu"] <= MU_ROUNDING * c["L"]:
+                raise UserError(
+                    f"algorithms '{p.display_name}': p defaults to sqrt(mu / L), which is 0 "
+                    f"here (mu = {c['mu']:.3g}, zero up to rounding: the problem is not strongly "
+                    "convex); set p "
+                    "explicitly (e.g. p: 0.1), or give the problem a mu > 0 (model.l2 for "
+                    "logistic, problem.mu for the quadratic)")
+            self.p = min(1.0, math.sqrt(c["mu"] / c["L"]))
         # x_i (x^0 until device i first steps) and h_i (0 until its first delivered upload):
         # rows only for the devices that took part
         x0 = self.theta.to(self.dtype)
