@@ -263,9 +263,12 @@ class Problem(ABC):
 
     def server_objective(self, theta: torch.Tensor) -> float:
         """The base station's own loss f_1(theta) over all of its data (seed 000's f_1, whose
-        minibatch gradient is ``server_gradient``); problems without one refuse likewise."""
-        self.server_gradient(theta, torch.Generator(), 1)  # its refusal, if any
-        raise NotImplementedError(f"problem '{type(self).__name__}' has no server_objective")
+        minibatch gradient is ``server_gradient``); problems without one refuse."""
+        raise UserError(f"problem '{type(self).__name__}' has no full loss of the base station "
+                        "(server_objective), which log_objective records; set log_objective: "
+                        "false, or use a problem whose base station holds data "
+                        "(classification with data.server_fraction > 0, or the quadratic "
+                        "with problem.server_loss: true)")
 
     def describe(self) -> dict:
         """Facts for the run manifest (``problem`` entry)."""
