@@ -272,9 +272,9 @@ def run_recording_thetas(monkeypatch, scenario):
     # the unpatched method, so a second call in the same test records into its own list only
     original = getattr(RunContext.end_round, "__wrapped__", RunContext.end_round)
 
-    def record(self, completed, theta):
+    def record(self, completed, theta, *objective):
         seen.append(theta.clone())
-        return original(self, completed, theta)
+        return original(self, completed, theta, *objective)
 
     record.__wrapped__ = original
     monkeypatch.setattr(RunContext, "end_round", record)

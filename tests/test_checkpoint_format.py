@@ -100,6 +100,7 @@ SCENARIOS.update({
     "fedred exact": lambda: _quadratic({"name": "fedred", "solver": "exact", "p": 0.5}),
     "fedred theory": lambda: _quadratic({"name": "fedred"}),
     "dane-plus adaptive": lambda: _quadratic({"name": "dane-plus"}),
+    "zo-hfl global loss": lambda: _small({"name": "zo-hfl", "log_objective": True}),
 })
 
 

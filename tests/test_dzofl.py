@@ -92,9 +92,9 @@ def test_iteration_with_no_delivery_leaves_model_unchanged(monkeypatch):
     thetas, received = [], []
     original_end, original_collect = RunContext.end_round, VectorNetwork.collect
 
-    def end_round(self, completed, theta):
+    def end_round(self, completed, theta, *objective):
         thetas.append(theta.clone())
-        return original_end(self, completed, theta)
+        return original_end(self, completed, theta, *objective)
 
     def collect(self, cost, payload, active=None):
         result = yield from original_collect(self, cost, payload, active)

@@ -198,8 +198,8 @@ def test_sigterm_in_process_stops_cleanly_keeps_the_rounds_and_resume_finishes(
     assert main(["run", str(path), "--out", str(ref), "--quiet", "--no-report"]) == 0
     original = RunContext.end_round
 
-    def end_round(self, completed, theta):
-        original(self, completed, theta)  # round 100's row is recorded, then the signal
+    def end_round(self, completed, theta, *objective):
+        original(self, completed, theta, *objective)  # round 100's row is recorded, then the signal
         if self.rounds == 300 and completed == 100:
             signal.raise_signal(signal.SIGTERM)
 

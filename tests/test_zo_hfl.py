@@ -180,7 +180,7 @@ def test_converges_to_the_closed_form_bilevel_solution_on_quadratic_clients(monk
     seen = []
     original = RunContext.end_round
     monkeypatch.setattr(RunContext, "end_round",
-                        lambda self, c, t: (seen.append(t.clone()), original(self, c, t))[1])
+                        lambda self, c, t, *o: (seen.append(t.clone()), original(self, c, t, *o))[1])
     sc = _quadratic_bilevel(200)
     world = build_world(sc)
     run_algorithm(world, sc.algorithms[0])
@@ -206,8 +206,8 @@ def test_payload_modes_agree_on_quadratic_clients(monkeypatch):
         seen = []
         original = RunContext.end_round
         monkeypatch.setattr(RunContext, "end_round",
-                            lambda self, c, t, seen=seen, original=original:
-                            (seen.append(t.clone()), original(self, c, t))[1])
+                            lambda self, c, t, *o, seen=seen, original=original:
+                            (seen.append(t.clone()), original(self, c, t, *o))[1])
         sc = _quadratic_bilevel(20, payload)
         run_algorithm(build_world(sc), sc.algorithms[0])
         runs.append(seen)
@@ -225,8 +225,8 @@ def test_seed_mode_scalars_in_the_float_format_track_full_precision(monkeypatch)
         seen = []
         original = RunContext.end_round
         monkeypatch.setattr(RunContext, "end_round",
-                            lambda self, c, t, seen=seen, original=original:
-                            (seen.append(t.clone()), original(self, c, t))[1])
+                            lambda self, c, t, *o, seen=seen, original=original:
+                            (seen.append(t.clone()), original(self, c, t, *o))[1])
         sc = _quadratic_bilevel(20, "seed", bits)
         assert sc.algorithms[0].scalar_format == "float"
         run = run_algorithm(build_world(sc), sc.algorithms[0])

@@ -405,7 +405,7 @@ class Algorithm:
         round ``start`` when resumed from a checkpoint). ``setup`` has run before (run_algorithm
         calls it when it builds the run, so a resumed run is built exactly as a fresh one)."""
         if start == 0:
-            self.ctx.end_round(0, self.theta)
+            self.ctx.end_round(0, self.theta, self.own_objective())
         for k in range(start, self.params.rounds):
             self.begin_round(k)
             yield from self.resync()
@@ -427,4 +427,10 @@ class Algorithm:
         context's end of round (the evaluation when due, the stop rules)."""
         self.ctx.health.end_round()
         self.ctx.local_steps += self.round_local_steps
-        self.ctx.end_round(k + 1, self.theta)
+        self.ctx.end_round(k + 1, self.theta, self.own_objective())
+
+    def own_objective(self):
+        """The function the rounds table's ``objective`` records at each evaluation (theta ->
+        float; ZO-HFL's global loss with log_objective), or None (NaN). A method, not a stored
+        callable: a checkpoint holds data only."""
+        return None

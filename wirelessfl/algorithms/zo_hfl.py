@@ -208,8 +208,10 @@ class ZOHFL(Algorithm):
             raise UserError(refusal)
         tau = self.params.tau_per_device
         self.tau_i = None if tau is None else np.asarray(tau, dtype=np.float64)
-        if self.params.log_objective:
-            self.ctx.objective = self.global_loss
+
+    def own_objective(self):
+        """The global loss (``global_loss``) when log_objective is on."""
+        return self.global_loss if self.params.log_objective else None
 
     def global_loss(self, x: torch.Tensor) -> float:
         """f(x) = f_1(x) + sum_i w_i (lam / 2) ||x - y_i(x)||^2 (seed 000's objective, eq. (1),

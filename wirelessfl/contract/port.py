@@ -167,9 +167,6 @@ class RunPort(Protocol):
     local_steps: float
     # Called with the rounds completed after each round (checkpointing); None: no checkpoints.
     on_checkpoint: Callable[[int], None] | None
-    # The algorithm's own objective at the global model, recorded at each evaluation as the
-    # rounds table's "objective" (an algorithm sets it in ``setup``); None: not recorded (NaN).
-    objective: Callable[[torch.Tensor], float] | None
 
     @property
     def num_devices(self) -> int: ...
@@ -178,5 +175,7 @@ class RunPort(Protocol):
                      sent: torch.Tensor | None = None) -> None:
         """Stop the run as diverged when values about to be sent hold a NaN or an infinity."""
 
-    def end_round(self, completed: int, theta: torch.Tensor) -> None:
-        """After ``completed`` rounds: evaluate ``theta`` when due, record, apply stop rules."""
+    def end_round(self, completed: int, theta: torch.Tensor,
+                  objective: Callable[[torch.Tensor], float] | None = None) -> None:
+        """After ``completed`` rounds: evaluate ``theta`` when due (and ``objective`` of it, the
+        rounds table's "objective", when given), record, apply stop rules."""

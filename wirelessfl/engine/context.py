@@ -44,9 +44,6 @@ class RunContext(RunRecorder):
     worst_fraction: float = 0.1
     # Called with the rounds completed after each round (checkpointing); None: no checkpoints.
     on_checkpoint: Callable[[int], None] | None = None
-    # The algorithm's own objective at the global model (the rounds table's "objective", set in
-    # the algorithm's setup); None: NaN.
-    objective: Callable[[torch.Tensor], float] | None = None
     # (target accuracy, target f - f*, target test loss) at which the algorithm ends
     # (stop_at_target), or None.
     stop_targets: tuple[float | None, float | None, float | None] | None = None

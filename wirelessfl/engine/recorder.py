@@ -7,6 +7,7 @@ recorded; an algorithm only calls ``end_round`` and reports to the health log.""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,7 +141,8 @@ class RunRecorder:
     holds its state: ``rows``, ``health``, the stop settings, ``net``/``ledger``/``env`` to read
     time and energy from)."""
 
-    def end_round(self, completed: int, theta: torch.Tensor) -> None:
+    def end_round(self, completed: int, theta: torch.Tensor,
+                  objective: Callable[[torch.Tensor], float] | None = None) -> None:
         """Called by the round loop after ``completed`` rounds: evaluate when due, report."""
         if completed and self.on_round is not None:
             self.on_round(1)
@@ -149,8 +151,8 @@ class RunRecorder:
         if not bool(torch.isfinite(theta).all()):
             raise Diverged(completed, self.rows[-1] if self.rows else None)
         metrics = self.evaluator.metrics(theta)
-        if self.objective is not None:
-            metrics["objective"] = float(self.objective(theta))
+        if objective is not None:
+            metrics["objective"] = float(objective(theta))
         if not math.isfinite(metrics["test_loss"]):
             raise Diverged(completed, self.rows[-1] if self.rows else None)
         self.rows.append(self.snapshot(completed, metrics, theta))
