@@ -61,6 +61,18 @@ def test_set_addresses_algorithms_by_index_or_name():
     assert all(a.bits == 8 for a in sc.algorithms)  # the scenario's M reaches every algorithm
 
 
+def test_set_addresses_a_label_holding_an_equals_sign():
+    """Shipped labels such as "ZO-HFL (tau=5)" hold "=": the key ends at the first "=" outside
+    parentheses; the value may hold "=" too."""
+    sc = load_scenario("seed000-fig2-digits", ["algorithms.ZO-HFL (tau=20).gamma0=0.25"])
+    assert [a.gamma0 for a in sc.algorithms] == [2.0, 0.25, 2.0]
+    doc = small_doc()
+    apply_override(doc, "algorithms.0.label=a=b")
+    assert doc["algorithms"][0]["label"] == "a=b"
+    with pytest.raises(UserError, match="no entry named 'ZO-HFL \\(tau=7\\)'"):
+        load_scenario("seed000-fig2-digits", ["algorithms.ZO-HFL (tau=7).gamma0=1"])
+
+
 def test_set_errors_are_clean():
     doc = small_doc()
     with pytest.raises(UserError, match="out of range"):

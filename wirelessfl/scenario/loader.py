@@ -250,12 +250,27 @@ def _integer_hint(got) -> str:
 def apply_override(doc: dict, assignment: str) -> tuple:
     """Apply ``key.path=value`` to a raw scenario document in place; the value is parsed as YAML
     (``1e-3``, ``true``, ``[1, 2]``). See :func:`set_key` for how the path is followed; returns
-    the key path written."""
-    key, sep, text = assignment.partition("=")
+    the key path written. The key ends at the first ``=`` outside parentheses, so an algorithm
+    label such as "FedMSA (K=10)" can be named: ``algorithms.FedMSA (K=10).alpha=0.5``."""
+    key, sep, text = _split_assignment(assignment)
     if not sep or not key.strip():
         raise UserError(f"--set {assignment!r}: expected key.path=value, e.g. "
                         "--set channel.uplink.tx_power_dbm=10")
     return set_key(doc, key.strip(), _parse_value(text, f"--set {key.strip()}"))
+
+
+def _split_assignment(assignment: str) -> tuple[str, str, str]:
+    """(key, "=", value) at the first "=" outside parentheses ("", "", assignment's text as
+    the key when there is none), as ``str.partition``."""
+    depth = 0
+    for i, char in enumerate(assignment):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(depth - 1, 0)
+        elif char == "=" and depth == 0:
+            return assignment[:i], "=", assignment[i + 1:]
+    return assignment, "", ""
 
 
 _BRACKETS = re.compile(r"\[([^\[\].]+)\]")
