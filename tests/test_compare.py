@@ -77,6 +77,19 @@ def test_comparison_figures_are_drawn(tmp_path):
     assert all(p.stat().st_size > 5000 for p in paths)
 
 
+def test_runs_without_accuracy_or_target_get_no_empty_figures(tmp_path):
+    """A multi-sequence problem records no accuracy and may reach no target: none of the four
+    figures has anything to draw, so none is written (they were drawn as empty axes)."""
+    records = [_record(seed, 10, [np.nan] * 3, [0.0, 1.0, 2.0]) for seed in (0, 1)]
+    assert draw_comparison(compare_records(records), tmp_path) == []
+    assert not list(tmp_path.glob("*.png"))
+    # accuracy recorded but the target never reached: the accuracy figures, no energy one
+    records = [_record(seed, 10, [0.1, 0.5, 0.6], [0.0, 1.0, 2.0]) for seed in (0, 1)]
+    names = [p.name for p in draw_comparison(compare_records(records), tmp_path)]
+    assert names == ["compare_accuracy_vs_energy.png", "compare_accuracy_vs_time.png",
+                     "compare_pareto.png"]
+
+
 def test_pareto_front_keeps_only_undominated_points():
     energy = np.array([1.0, 2.0, 3.0, 4.0, 2.0, np.nan])
     accuracy = np.array([0.5, 0.7, 0.6, 0.9, 0.7, 0.99])

@@ -304,13 +304,22 @@ def pareto_joined(energy: np.ndarray, accuracy: np.ndarray, energy_ci=None,
 
 
 def draw_comparison(comp: Comparison, out_dir: Path) -> list[Path]:
-    """All comparison figures into ``out_dir``; returns their paths."""
+    """The comparison figures that have something to draw into ``out_dir``; returns their
+    paths. Runs without accuracy (a multi-sequence problem, the quadratic) get no accuracy
+    figures, and runs that never reached a target no energy-to-target figure: empty axes say
+    nothing."""
     out = output_folder(Path(out_dir))
-    return [
-        write_png(accuracy_bands(comp, "energy_j", "cumulative energy, all devices [J]"),
-                  out / "compare_accuracy_vs_energy.png"),
-        write_png(accuracy_bands(comp, "sim_time_s", "simulated time [s]"),
-                  out / "compare_accuracy_vs_time.png"),
-        write_png(energy_to_target(comp), out / "compare_energy_to_target.png"),
-        write_png(pareto_front(comp), out / "compare_pareto.png"),
-    ]
+    table = comp.table
+    accuracy = bool(np.isfinite(table.final_accuracy.to_numpy(dtype=float)).any())
+    reached = bool(np.isfinite(table.energy_to_target_j.to_numpy(dtype=float)).any())
+    figures = []
+    if accuracy:
+        figures += [(lambda: accuracy_bands(comp, "energy_j", "cumulative energy, all devices [J]"),
+                     "compare_accuracy_vs_energy.png"),
+                    (lambda: accuracy_bands(comp, "sim_time_s", "simulated time [s]"),
+                     "compare_accuracy_vs_time.png")]
+    if reached:
+        figures.append((lambda: energy_to_target(comp), "compare_energy_to_target.png"))
+    if accuracy:
+        figures.append((lambda: pareto_front(comp), "compare_pareto.png"))
+    return [write_png(draw(), out / name) for draw, name in figures]
