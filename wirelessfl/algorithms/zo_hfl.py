@@ -237,19 +237,11 @@ class ZOHFL(Algorithm):
         p, ev = self.params, self.ctx.evaluator
         n = self.ctx.num_devices
         anchor = x[None].expand(n, -1)
-
-        def project(y):
-            if p.radius is None:
-                return y
-            gap = y - anchor
-            norm = gap.norm(dim=1, keepdim=True).clamp_min(1e-30)
-            return anchor + gap * torch.clamp(p.radius / norm, max=1.0)
-
         y = anchor.clone()
         grad = ev.full_gradients(y) + p.mu * (y - anchor)
         step = torch.full((n, 1), p.inner_lr0, dtype=y.dtype, device=y.device)
         for _ in range(BEST_RESPONSE_STEPS):
-            moved = project(y - step * grad)
+            moved = self._project(y - step * grad, anchor)
             residual = (moved - y).norm(dim=1) / step[:, 0]  # the projected gradient's norm
             if float(residual.max()) <= BEST_RESPONSE_TOL * p.mu:
                 break
@@ -263,6 +255,16 @@ class ZOHFL(Algorithm):
             y, grad = moved, new_grad
         return y
 
+    def _project(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Each row of y onto Y_i(x), the ball ||y - x|| <= radius around its row of x (A18);
+        y itself without a radius."""
+        radius = self.params.radius
+        if radius is None:
+            return y
+        gap = y - x
+        norm = gap.norm(dim=1, keepdim=True).clamp_min(1e-30)
+        return x + gap * torch.clamp(radius / norm, max=1.0)
+
     def _solve(self, x: torch.Tensor, idx: torch.Tensor, rows: slice,
                steps: torch.Tensor | None = None) -> torch.Tensor:
         """Alg. 2 for the rows ``rows`` of idx from their points x [n, d] on minibatches
@@ -272,11 +274,7 @@ class ZOHFL(Algorithm):
         y = x.clone()
         for t in range(idx.shape[0]):
             g = ev.stacked_gradients(y, idx[t, rows]) + p.mu * (y - x)
-            moved = y - (p.inner_lr0 / (t + 1)) * g
-            if p.radius is not None:
-                gap = moved - x
-                norm = gap.norm(dim=1, keepdim=True).clamp_min(1e-30)
-                moved = x + gap * torch.clamp(p.radius / norm, max=1.0)
+            moved = self._project(y - (p.inner_lr0 / (t + 1)) * g, x)
             y = moved if steps is None else torch.where((t < steps)[:, None], moved, y)
         return y
 

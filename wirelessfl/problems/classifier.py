@@ -434,9 +434,10 @@ class BatchedEvaluator(Problem):
             return super().server_objective(theta)
         y = self.data.y_server
         total = 0.0
+        statistics = self.normalisation_statistics(theta)  # the evaluation's model, as evaluate
         with torch.no_grad():
             for lo in range(0, len(y), batch):
-                logits = self.flat.forward(theta, self.data.x_server[lo:lo + batch])
+                logits = self._predict(theta, self.data.x_server[lo:lo + batch], statistics)
                 total += float(F.cross_entropy(logits.double(), y[lo:lo + batch],
                                                reduction="sum"))
         value = total / len(y)
