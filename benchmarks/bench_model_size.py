@@ -23,7 +23,12 @@ a backward pass as twice the forward's MACs, against the one-thread float32 matm
 in the same process (benchmarks/bench_rounds.py).
 
     python benchmarks/bench_model_size.py [--out benchmarks/model_size.json] [--repeats 3]
-        [--quick]
+        [--quick] [--device cuda]
+
+``--device cuda`` runs the three ways on the GPU (timed between ``torch.cuda.synchronize``
+calls, against the GPU's float32 matmul peak measured in the same process) and the stacked way at
+every d: the GPU holds all devices' models at once (``--out benchmarks/model_size_cuda.json`` records it;
+there is no GPU in CI).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -49,6 +55,7 @@ from wirelessfl.learning import stacked
 from wirelessfl.learning.flat_model import FlatModel
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.seeds import keyed_generator
+from wirelessfl.pipeline.build import deterministic_gpu
 from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -62,8 +69,9 @@ QUICK_WIDTHS = ((16,), (256,), (1024,))
 # 8.5M parameters and 100 devices) and minutes a repeat, where it is slower long before
 STACKED_MAX_D = 2_000_000
 AGREEMENT = 1e-4  # [D] max |difference| / max |theta| after 5 float32 steps
-# wirelessfl's own threshold, read before ``evaluator`` sets the module's for each forced path
+# wirelessfl's own thresholds, read before ``evaluator`` sets the module's for each forced path
 PER_DEVICE_MIN_PARAMETERS = stacked.PER_DEVICE_MIN_PARAMETERS
+PER_DEVICE_MIN_PARAMETERS_GPU = stacked.PER_DEVICE_MIN_PARAMETERS_GPU
 
 
 def _bench_rounds():
@@ -79,16 +87,18 @@ def mlp_macs(hidden: tuple[int, ...]) -> int:
     return sum(a * b for a, b in itertools.pairwise(widths))
 
 
-def evaluator(hidden: tuple[int, ...], threshold: int) -> BatchedEvaluator:
-    """The case's devices and model, with the strategy threshold ``threshold``."""
-    stacked.PER_DEVICE_MIN_PARAMETERS = threshold
+def evaluator(hidden: tuple[int, ...], thresholds: tuple[int, int | None],
+              device: str = "cpu") -> BatchedEvaluator:
+    """The case's devices and model on ``device``, with the strategy thresholds ``thresholds``
+    (on a CPU, on a GPU: stacked.PER_DEVICE_MIN_PARAMETERS and its _GPU)."""
+    stacked.PER_DEVICE_MIN_PARAMETERS, stacked.PER_DEVICE_MIN_PARAMETERS_GPU = thresholds
     gen = torch.Generator().manual_seed(0)
     total = DEVICES * SAMPLES
     x = torch.randn(total, FEATURES, generator=gen).numpy()
     y = torch.randint(0, CLASSES, (total,), generator=gen).numpy()
     shards = [np.arange(i * SAMPLES, (i + 1) * SAMPLES) for i in range(DEVICES)]
-    data = DeviceData.from_shards(x, y, shards, x[:5], y[:5], "cpu")
-    model = build_model("mlp", (FEATURES,), CLASSES, hidden=hidden, seed=0)
+    data = DeviceData.from_shards(x, y, shards, x[:5], y[:5], device)
+    model = build_model("mlp", (FEATURES,), CLASSES, hidden=hidden, seed=0).to(device)
     ev = BatchedEvaluator(FlatModel(model), data, activations_per_sample=sum(hidden) + CLASSES,
                           input_size=FEATURES)
     ev.hidden = hidden
@@ -100,9 +110,9 @@ def plain_loop(ev: BatchedEvaluator, theta: torch.Tensor, idx: torch.Tensor,
     """Each device in turn: load theta into one module (``net``, default the case's MLP),
     E steps of torch.optim.SGD; the sum of the devices' models (what FedAvg aggregates)."""
     if net is None:
-        net = build_model("mlp", (FEATURES,), CLASSES, hidden=ev.hidden, seed=0)
+        net = build_model("mlp", (FEATURES,), CLASSES, hidden=ev.hidden, seed=0).to(theta.device)
     params = list(net.parameters())
-    out = torch.zeros(len(theta))
+    out = torch.zeros(len(theta), device=theta.device)
     for i in range(idx.shape[1]):
         with torch.no_grad():  # a copy: vector_to_parameters would make them views of theta
             for p, value in zip(params, ev.flat.unflatten(theta).values()):
@@ -120,15 +130,36 @@ def plain_loop(ev: BatchedEvaluator, theta: torch.Tensor, idx: torch.Tensor,
 
 def summed(ev: BatchedEvaluator, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """wirelessfl's local SGD, chunk after chunk as FedAvg consumes it (``reuse``), summed."""
-    out = torch.zeros(len(theta))
+    out = torch.zeros(len(theta), device=theta.device)
     for _, models in ev.local_sgd(theta, idx, LR, reuse=True):
         out += models.sum(0)
     return out
 
 
-def run_case(hidden: tuple[int, ...], repeats: int) -> dict:
-    evs = {"stacked": evaluator(hidden, 10**15), "per-device": evaluator(hidden, 0)}
-    chosen_ev = evaluator(hidden, PER_DEVICE_MIN_PARAMETERS)
+def timed(call: Callable[[], object], device: str) -> float:
+    """Seconds ``call`` takes, the GPU's queued work included (synchronised before and after)."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    call()
+    sync()
+    return time.perf_counter() - start
+
+
+def cuda_matmul_peak_gflops(size: int = 8192, repeats: int = 10) -> float:
+    """Best float32 matmul rate on the GPU (torch's default: no TF32)."""
+    a = torch.randn(size, size, device="cuda")
+    b = torch.randn(size, size, device="cuda")
+    for _ in range(3):
+        a @ b
+    return 2 * size**3 / min(timed(lambda: a @ b, "cuda") for _ in range(repeats)) / 1e9
+
+
+def run_case(hidden: tuple[int, ...], repeats: int, device: str = "cpu") -> dict:
+    evs = {"stacked": evaluator(hidden, (10**15, None), device),
+           "per-device": evaluator(hidden, (0, 0), device)}
+    chosen_ev = evaluator(hidden, (PER_DEVICE_MIN_PARAMETERS, PER_DEVICE_MIN_PARAMETERS_GPU),
+                          device)
     d = chosen_ev.flat.d
     assert evs["stacked"].stacked.strategy == "linear"
     assert evs["per-device"].stacked.strategy == "per-device"
@@ -137,7 +168,7 @@ def run_case(hidden: tuple[int, ...], repeats: int) -> dict:
     calls = {"stacked": lambda: summed(evs["stacked"], theta, idx),
              "per-device": lambda: summed(evs["per-device"], theta, idx),
              "plain loop": lambda: plain_loop(chosen_ev, theta, idx)}
-    if d > STACKED_MAX_D:
+    if d > STACKED_MAX_D and device == "cpu":
         calls.pop("stacked")
     times: dict[str, list[float]] = {name: [] for name in calls}
     results = {}
@@ -145,9 +176,7 @@ def run_case(hidden: tuple[int, ...], repeats: int) -> dict:
         results[name] = call()
     for _ in range(repeats):
         for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(timed(call, device))
     scale = float(theta.abs().max()) * DEVICES  # the results are sums over the devices
     reference = results["plain loop"]
     agreement = {name: float((r - reference).abs().max()) / scale
@@ -166,6 +195,7 @@ def machine_facts(load: tuple[float, ...]) -> dict:
     """The recording machine, and its load average at the start (``load``) and now."""
     return {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "load_average_start": load[0], "load_average_end": os.getloadavg()[0]}
 
 
@@ -174,15 +204,19 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/model_size.json")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="three small sizes (smoke test)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
+    if args.device == "cuda":  # as a run on the GPU computes (no TF32)
+        deterministic_gpu()
     torch.set_num_threads(1)
-    peak = _bench_rounds().matmul_peak_gflops(threads=1)
+    peak = (cuda_matmul_peak_gflops() if args.device == "cuda"
+            else _bench_rounds().matmul_peak_gflops(threads=1))
     load = os.getloadavg()
-    print(f"one-thread float32 matmul peak: {peak:.1f} GFLOP/s; load average {load[0]:.2f}",
+    print(f"{args.device} float32 matmul peak: {peak:.1f} GFLOP/s; load average {load[0]:.2f}",
           flush=True)
     cases = []
     for hidden in QUICK_WIDTHS if args.quick else WIDTHS:
-        case = run_case(hidden, args.repeats)
+        case = run_case(hidden, args.repeats, args.device)
         for side in case["ms"].values():
             side["gflops"] = case["gflop"] / (side["best"] / 1e3)
             side["peak_fraction"] = side["gflops"] / peak
@@ -194,12 +228,13 @@ def main() -> None:
     out = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
            "command": "benchmarks/bench_model_size.py " + " ".join(sys.argv[1:]),
            "machine": machine_facts(load),
-           "settings": {"devices": DEVICES, "samples_per_device": SAMPLES,
+           "settings": {"device": args.device, "devices": DEVICES, "samples_per_device": SAMPLES,
                         "local_steps": LOCAL_STEPS, "batch_size": BATCH, "lr": LR,
                         "repeats": args.repeats, "threads": 1, "agreement_tolerance": AGREEMENT,
                         "stacked_max_d": STACKED_MAX_D},
            "per_device_min_parameters": PER_DEVICE_MIN_PARAMETERS,
-           "matmul_peak_gflops_one_thread": peak,
+           "per_device_min_parameters_gpu": PER_DEVICE_MIN_PARAMETERS_GPU,
+           "matmul_peak_gflops_one_thread": peak,  # the GPU's with --device cuda
            "cases": cases}
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")

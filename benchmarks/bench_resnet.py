@@ -21,6 +21,11 @@ Each is run with 1 and with 2 threads. The two sums must agree (max |difference|
 2 x MACs, the backward pass as twice the forward's (555,422,720 MACs a sample, docs/energy.md).
 
     python benchmarks/bench_resnet.py [--out benchmarks/resnet.json] [--repeats 2]
+        [--device cuda]
+
+``--device cuda`` runs all three on the GPU, timed between ``torch.cuda.synchronize`` calls, with
+one host thread (the threads setting is a CPU one; ``--out benchmarks/resnet_cuda.json`` records
+it; there is no GPU in CI).
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -44,6 +48,7 @@ from wirelessfl.host import threads
 from wirelessfl.learning.flat_model import FlatModel
 from wirelessfl.learning.models import build_model
 from wirelessfl.learning.seeds import keyed_generator
+from wirelessfl.pipeline.build import deterministic_gpu
 from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -58,7 +63,7 @@ WIDE = "wirelessfl, max_chunk_mb 8192"
 AGREEMENT = 1e-3  # [D] max |difference| / (DEVICES max |theta|) after 2 float32 steps
 
 
-def evaluator(max_chunk_mb: float = 1024.0) -> BatchedEvaluator:
+def evaluator(max_chunk_mb: float = 1024.0, device: str = "cpu") -> BatchedEvaluator:
     """The case's devices and model, the evaluator sized as a run sizes it (the profiler's
     activations a sample, ``engine.max_chunk_mb``)."""
     gen = torch.Generator().manual_seed(0)
@@ -66,9 +71,10 @@ def evaluator(max_chunk_mb: float = 1024.0) -> BatchedEvaluator:
     x = torch.rand((total, *SHAPE), generator=gen).numpy()
     y = torch.randint(0, CLASSES, (total,), generator=gen).numpy()
     shards = [np.arange(i * SAMPLES, (i + 1) * SAMPLES) for i in range(DEVICES)]
-    data = DeviceData.from_shards(x, y, shards, x[:8], y[:8], "cpu")
+    data = DeviceData.from_shards(x, y, shards, x[:8], y[:8], device)
     model = build_model("resnet18-cifar", SHAPE, CLASSES, seed=0)
     activations = profile_model(model, SHAPE).activations_per_sample
+    model = model.to(device)
     return BatchedEvaluator(FlatModel(model), data, activations_per_sample=activations,
                             input_size=int(np.prod(SHAPE)), max_chunk_mb=max_chunk_mb)
 
@@ -106,9 +112,7 @@ def run_setting(reference, evs: dict[str, BatchedEvaluator], theta: torch.Tensor
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(reference.timed(call, theta.device.type))
     scale = float(theta.abs().max()) * DEVICES
     agreement = max(float((results[name] - results["plain loop"]).abs().max()) / scale
                     for name in ("wirelessfl", WIDE))
@@ -127,10 +131,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/resnet.json")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
+    if args.device == "cuda":  # as a run on the GPU computes (no TF32)
+        deterministic_gpu()
     threads.configure(used=1)
     reference = _bench_model_size()
-    evs = {"default": evaluator(), "wide": evaluator(WIDE_CHUNK_MB)}
+    evs = {"default": evaluator(device=args.device),
+           "wide": evaluator(WIDE_CHUNK_MB, args.device)}
     ev = evs["default"]
     assert ev.stacked.strategy == "per-device" and ev.threaded
     theta = ev.flat.initial()
@@ -138,7 +146,7 @@ def main() -> None:
     load = os.getloadavg()
     print(f"ResNet-18 d = {ev.flat.d:,}; load average {load[0]:.2f}", flush=True)
     settings = []
-    for count in (1, 2):
+    for count in (1, 2) if args.device == "cpu" else (1,):
         case = run_setting(reference, evs, theta, idx, count, args.repeats)
         settings.append(case)
         print(f"{count} thread(s): " + "  ".join(
@@ -149,7 +157,7 @@ def main() -> None:
     out = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
            "command": "benchmarks/bench_resnet.py " + " ".join(sys.argv[1:]),
            "machine": reference.machine_facts(load),
-           "settings": {"model": "resnet18-cifar", "d": ev.flat.d, "devices": DEVICES,
+           "settings": {"device": args.device, "model": "resnet18-cifar", "d": ev.flat.d, "devices": DEVICES,
                         "samples_per_device": SAMPLES, "local_steps": LOCAL_STEPS,
                         "batch_size": BATCH, "lr": LR, "repeats": args.repeats,
                         "agreement_tolerance": AGREEMENT},

@@ -1772,6 +1772,60 @@ def resnet() -> str:
             f"{st['repeats']} interleaved repeats. " + _recorded_on(b))
 
 
+@block("gpu", "benchmarks/cuda_check.json", "benchmarks/model_size_cuda.json",
+       "benchmarks/resnet_cuda.json")
+def gpu() -> str:
+    """The ``device: cuda`` path on a GPU: the shipped scenarios (cuda_check.py), the MLP sizes
+    (bench_model_size.py --device cuda) and ResNet-18 (bench_resnet.py --device cuda)."""
+    check = _json("benchmarks/cuda_check.json")
+    runs = check["scenarios"]
+    m = check["machine"]
+    ran = [n for n, e in runs.items() if all(g["status"] == "ran" for g in e["gpu"])]
+    repeatable = [n for n, e in runs.items() if e.get("gpu_repeatable")]
+    world = [n for n, e in runs.items() if e.get("world_equal")]
+    warned = sorted({w for e in runs.values() for g in e["gpu"] for w in g["warnings"]})
+    learning = [(v["max_rel"], column, name) for name, e in runs.items()
+                for t in e.get("cpu_vs_gpu", {}).values()
+                for column, v in t.get("differ", {}).items() if v["learning"]]
+    worst = max(learning, default=None)
+    lines = [f"Shipped scenarios' short versions on `{m['gpu']}` (torch {m['torch']}, CUDA "
+             f"{m['cuda']}), recorded {check['date'][:10]}: {len(ran)} of {len(runs)} ran; the "
+             f"two GPU runs of {len(repeatable)} of {len(runs)} gave identical tables; the "
+             f"simulated world (every column but the learning ones) equal to the CPU run's in "
+             f"{len(world)} of {len(runs)}"
+             + (f"; the learning columns within {worst[0]:.2g} relative of the CPU run's (the "
+                f"largest: `{worst[1]}` in `{worst[2]}`)" if worst else "")
+             + "; torch warnings: " + ("none" if not warned else "; ".join(warned)) + "."]
+    size = _json("benchmarks/model_size_cuda.json")
+    rows = []
+    for c in sorted(size["cases"], key=lambda c: c["d"]):
+        rows.append([i0(c["d"]), "-".join(str(w) for w in [64, *c["hidden"], 10])]
+                    + [f"{c['ms'][n]['best']:,.3g}" if c["ms"][n]["best"] < 100
+                       else f"{c['ms'][n]['best']:,.0f}"
+                       for n in ("stacked", "per-device", "plain loop")]
+                    + [c["chosen"], "yes" if c["agree"] else "NO"])
+    chosen = [c["ms"]["stacked" if c["chosen"] == "stacked" else "per-device"]["best"]
+              / c["ms"]["plain loop"]["best"] for c in size["cases"]]
+    st = size["settings"]
+    res = _json("benchmarks/resnet_cuda.json")
+    rc = res["cases"][0]
+    plain = rc["ms"]["plain loop"]["best"]
+    ours = {n: rc["ms"][n]["best"] for n in rc["ms"] if n != "plain loop"}
+    return ("\n".join(lines) + "\n\n"
+            + table(["d", "MLP", "stacked ms", "per-device ms", "plain loop ms", "chosen",
+                     "agree"], rows)
+            + f"\n\nMLP sizes on the GPU ({st['devices']} devices, {st['local_steps']} steps of "
+            f"{st['batch_size']} samples, best of {st['repeats']} interleaved repeats): the "
+            f"chosen strategy took {min(chosen):.3f} to {max(chosen):.3f} times the plain loop's "
+            f"time. ResNet-18 (d = {res['settings']['d']:,}, {res['settings']['devices']} "
+            f"devices, {res['settings']['local_steps']} steps of {res['settings']['batch_size']}"
+            f" samples): " + ", ".join(f"{n} {v:,.0f} ms ({plain / v:.2f}x the plain loop's "
+                                       f"speed)" for n, v in ours.items())
+            + f", plain loop {plain:,.0f} ms, agree: {'yes' if rc['agree'] else 'NO'}. "
+            f"Recorded {size['date'][:10]} and {res['date'][:10]}; `{size['command'].strip()}`,"
+            f" `{res['command'].strip()}`, `{check['command'].strip()}`.")
+
+
 @block("lockstep", "benchmarks/lockstep.json")
 def lockstep() -> str:
     """Tuning studies with and without runs in lockstep (bench_lockstep.py)."""

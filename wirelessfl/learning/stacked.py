@@ -51,6 +51,10 @@ CHANNELS_LAST = torch.channels_last
 # 1.3x faster at 26,000: benchmarks/bench_model_size.py, benchmarks/README.md "model size"): fixed
 # here, never timed at run time, so a scenario always takes the same arithmetic path.
 PER_DEVICE_MIN_PARAMETERS = 60_000
+# [D] On a GPU no threshold (None): every linear chain runs stacked. There one batched product of
+# all devices was 5x to 90x faster than device after device at every d from 10^3 to 10^7 (an
+# H200, benchmarks/model_size_cuda.json): a step's cost is kernel launches, not memory traffic.
+PER_DEVICE_MIN_PARAMETERS_GPU: int | None = None
 
 
 def uses_convolutions(model: nn.Module) -> bool:
@@ -66,6 +70,17 @@ def thread_safe_copies(model: nn.Module) -> bool:
     norms = {id(b) for m in model.modules() if isinstance(m, _BatchNorm)
              for b in m.buffers(recurse=False)}
     return all(id(b) in norms for b in model.buffers())
+
+
+def device_row(models: torch.Tensor, i: int) -> torch.Tensor:
+    """Device i's parameters (row i of [n, d]) for a pass of their own: on a CPU the row itself;
+    on a GPU a fresh copy. A row of [n, d] starts at byte 4 i d, off cuDNN's alignment for odd
+    i when d is not a multiple of 4 (ResNet-18 for 10 classes: d = 2 mod 4), and cuDNN's batch
+    norm and convolution kernels then failed on those rows (CUDNN_STATUS_EXECUTION_FAILED_CUDART
+    on an H200, benchmarks/README.md "GPU"); a copy from torch's caching allocator is aligned,
+    and costs a copy of d floats beside a pass of a network that size."""
+    row = models[i]
+    return row.clone() if row.is_cuda else row
 
 
 def to_channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -134,10 +149,12 @@ class StackedForward:
     def __init__(self, flat: FlatModel):
         self.flat = flat
         self.plan = linear_plan(flat)
-        if self.plan is not None and (flat.chain is None
-                                      or flat.d < PER_DEVICE_MIN_PARAMETERS):
+        threshold = (PER_DEVICE_MIN_PARAMETERS_GPU if flat.device.type == "cuda"
+                     else PER_DEVICE_MIN_PARAMETERS)
+        if self.plan is not None and (flat.chain is None or threshold is None
+                                      or flat.d < threshold):
             self.strategy = "linear"
-        elif (flat.channels_last or flat.normalised
+        elif (uses_convolutions(flat.model) or flat.normalised
               or (self.plan is not None and flat.chain is not None)):
             # batch norm: one device's batch a pass (vmap cannot update running statistics)
             self.strategy = "per-device"
@@ -158,8 +175,8 @@ class StackedForward:
             forward = self.flat.forward
             if self.chain is not None and not (torch.is_grad_enabled() and models.requires_grad):
                 forward = self.chain.forward
-            return torch.stack(self._each_device(lambda i: forward(models[i], x[i]),
-                                                 len(models)))
+            return torch.stack(self._each_device(
+                lambda i: forward(device_row(models, i), x[i]), len(models)))
         return self._vmapped(models, x)
 
     def losses_and_gradients(self, models: torch.Tensor, x: torch.Tensor,
@@ -186,7 +203,8 @@ class StackedForward:
                 # (a quarter of a ResNet-18 step at small batches)
                 with torch.enable_grad():
                     leaves = {name: p.detach().requires_grad_(True)
-                              for name, p in flat.layout(flat.unflatten(models[i])).items()}
+                              for name, p in flat.layout(
+                                  flat.unflatten(device_row(models, i))).items()}
                     loss = device_losses(flat.forward_at(leaves, x[i])[None], slice(i, i + 1))
                     grad = torch.autograd.grad(loss.sum(), list(leaves.values()))
                 flat.write_gradient(grads[i], grad)

@@ -8,6 +8,7 @@ device classes and clocks), so algorithms are compared on the same world.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -38,13 +39,35 @@ from wirelessfl.scenario.schema import Scenario
 
 
 def torch_device(requested: str) -> torch.device:
-    """The torch device for ``device: cpu|cuda|auto``; a clean error when cuda is missing."""
+    """The torch device for ``device: cpu|cuda|auto``; a clean error when cuda is missing. A GPU
+    run computes with torch's deterministic kernels (``deterministic_gpu``)."""
     if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
         raise UserError("device: 'cuda' was requested but torch sees no CUDA GPU here; "
                         "set 'device: cpu' (or 'auto') or install a CUDA build of torch")
+    if requested == "cuda":
+        deterministic_gpu()
     return torch.device(requested)
+
+
+def deterministic_gpu() -> None:
+    """Same scenario and seed, same numbers on a GPU too: cuBLAS with a fixed workspace (its
+    split-K reductions otherwise depend on the stream's workspace, NVIDIA's cuBLAS guide,
+    "Results reproducibility"), cuDNN's deterministic convolution algorithms and no autotuning,
+    and torch's deterministic kernels for scatter-adds and index-adds
+    (``torch.use_deterministic_algorithms``) [D]; and float32 computed as float32: no TF32 in
+    matrix products or convolutions (torch turns it on for cuDNN's convolutions by default), so
+    a GPU run follows the CPU's numbers to float32 roundings (tests/test_cuda.py) [D]. For the
+    whole process: a program that runs a GPU scenario has asked for reproducible GPU numbers.
+    ``warn_only``: an operation torch has no deterministic kernel for warns instead of failing
+    the run (benchmarks/cuda_check.py records that no shipped scenario reaches one)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 @dataclass

@@ -466,8 +466,10 @@ class BatchedEvaluator(Problem):
             logits = self._predict(theta, x[start:start + batch], statistics)
             target = y[start:start + batch]
             loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
-            right = (logits.argmax(1) == target).double()
-            hits += torch.bincount(target, weights=right, minlength=classes)[:classes]
+            # counts of the right predictions per class (an unweighted bincount: a weighted
+            # one has no deterministic GPU kernel, and these are whole numbers either way)
+            right = target[logits.argmax(1) == target]
+            hits += torch.bincount(right, minlength=classes)[:classes].double()
         counts = torch.bincount(y, minlength=classes)[:classes].double()
         n = max(len(y), 1)
         loss = loss_sum / n
