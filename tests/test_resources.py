@@ -26,30 +26,45 @@ from wirelessfl.pipeline.runner import run_scenario
 from wirelessfl.pipeline.simulation import restore_algorithm, run_algorithm
 from wirelessfl.plugins import ALGORITHMS
 from wirelessfl.problems.data_size import dataset_shape
+from wirelessfl.results.records import DEVICE_ROWS_MAX, FULL_OUTPUT_DEVICES
 
 REGISTRY = ALGORITHMS.load_builtins()
 
 
-def test_bilevel_estimate_by_hand():
-    """50 clients of fedmsa.md's quadratic (d_x = 3, d_w = 4, so d = 11, float64), FedMSA for
-    3 rounds evaluated every round, 16-bit uploads: every part from the array inventory."""
+@pytest.mark.parametrize("n", [50, 20_000])
+def test_bilevel_estimate_by_hand(n):
+    """N clients of fedmsa.md's quadratic (d_x = 3, d_w = 4, so d = 11, float64), FedMSA for
+    3 rounds evaluated every round, 16-bit uploads: every part from the array inventory. With
+    50 clients the end is the peak (the report's five figures: three of energy, the
+    optimisation progress and the network's lifetime); with 20,000 the round is."""
     sc = algorithm_scenario({"name": "fedmsa", "rounds": 3, "eval_every": 1},
-                            ["population.num_devices=50"])
-    n, d = 50, 3 + 2 * 4
+                            [f"population.num_devices={n}"])
+    d = 3 + 2 * 4
     facts = problem_facts(sc)
     data = 8 * n * 4 * (4 + 3 + 1)  # A [4, 4], B [4, 3], c [4] per client, float64
     assert (facts.data_bytes, facts.load_bytes) == (data, data + 8 * n * 4 * 4)  # + G_m
     est = estimate_memory(sc, facts)
-    assert est.parts["fixed"] == 60 * 2**20  # no torch model
-    assert est.parts["data"] == data
-    assert est.parts["population"] == n * 450  # no labels: no counts
+    population = n * 450  # no labels: no counts
     state = 7 * n * d * 8  # DriftCorrected's seven [N, d] float64 arrays
-    # all N uploads through the quantiser: float64 work from the heap (4.4 kB < 32 MiB)
+    # all N uploads through the quantiser: float64 work from the heap (< 32 MiB)
     compute = n * d * 78
     rows = 1 + 3  # round 0 and each of the 3 rounds
-    assert (est.parts["state"], est.parts["compute"]) == (state, compute)
-    assert est.parts["records"] == n * 512 + rows * 4096
-    assert est.total == 60 * 2**20 + data + n * 450 + state + compute + n * 512 + rows * 4096
+    round_records = n * 512 + rows * 4096
+    # the end: the devices' rows read back (22 numbers and two strings a device; beyond
+    # FULL_OUTPUT_DEVICES, DEVICE_ROWS_MAX of them), the rounds rows, the figures
+    kept = n if n <= FULL_OUTPUT_DEVICES else DEVICE_ROWS_MAX
+    end = kept * (22 * 8 + 2 * 60) + rows * 4096 + 5 * 5 * 2**20
+    assert est.moments == {"load": facts.load_bytes,
+                           "round": data + population + state + compute + round_records,
+                           "end": data + population + end}
+    fixed = 10 * 2**20  # no torch model
+    if n == 50:
+        assert est.parts == {"fixed": fixed, "data": data, "population": population,
+                             "state": 0, "compute": 0, "records": end}
+    else:
+        assert est.parts == {"fixed": fixed, "data": data, "population": population,
+                             "state": state, "compute": compute, "records": round_records}
+    assert est.total == fixed + max(est.moments.values())
     assert (est.worst, est.d, est.itemsize, est.chunked) == ("fedmsa", d, 8, False)
 
 
@@ -57,8 +72,8 @@ def test_bilevel_estimate_by_hand():
 def test_classifier_estimate_by_hand(n):
     """The small scenario: N devices on digits (1,797 samples, 450 held out for testing), a
     softmax model (d = 65 x 10 = 650, 74 activations a sample), DZOFL 30 rounds / 10, FedSGD
-    6 / 2 and FedAvg 4 / 2 at 16 bits, batch 10, one chunk of all N devices. With 8 devices
-    loading the data is the peak; with 400 the round of a vector method is."""
+    6 / 2 and FedAvg 4 / 2 at 16 bits, batch 10, one chunk of all N devices: the loader's peak
+    and the round of a vector method by hand."""
     sc = small_scenario([f"population.num_devices={n}"])
     facts = problem_facts(sc)
     assert (facts.d, facts.train_samples, facts.test_samples, facts.input_size,
@@ -78,12 +93,12 @@ def test_classifier_estimate_by_hand(n):
     # each earlier algorithm's devices.parquet rows: a table, 22 values of 8 B a device
     fedsgd = n * 512 + vectors + (4 * row + n * 176) + 4 * row  # after DZOFL's records
     fedavg = n * 512 + vectors + (8 * row + 2 * n * 176) + 3 * row
-    held = facts.data_bytes + population + max(fedsgd, fedavg)
-    assert est.total == (60 + 30) * 2**20 + max(facts.load_bytes, held)
-    if n == 8:
-        assert est.parts["data"] == facts.load_bytes and est.parts["compute"] == 0
-    else:
-        assert (est.parts["compute"], est.parts["state"], est.worst) == (vectors, 0, "fedavg")
+    assert est.moments["load"] == facts.load_bytes
+    assert est.moments["round"] == facts.data_bytes + population + max(fedsgd, fedavg)
+    # the report's nine figures at most (a classifier with data; a battery counted always)
+    assert est.moments["end"] > facts.data_bytes + population + 9 * 5 * 2**20
+    assert est.total == (10 + 84) * 2**20 + max(est.moments.values())
+    assert (est.worst, est.parts["state"]) == ("fedavg", 0)
 
 
 def test_fgdro_kl_warm_start_pass_is_counted():

@@ -74,11 +74,13 @@ def thread_safe_copies(model: nn.Module) -> bool:
 
 def device_row(models: torch.Tensor, i: int) -> torch.Tensor:
     """Device i's parameters (row i of [n, d]) for a pass of their own: on a CPU the row itself;
-    on a GPU a fresh copy. A row of [n, d] starts at byte 4 i d, off cuDNN's alignment for odd
-    i when d is not a multiple of 4 (ResNet-18 for 10 classes: d = 2 mod 4), and cuDNN's batch
-    norm and convolution kernels then failed on those rows (CUDNN_STATUS_EXECUTION_FAILED_CUDART
-    on an H200, benchmarks/README.md "GPU"); a copy from torch's caching allocator is aligned,
-    and costs a copy of d floats beside a pass of a network that size."""
+    on a GPU a fresh copy. A row of [n, d] starts at byte 4 i d, 8 bytes off a 16-byte boundary
+    for odd i when d = 2 mod 4 (ResNet-18 for 10 classes), and cuDNN's backward pass failed on
+    such rows (CUDNN_STATUS_EXECUTION_FAILED_CUDART on an H200); at d = 0 mod 4, rows 1 and 2
+    of [3, d] gave gradients off the CPU's in the second digit while row 0, at the start of its
+    allocation, agreed to float32 roundings (benchmarks/README.md "GPU"). A copy from torch's
+    caching allocator starts an allocation; with it every row agrees (tests/test_cuda.py). It
+    costs a copy of d floats beside a pass of a network that size."""
     row = models[i]
     return row.clone() if row.is_cuda else row
 

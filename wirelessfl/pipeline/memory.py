@@ -11,8 +11,8 @@ problems/data_size.py ``data_bytes``). It returns what a whole ``wirelessfl run`
 interpreter and its imports, report figures included, as named parts (docs/reliability.md,
 "Memory"):
 
-* ``fixed``: first use of the parquet writer, the figures' canvas and fonts, and of a torch
-  model's batched passes (constants);
+* ``fixed``: first use of the parquet writer and of a torch model's batched passes
+  (constants);
 * ``data``: the problem's arrays as the run holds them (a classifier's inputs as loaded and in
   device order, where a sample drawn by several devices is held once per device (a population
   that outgrows the data, learning/partition.py), the test set, per-sample bookkeeping; a
@@ -32,7 +32,8 @@ interpreter and its imports, report figures included, as named parts (docs/relia
   ends (its devices.parquet rows as a table: every device's up to ``FULL_OUTPUT_DEVICES``, at
   most ``DEVICE_ROWS_MAX`` beyond; each device's accuracy at each evaluation as Python
   floats); at the end, the tables joined and the JSON written, or the report's reading of
-  them back for the figures, whichever is larger.
+  them back with the figures it draws (``report_figures``, ``FIGURE_BYTES`` each), whichever
+  is larger.
 
 The peak is the largest of three moments: loading the data (nothing else held yet), the worst
 algorithm's round (data + population + state + compute + the records so far) and the end (data
@@ -74,10 +75,18 @@ from wirelessfl.results.records import (
 HEADROOM = 0.8
 
 # ---- sizes [B] of what a run holds, measured on CPython 3.11 / numpy 2 / torch 2 [D] ----------
-# First use of pyarrow's parquet writer and of matplotlib's Agg canvas and fonts.
-FIXED_BYTES = 60 * MIB
-# First use of a torch model's batched passes (autograd, the thread pool's module copies).
-MODEL_FIXED_BYTES = 30 * MIB
+# First use of pyarrow's parquet writer and what any run holds besides its parts: a run of
+# fedmsa.md's quadratic without its report (N = 2,000) measured 34 MB over its imports, 24 of
+# them its parts.
+FIXED_BYTES = 10 * MIB
+# First use of a torch model's batched passes (autograd, the thread pool's module copies, the
+# allocator's arenas): runs on an MLP without their report measured 84 to 94 MB beyond their
+# parts (DZOFL and FGDRO-CVaR, N = 2,000, d = 1,002).
+MODEL_FIXED_BYTES = 84 * MIB
+# Each report figure while the report is drawn (matplotlib's Agg canvas, fonts and artists):
+# DZOFL's 7 figures added 35 MB to a run whose round was small (N = 2,000, d = 1,002). The
+# report is drawn after the rounds, so it counts at the end moment only.
+FIGURE_BYTES = 5 * MIB
 # One devices.parquet row as the table the writer keeps (20 numbers and two pointers to shared
 # strings, 8 B each), as the tables joined while written (22 x 8 B) and read back (plus two
 # string cells).
@@ -124,6 +133,10 @@ class MemoryEstimate:
     rounds_bytes: int = 0
     most_rows: str = ""
     most_rows_index: int = 0
+    # each moment's bytes beside the fixed part: "load" (the loader's peak), "round" (data,
+    # population and the worst algorithm's round), "end" (data, population and the tables
+    # written or read back with the report's figures); ``parts`` splits the largest
+    moments: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -204,6 +217,15 @@ def round_compute(cls, params, facts: ProblemFacts, n: int, chunk: int, bits: in
     return cls.round_memory(params, round_shape(params, facts, n, chunk, bits))
 
 
+def report_figures(facts: ProblemFacts) -> int:
+    """The most figures a run's report draws (README's table, report/plots.py ``FIGURES``): the
+    three energy figures and the optimisation progress of any run, the accuracy curves and the
+    per-device accuracy of a classifier, the label histogram of a problem with data, and the
+    network's lifetime where a device has a battery (counted always: an upper bound)."""
+    classifier = 3 if facts.num_classes else 0
+    return 3 + 1 + classifier + (1 if facts.train_samples else 0) + 1
+
+
 def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstimate:
     """The estimate of a whole ``wirelessfl run`` of ``scenario`` by part (module docstring)."""
     facts = facts or problem_facts(scenario)
@@ -243,7 +265,7 @@ def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstima
     written = (records + algorithms * rows_kept * DEVICE_COLUMN_BYTES + accuracy_column
                + listed * classes * JSON_COUNT_BYTES)
     read = (algorithms * rows_kept * DEVICE_READ_BYTES + accuracy_column + counts
-            + total_rows * ROUND_ROW_BYTES)
+            + total_rows * ROUND_ROW_BYTES + report_figures(facts) * FIGURE_BYTES)
     end = max(written, read)
     params, copies, state, compute, chunked = worst
     most = max(range(algorithms), key=lambda i: evaluations(scenario.algorithms[i]))
@@ -251,6 +273,9 @@ def estimate_memory(scenario, facts: ProblemFacts | None = None) -> MemoryEstima
                          itemsize=size, chunked=chunked,
                          rounds_bytes=total_rows * (accuracy + ROUND_ROW_BYTES),
                          most_rows=scenario.algorithms[most].display_name, most_rows_index=most)
+    est.moments = {"load": facts.load_bytes,
+                   "round": facts.data_bytes + population + round_peak,
+                   "end": facts.data_bytes + population + end}
     if facts.load_bytes > facts.data_bytes + population + max(round_peak, end):
         # loading the data is the peak: nothing else is held yet
         est.parts = {"fixed": fixed, "data": facts.load_bytes, "population": 0, "state": 0,
