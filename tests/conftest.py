@@ -169,7 +169,7 @@ ALGORITHM_NEEDS = {"gd": {"lr": 0.1}, "scaffold-cv": {"lr": 0.1},
 MSA_ALGORITHMS = {"fedmsa", "fednest"}
 SMALL_BILEVEL = {"name": "bilevel-quadratic", "dimension_x": 3, "dimension_w": 4}
 # Algorithms that need a compositional problem (centralized SGD) and the small one they get.
-COMPOSITIONAL_ALGORITHMS = {"centralized-sgd"}
+COMPOSITIONAL_ALGORITHMS = {"centralized-sgd", "centralized-stsa"}
 SMALL_COMPOSITIONAL = {"name": "risk-averse-mco", "dimension": 3, "samples": 40,
                        "sample_batch": 10}
 

@@ -104,9 +104,9 @@ def old_refusal(name: str, spec, where: str) -> str | None:
     """pipeline/preflight.py's capability rule as it was: FedNest needs a bilevel problem,
     FedMSA a multi-sequence one, every other algorithm a single-level one; the same texts."""
     problem = spec.name
-    if name == "centralized-sgd":  # added with the capability: the generic refusal
-        return None if spec.compositional else (
-            f"{where}: centralized-sgd needs a problem with capability 'compositional' "
+    if name in ("centralized-sgd", "centralized-stsa"):  # added with the capability: the
+        return None if spec.compositional else (                # generic refusal
+            f"{where}: {name} needs a problem with capability 'compositional' "
             f"(problem.name: {', '.join(problems_with('compositional'))}); this scenario's "
             f"problem is '{problem}'")
     if name == "fednest" and not spec.bilevel:
@@ -117,7 +117,8 @@ def old_refusal(name: str, spec, where: str) -> str | None:
         return (f"{where}: fedmsa needs a multi-sequence problem (problem.name: "
                 f"{', '.join(problems_with('multi_sequence'))}); this scenario's problem "
                 f"is single-level ('{problem}')")
-    if name not in ("fedmsa", "fednest", "centralized-sgd") and spec.multi_sequence:
+    if name not in ("fedmsa", "fednest", "centralized-sgd", "centralized-stsa") \
+            and spec.multi_sequence:
         return (f"{where}: problem '{problem}' is a multi-sequence (bilevel) problem: "
                 "it has no single loss f_i to take gradients of; run it with algorithm "
                 "'fedmsa' (or 'fednest'), or use a single-level problem (classification, "

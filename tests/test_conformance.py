@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ALGORITHM_NEEDS, MSA_ALGORITHMS
+from tests.conftest import ALGORITHM_NEEDS, COMPOSITIONAL_ALGORITHMS, MSA_ALGORITHMS
 from wirelessfl import testing
 from wirelessfl.plugins import ALGORITHMS
 from wirelessfl.testing import algorithm_checks, default_scenario, needed_capability
@@ -53,9 +53,9 @@ def test_checks_follow_the_declarations():
     off_air = {name for name in NAMES
                if testing.check_off_air in list(algorithm_checks(REGISTRY[name]))}
     assert off_air == {name for name in NAMES if REGISTRY[name].uploads_per_round == 0} == {
-        "centralized-sgd"}  # it sends nothing, so it has no uploads to lose
+        "centralized-sgd", "centralized-stsa"}  # they send nothing: no uploads to lose
     assert exempt == {name for name in NAMES if REGISTRY[name].server_learns} | off_air == {
-        "zo-hfl", "centralized-sgd"}
+        "zo-hfl", "centralized-sgd", "centralized-stsa"}
 
 
 def test_scenario_follows_the_needed_capability():
@@ -63,10 +63,10 @@ def test_scenario_follows_the_needed_capability():
     centralized SGD on the small compositional problem and every other one on the digits
     classifier, as conftest's MSA_ALGORITHMS has it."""
     needing = {name for name in NAMES if needed_capability(REGISTRY[name]) is not None}
-    assert needing == MSA_ALGORITHMS | {"centralized-sgd"}
+    assert needing == MSA_ALGORITHMS | COMPOSITIONAL_ALGORITHMS
     for name in NAMES:
         doc = default_scenario(REGISTRY[name])
-        if name == "centralized-sgd":
+        if name in COMPOSITIONAL_ALGORITHMS:
             assert doc["problem"]["name"] == "risk-averse-mco" and "data" not in doc
         elif name in MSA_ALGORITHMS:
             assert doc["problem"]["name"] == "bilevel-quadratic" and "data" not in doc

@@ -147,3 +147,47 @@ def test_centralized_sgd_is_numpys_minibatch_sgd_on_the_pooled_objective(monkeyp
     assert run.status == "complete" and rows.local_steps.tolist() == list(range(rounds + 1))
     assert (rows[["energy_j", "bits_up", "bits_down", "sim_time_s"]] == 0).all().all()
     assert rows.suboptimality.iloc[-1] != rows.suboptimality.iloc[0]
+
+
+def test_centralized_stsa_is_fedmsas_tracking_recipe_on_the_pooled_data(monkeypatch):
+    """Centralized STSA (algorithms/centralized.py) against a numpy re-implementation of
+    FedMSA's updates with one client holding every sample and K = 1 (fedmsa.md Sec. 2.1): each
+    step draws ``batch`` pooled samples (with replacement, keyed per step) and evaluates the
+    maps, derived by hand (``_numpy_maps``), at the state and, with momentum, at the previous
+    state on the same samples; d_k = maps_k + (1 - rho) (d_{k-1} - maps_{k-1}) (rho_0 = 1);
+    the state steps by -alpha d on x and -beta d on the trackers. Nothing crosses the air."""
+    from wirelessfl.contract.problem import KEY_LIMIT
+    from wirelessfl.learning.seeds import keyed_rng
+
+    rounds, alpha, beta, rho, batch = 6, 0.02, 0.3, 0.4, 16
+    doc = small_doc(problem={"name": "risk-averse-mco", "dimension": 4, "samples": 60,
+                             "sample_batch": 10},
+                    population={"num_devices": 2},
+                    algorithms=[{"name": "centralized-stsa", "rounds": rounds, "eval_every": 1,
+                                 "alpha": alpha, "beta": beta, "rho": rho,
+                                 "batch_size": batch}])
+    for key in ("data", "model"):
+        doc.pop(key, None)
+    sc = scenario_from_document(doc, "stsa.yaml")
+    world, thetas, run = run_recording_thetas(monkeypatch, sc)
+    problem = world.evaluator
+    a = problem.a.reshape(-1, 4).numpy()
+    b = problem.b.reshape(-1).numpy()
+    steps = np.r_[np.full(4, alpha), np.full(5 + 2, beta)]
+    state = thetas[0].double().numpy()
+    previous = direction = None
+    for k in range(rounds):
+        key = int(keyed_rng(sc.seed, "stsa-batch", k).integers(0, KEY_LIMIT))
+        idx = np.random.default_rng(key).integers(0, len(b), batch)
+        here = _numpy_maps(a[idx], b[idx], *np.split(state, [4, 9]))
+        if direction is None:
+            new_direction = here
+        else:
+            before = _numpy_maps(a[idx], b[idx], *np.split(previous, [4, 9]))
+            new_direction = here + (1 - rho) * (direction - before)
+        previous, direction = state, new_direction
+        state = (state - steps * direction).astype(np.float32).astype(np.float64)
+        np.testing.assert_allclose(thetas[k + 1].double().numpy(), state, rtol=1e-6, atol=1e-7)
+    rows = pd.DataFrame(run.rows)
+    assert run.status == "complete" and rows.local_steps.tolist() == list(range(rounds + 1))
+    assert (rows[["energy_j", "bits_up", "bits_down", "sim_time_s"]] == 0).all().all()

@@ -377,6 +377,7 @@ ALGORITHMS = Registry("algorithms", {
     "zo-hfl": _ALGORITHMS + "zo_hfl:ZOHFL",
     "fedmsa": _ALGORITHMS + "fedmsa:FedMSA",
     "centralized-sgd": _ALGORITHMS + "centralized:CentralizedSGD",
+    "centralized-stsa": _ALGORITHMS + "centralized:CentralizedSTSA",
     "fednest": _ALGORITHMS + "fednest:FedNest",
     "fgdro-cvar": _ALGORITHMS + "fgdro:FGDROCVaR",
     "fgdro-kl": _ALGORITHMS + "fgdro:FGDROKL",

@@ -349,6 +349,14 @@ class MSAProblem(Problem):
         raise UserError(f"problem '{self.name}' has no composed objective to pool: centralized "
                         "SGD needs a compositional problem (risk-averse-mco)")
 
+    def pooled_maps(self, states: torch.Tensor, key: int, batch: int) -> torch.Tensor:
+        """Map evaluations [n, P] at states [n, P] (float64) on one sample of ``batch`` samples
+        drawn (keyed by ``key``, the same for every row) from every client's samples pooled:
+        what a centralized tracking method steps along (problems with the ``compositional``
+        capability)."""
+        raise UserError(f"problem '{self.name}' has no composed objective to pool: a "
+                        "centralized method needs a compositional problem (risk-averse-mco)")
+
     def relative_error(self, theta: torch.Tensor) -> float:
         """||x - x*|| / ||x*|| of the state's x part (NaN when x* is unknown)."""
         if self.solution is None:

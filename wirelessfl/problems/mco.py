@@ -121,22 +121,35 @@ class RiskAverseMCO(MSAProblem):
     # ---- maps ------------------------------------------------------------------------------------
     def maps(self, states, devices, keys=None):
         start = time.perf_counter()
+        a, b = self._data(devices, keys, self.batch_size)
+        out = self._maps_on(states, a, b)
+        self.compute_s += time.perf_counter() - start
+        return out
+
+    def pooled_maps(self, states: torch.Tensor, key: int, batch: int) -> torch.Tensor:
+        """``maps`` of every row on one sample of ``batch`` samples drawn with replacement from
+        all M clients' samples pooled (the draw of ``pooled_gradient`` for the same key)."""
+        start = time.perf_counter()
+        a, b = self._pooled_sample(key, batch)
+        out = self._maps_on(states, a.expand(len(states), -1, -1), b.expand(len(states), -1))
+        self.compute_s += time.perf_counter() - start
+        return out
+
+    def _maps_on(self, states: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """(p, z^1 - f^0(x), z^2 - f^1(z^1)) [n, P] of each row's state on its samples (a [n, s,
+        d], b [n, s]): the three layers forward and their vector-Jacobian products back."""
         d = self.dim
         s = states.to(torch.float64)
         x = s[:, :d].detach().requires_grad_(True)
         z1 = s[:, d:2 * d + 1].detach().requires_grad_(True)
         z2 = s[:, 2 * d + 1:].detach().requires_grad_(True)
-        batch = self.per_client if keys is None else self.batch_size
-        work = len(states) * batch * self.model_profile.macs_per_sample
+        work = len(states) * a.shape[1] * self.model_profile.macs_per_sample
         with torch.enable_grad(), single_thread_if_small(work):
-            a, b = self._data(devices, keys, self.batch_size)
             f0, f1, f2 = self.layers(x, z1, z2, a, b)
             (g2,) = torch.autograd.grad(f2.sum(), z2)
             (g1,) = torch.autograd.grad(f1, z1, grad_outputs=g2)
             (p,) = torch.autograd.grad(f0, x, grad_outputs=g1)
-        out = torch.cat([p, (z1 - f0).detach(), (z2 - f1).detach()], dim=1)
-        self.compute_s += time.perf_counter() - start
-        return out
+        return torch.cat([p, (z1 - f0).detach(), (z2 - f1).detach()], dim=1)
 
     def evaluation_cost(self, evaluations, full_batch, batch_size):
         """One map evaluation: the three layers forward and their vector-Jacobian products
@@ -192,13 +205,17 @@ class RiskAverseMCO(MSAProblem):
         so the estimate of the square root's argument, and of the gradient, is biased (what
         the tracking recipe avoids)."""
         start = time.perf_counter()
+        grad = self.objective_gradient(theta, *self._pooled_sample(key, batch))
+        self.compute_s += time.perf_counter() - start
+        return grad
+
+    def _pooled_sample(self, key: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a [1, batch, d], b [1, batch]): ``batch`` samples drawn with replacement, keyed by
+        ``key``, from every client's samples pooled."""
         idx = np.random.default_rng(int(key)).integers(0, self.a.shape[0] * self.a.shape[1],
                                                         batch)
         idx = torch.as_tensor(idx, device=self.device)
-        grad = self.objective_gradient(theta, self.a.reshape(-1, self.dim)[idx][None],
-                                       self.b.reshape(-1)[idx][None])
-        self.compute_s += time.perf_counter() - start
-        return grad
+        return self.a.reshape(-1, self.dim)[idx][None], self.b.reshape(-1)[idx][None]
 
     def grad_norm_sq(self, theta: torch.Tensor) -> float:
         g = self.objective_gradient(theta)

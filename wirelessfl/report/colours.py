@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 # One colour per built-in algorithm [D]: matplotlib's tab10 without its grey (grey is the base
-# station's and the target line's), then eight darker, saturated colours (a CIEDE2000
-# distance of at least 14 between any two of the seventeen; tests/test_report_view.py). The
+# station's and the target line's), then eight darker, saturated colours, grey and black for the
+# references off the air (a CIEDE2000 distance of at least 14 between any two of the nineteen;
+# tests/test_report_view.py). The
 # names compared together in a shipped scenario take colours far apart: seed 002's DZOFL,
 # FedSGD and FedAvg blue, orange, green (as the quickstart always drew them); seed 000's ZO-HFL
 # against FedAvg, FedProx and SCAFFOLD; seed 003's FGDRO variants against FedAvg; seed 004's
@@ -51,6 +52,7 @@ FIXED = {
     "scaffnew": "#653700",       # dark brown
     "fedred": "#c27e79",         # dusty rose
     "centralized-sgd": "#7f7f7f",  # grey: a reference off the air
+    "centralized-stsa": "#000000",  # black: the other reference off the air
 }
 # The colours a label without a fixed one takes, first free first: the fixed colours in the
 # order above (tab10's first).
