@@ -46,14 +46,12 @@ class CentralizedSGDParams(AlgorithmParams):
                                                    "notebook's 100, fedmsa.md 4.5 [C])")
 
 
-class CentralizedSGD(Algorithm):
-    name = "centralized-sgd"
-    Params = CentralizedSGDParams
-    summary = ("fedmsa.md 4.1's reference: minibatch SGD on the pooled composed objective at "
-               "the base station; no radio, one update a round")
+class OffAirReference(Algorithm):
+    """A centralized reference on a compositional problem's pooled data: nothing crosses the
+    air, no device computes (the conformance suite checks that it spends and sends nothing,
+    wirelessfl.testing.check_off_air), one update a round."""
+
     problem_needs = COMPOSITIONAL
-    # Off the air: the conformance suite checks that it spends and sends nothing
-    # (wirelessfl.testing.check_off_air).
     uploads_per_round = 0
 
     @classmethod
@@ -61,6 +59,13 @@ class CentralizedSGD(Algorithm):
                           ) -> tuple[Payload, Payload]:
         """Nothing crosses the air."""
         return Payload.scalar(bits, count=0), Payload.scalar(bits, count=0)
+
+
+class CentralizedSGD(OffAirReference):
+    name = "centralized-sgd"
+    Params = CentralizedSGDParams
+    summary = ("fedmsa.md 4.1's reference: minibatch SGD on the pooled composed objective at "
+               "the base station; no radio, one update a round")
 
     def round(self, k: int):
         problem = self.ctx.evaluator
@@ -85,19 +90,11 @@ class CentralizedSTSAParams(AlgorithmParams):
                                                    "4.5 [C])")
 
 
-class CentralizedSTSA(Algorithm):
+class CentralizedSTSA(OffAirReference):
     name = "centralized-stsa"
     Params = CentralizedSTSAParams
     summary = ("fedmsa.md's tracking recipe (STSA) on the pooled data at the base station: "
                "FedMSA with one client and K = 1; no radio, one update a round")
-    problem_needs = COMPOSITIONAL
-    uploads_per_round = 0  # off the air (wirelessfl.testing.check_off_air)
-
-    @classmethod
-    def declared_payloads(cls, d: int, bits: int, participants: int = 1
-                          ) -> tuple[Payload, Payload]:
-        """Nothing crosses the air."""
-        return Payload.scalar(bits, count=0), Payload.scalar(bits, count=0)
 
     def setup(self) -> None:
         ev, p = self.ctx.evaluator, self.params
