@@ -104,6 +104,19 @@ def test_fedmsa_lowers_the_risk_averse_objective_and_tracks_the_layers(monkeypat
                                rtol=1e-3, atol=1e-3)
 
 
+def _centralized_run(monkeypatch, algorithm: dict):
+    """(scenario, world, theta after each round, run) of a centralized reference on the small
+    risk-averse problem (d = 4, 60 samples over 2 clients), evaluated every round."""
+    doc = small_doc(problem={"name": "risk-averse-mco", "dimension": 4, "samples": 60,
+                             "sample_batch": 10},
+                    population={"num_devices": 2},
+                    algorithms=[{**algorithm, "eval_every": 1}])
+    for key in ("data", "model"):
+        doc.pop(key, None)
+    sc = scenario_from_document(doc, "centralized.yaml")
+    return (sc, *run_recording_thetas(monkeypatch, sc))
+
+
 def test_centralized_sgd_is_numpys_minibatch_sgd_on_the_pooled_objective(monkeypatch):
     """The centralized reference (algorithms/centralized.py) against a numpy re-implementation
     of the notebook's loop (fedmsa.md 4.5 [C]): each step draws ``batch`` of the M clients'
@@ -115,15 +128,8 @@ def test_centralized_sgd_is_numpys_minibatch_sgd_on_the_pooled_objective(monkeyp
     from wirelessfl.learning.seeds import keyed_rng
 
     rounds, lr, batch = 6, 0.05, 16
-    doc = small_doc(problem={"name": "risk-averse-mco", "dimension": 4, "samples": 60,
-                             "sample_batch": 10},
-                    population={"num_devices": 2},
-                    algorithms=[{"name": "centralized-sgd", "rounds": rounds, "eval_every": 1,
-                                 "lr": lr, "batch_size": batch}])
-    for key in ("data", "model"):
-        doc.pop(key, None)
-    sc = scenario_from_document(doc, "centralized.yaml")
-    world, thetas, run = run_recording_thetas(monkeypatch, sc)
+    sc, world, thetas, run = _centralized_run(monkeypatch, {
+        "name": "centralized-sgd", "rounds": rounds, "lr": lr, "batch_size": batch})
     problem = world.evaluator
     a = problem.a.reshape(-1, 4).numpy()
     b = problem.b.reshape(-1).numpy()
@@ -160,16 +166,9 @@ def test_centralized_stsa_is_fedmsas_tracking_recipe_on_the_pooled_data(monkeypa
     from wirelessfl.learning.seeds import keyed_rng
 
     rounds, alpha, beta, rho, batch = 6, 0.02, 0.3, 0.4, 16
-    doc = small_doc(problem={"name": "risk-averse-mco", "dimension": 4, "samples": 60,
-                             "sample_batch": 10},
-                    population={"num_devices": 2},
-                    algorithms=[{"name": "centralized-stsa", "rounds": rounds, "eval_every": 1,
-                                 "alpha": alpha, "beta": beta, "rho": rho,
-                                 "batch_size": batch}])
-    for key in ("data", "model"):
-        doc.pop(key, None)
-    sc = scenario_from_document(doc, "stsa.yaml")
-    world, thetas, run = run_recording_thetas(monkeypatch, sc)
+    sc, world, thetas, run = _centralized_run(monkeypatch, {
+        "name": "centralized-stsa", "rounds": rounds, "alpha": alpha, "beta": beta, "rho": rho,
+        "batch_size": batch})
     problem = world.evaluator
     a = problem.a.reshape(-1, 4).numpy()
     b = problem.b.reshape(-1).numpy()

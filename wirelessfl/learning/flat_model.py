@@ -45,8 +45,8 @@ class FlatModel:
         # theta_0 is kept apart: predict() repoints the module's parameters at other vectors.
         self._theta0 = torch.cat([p.detach().reshape(-1) for p in params.values()]).float().clone()
         # Convolutions run in channels-last layout on a CPU (faster with mkldnn; same values),
-        # in NCHW on a GPU: there ResNet-18's FedAvg work was 12 % faster in NCHW than in
-        # channels-last and bit-identical to a plain torch loop's (an H200, fp32 cuDNN,
+        # in NCHW on a GPU: there ResNet-18's FedAvg work ran faster in NCHW than in
+        # channels-last, bit-identical to a plain torch loop's (an H200, fp32 cuDNN,
         # benchmarks/README.md "GPU") [D].
         self.channels_last = uses_convolutions(model) and self._theta0.device.type == "cpu"
         # Passes repoint a module's parameters, so each other thread (the run's pool) works on
