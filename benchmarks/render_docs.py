@@ -408,6 +408,7 @@ def _verdicts_block(name: str, folder: str):
 SEED000 = "docs/data/seed000"
 SEED001 = "docs/data/seed001"
 SEED000_FIG2 = "docs/data/seed000-fig2"
+SEED000_FMNIST = "docs/data/seed000-fmnist"
 
 
 for _regime in ("shirt-sneaker", "ten-class"):
@@ -423,6 +424,9 @@ for _regime in ("quadratic", "mco", "loss-k4", "loss-k8", "loss-k12", "loss-k4-q
 _verdicts_block("seed001-verdicts", SEED001)
 _verdicts_block("seed002-fashionmnist-verdicts", SEED002_FASHION)
 _verdicts_block("seed000-verdicts", SEED000)
+for _regime in ("homogeneous", "moderate", "extreme"):
+    _regime_block(f"seed000-fmnist-{_regime}", SEED000_FMNIST, _regime)
+_verdicts_block("seed000-fmnist-verdicts", SEED000_FMNIST)
 
 
 def _regime_verdicts(folder: str) -> str:
