@@ -21,8 +21,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from wirelessfl.pipeline.build import build_world
-from wirelessfl.report.colours import algorithm_colours
 from wirelessfl.pipeline.simulation import run_algorithm
+from wirelessfl.report.colours import algorithm_colours
 from wirelessfl.results.summary import summarize
 from wirelessfl.scenario.loader import load_scenario
 

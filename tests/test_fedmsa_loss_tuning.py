@@ -20,8 +20,8 @@ from tests.conftest import small_doc
 from tests.test_datasets import make_idx_folder
 from wirelessfl.errors import UserError
 from wirelessfl.pipeline.build import build_world
-from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.pipeline.memory import problem_facts
+from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.problems.loss_tuning import LossTuning, long_tail, model_size, q_partition
 from wirelessfl.scenario.loader import scenario_from_document
 

@@ -27,9 +27,9 @@ def _images(cell) -> int:
 @pytest.mark.slow
 def test_a_result_figure_and_a_plain_plot_after_it_both_show(tmp_path):
     cells = [
-        "import wirelessfl\n"
-        f"result = wirelessfl.run('quickstart', overrides={SMALL!r}, progress=True)\n"
-        "result.figure('accuracy_vs_energy')",
+        ("import wirelessfl\n"
+         f"result = wirelessfl.run('quickstart', overrides={SMALL!r}, progress=True)\n"
+         "result.figure('accuracy_vs_energy')"),
         "import matplotlib.pyplot as plt\nplt.plot([0, 1], [1, 0])\nplt.show()",
         "import matplotlib\nmatplotlib.get_backend()",
     ]

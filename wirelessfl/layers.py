@@ -152,10 +152,10 @@ def _components(graph: dict[str, set[str]]) -> list[set[str]]:
     on_stack: set[str] = set()
     out: list[set[str]] = []
     counter = 0
-    for start in graph:
+    for start, targets in graph.items():
         if start in index:
             continue
-        work = [(start, iter(sorted(graph[start])))]
+        work = [(start, iter(sorted(targets)))]
         index[start] = low[start] = counter
         counter += 1
         stack.append(start)

@@ -73,9 +73,9 @@ __all__ = [
     "check_declared_payloads",
     "check_deterministic",
     "check_energy_accounting",
-    "check_off_air",
     "check_lost_uploads_keep_initial_model",
     "check_lost_uploads_never_reach_the_model",
+    "check_off_air",
     "default_scenario",
     "needed_capability",
 ]

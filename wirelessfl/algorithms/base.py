@@ -433,4 +433,4 @@ class Algorithm:
         """The function the rounds table's ``objective`` records at each evaluation (theta ->
         float; ZO-HFL's global loss with log_objective), or None (NaN). A method, not a stored
         callable: a checkpoint holds data only."""
-        return None
+        return
