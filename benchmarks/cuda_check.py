@@ -7,9 +7,9 @@ warnings (an operation without a deterministic kernel warns, pipeline/build.py
 ``deterministic_gpu``), whether the two GPU runs gave the same tables (canonical digests), and the
 CPU run against the GPU run column by column: equal, or the largest absolute and relative
 difference. The simulated world (times, energies, bits, counts) must be equal, the learning
-columns (``LEARNING``) follow another device's float32 kernels. tests/test_cuda.py asserts the
-same per algorithm; this is the record for the shipped scenarios, made where a GPU was lent
-(there is none in CI).
+columns (results/records.py ``LEARNING_COLUMNS``) follow another device's float32 kernels.
+tests/test_cuda.py asserts the same per algorithm; this is the record for the shipped
+scenarios, made where a GPU was lent (there is none in CI).
 
     python benchmarks/cuda_check.py [--out benchmarks/cuda_check.json] [--only NAME ...]
         [--workers 12]
@@ -31,18 +31,18 @@ import traceback
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
+from functools import cache
 from multiprocessing import get_context
 from pathlib import Path
 
 import torch
 
+from wirelessfl.results.records import LEARNING_COLUMNS
+
 BENCH_DIR = Path(__file__).resolve().parent
-# The learning columns of the rounds table (the rest is the simulated world: tests/test_cuda.py).
-LEARNING = ("test_accuracy", "test_loss", "suboptimality", "grad_norm_sq", "objective",
-            "mean_device_accuracy", "worst_device_accuracy", "worst_k_device_accuracy",
-            "device_accuracy", "param_norm")
 
 
+@cache
 def _identity():
     spec = importlib.util.spec_from_file_location("shipped_identity",
                                                   BENCH_DIR / "shipped_identity.py")
@@ -87,8 +87,10 @@ def compare(ident, cpu_folder: str, gpu_folder: str) -> dict:
             if result["equal"]:
                 equal.append(str(column))
             else:
-                differ[str(column)] = {"max_abs": result["max_abs"], "max_rel": result["max_rel"],
-                                       "learning": column in LEARNING, "note": result["note"]}
+                differ[str(column)] = {"max_abs": result["max_abs"],
+                                       "max_rel": result["max_rel"],
+                                       "learning": column in LEARNING_COLUMNS,
+                                       "note": result["note"]}
         out[table] = {"equal": len(equal), "differ": differ}
     return out
 
@@ -112,8 +114,7 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="cuda-check-") as work:
         ident.write_data(Path(work) / "data")
-        env = {"OMP_NUM_THREADS": "1"}
-        os.environ.update(env)
+        os.environ["OMP_NUM_THREADS"] = "1"  # the worker processes' (spawned after this)
         with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
             # every run in its own worker process (the GPU runs side by side too: each process
             # has its own CUDA context, and deterministic kernels do not depend on the load)

@@ -35,16 +35,10 @@ from wirelessfl.pipeline import checkpoint as ck
 from wirelessfl.pipeline.build import build_world, deterministic_gpu
 from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.problems.classifier import BatchedEvaluator, DeviceData
-from wirelessfl.results.records import ROUND_COLUMNS
+from wirelessfl.results.records import LEARNING_COLUMNS, ROUND_COLUMNS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# The columns that follow the model's numbers; every other column is the simulated world
-# (positions, fading, airtime, energy, bits, counts), which no learning number feeds, and must be
-# equal on any device.
-LEARNING_COLUMNS = ("test_accuracy", "test_loss", "suboptimality", "grad_norm_sq", "objective",
-                    "mean_device_accuracy", "worst_device_accuracy", "worst_k_device_accuracy",
-                    "device_accuracy", "param_norm")
 # [D] After 6 rounds in float32 on another device's kernels (other summation orders): relative to
 # the column's largest magnitude in the run. The zeroth-order methods amplify roundings through
 # their finite differences of losses, as on CPUs of other vector widths (shipped_identity.py
