@@ -44,6 +44,7 @@ COLUMNS = {
                              "late uploads": ("late_uploads", "count")},
     "at the last evaluation": {"final acc.": ("final_accuracy", "acc"),
                                "worst device": ("final_worst_device_accuracy", "acc"),
+                               "worst class": ("final_worst_class_accuracy", "acc"),
                                "final f - f*": ("final_suboptimality", "sig"),
                                "healthy": ("healthy", "bool")},
 }

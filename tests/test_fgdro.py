@@ -24,6 +24,7 @@ from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.report.plots import draw_report
 from wirelessfl.results.records import RunWriter, read_run
+from wirelessfl.results.summary import summarize
 from wirelessfl.scenario.loader import load_scenario, scenario_from_document
 
 EXACT = ["channel=seed002-pinned", "channel.uplink.delivery_probability=1.0",
@@ -69,6 +70,14 @@ def _reference(name: str, p: dict, a, c, delivered: list[np.ndarray]):
                     w = w - lr * ind * grad
                     passes[i] += ind
                     continue
+                if name == "dr-dsgd":  # descent on exp(f_i / lam) with the minibatch's loss
+                    w = w - lr * math.exp(min(loss / p["lam"], 700.0)) / p["lam"] * grad
+                    continue
+                if name == "local-adam":  # Alg. 4: Alg. 3's m, q and w steps on h = grad
+                    m = (1 - p["beta3"]) * m + p["beta3"] * grad
+                    q = (1 - p["beta4"]) * q + p["beta4"] * grad * grad
+                    w = w - lr * m / (np.sqrt(q) + p["tau"])
+                    continue
                 e = math.exp(min(u[i] / p["lam"], 700.0))
                 v = (1 - p["beta2"]) * v + p["beta2"] * e
                 h = e / v * grad
@@ -95,6 +104,8 @@ REFERENCE_PARAMS = {
     "fgdro-kl": {"lr": 0.1, "lam": 0.7, "beta1": 0.3, "beta2": 0.2, "beta3": 0.4},
     "fgdro-kl-adam": {"lr": 0.02, "lam": 0.7, "beta1": 0.3, "beta2": 0.2, "beta3": 0.4,
                       "beta4": 0.05, "tau": 1e-3},
+    "local-adam": {"lr": 0.02, "beta3": 0.4, "beta4": 0.05, "tau": 1e-3},
+    "dr-dsgd": {"lr": 0.02, "lam": 3.0},
 }
 
 
@@ -108,6 +119,7 @@ def test_matches_the_pseudocode_device_by_device_with_lost_uploads(monkeypatch, 
     prob = world.evaluator
     expected, passes = _reference(name, {"beta1": 0.1, **params}, prob.a_np, prob.c_np,
                                   delivered)
+    assert not np.allclose(expected[-1], expected[0])  # the model moved
     for got, want in zip(thetas, expected, strict=True):
         np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-5, atol=1e-6)
     if name == "fgdro-cvar":  # lazy backward: only the steps with u_i > s pay a backward pass
@@ -115,6 +127,37 @@ def test_matches_the_pseudocode_device_by_device_with_lost_uploads(monkeypatch, 
         assert 0 < passes.sum() < 8 * 3 * 5
     else:
         np.testing.assert_array_equal(run.ledger.backward_passes, np.full(5, 8 * 3.0))
+
+
+def test_fedadam_matches_reddi_et_als_server_adam_with_lost_uploads(monkeypatch):
+    """FedAdam (Reddi et al. 2021, Alg. 2): E local gradient steps per device, the plain mean of
+    the delivered deltas D, then m <- b1 m + (1-b1) D, v <- b2 v + (1-b2) D^2 and
+    x <- x + eta m / (sqrt(v) + tau), written out in float64 and compared round by round."""
+    p = {"lr": 0.1, "local_steps": 3, "server_lr": 0.05, "beta1": 0.8, "beta2": 0.95,
+         "tau": 1e-2}
+    delivered = record_delivered(monkeypatch)
+    sc = _quadratic({"name": "fedadam", "rounds": 8, **p}, delivery=0.6)
+    world, thetas, _ = run_recording_thetas(monkeypatch, sc)
+    assert 0 < sum(m.sum() for m in delivered) < 8 * 5
+    a, c = world.evaluator.a_np, world.evaluator.c_np
+    x, m, v = np.zeros(c.shape[1]), np.zeros(c.shape[1]), np.zeros(c.shape[1])
+    expected = [x.copy()]
+    for mask in delivered:
+        deltas = []
+        for i in np.flatnonzero(mask):
+            w = x.copy()
+            for _ in range(p["local_steps"]):
+                w = w - p["lr"] * (a[i] @ w - c[i])
+            deltas.append(w - x)
+        if deltas:
+            step = np.mean(deltas, axis=0)
+            m = p["beta1"] * m + (1 - p["beta1"]) * step
+            v = p["beta2"] * v + (1 - p["beta2"]) * step * step
+            x = x + p["server_lr"] * m / (np.sqrt(v) + p["tau"])
+        expected.append(x.copy())
+    assert not np.allclose(expected[-1], expected[0])
+    for got, want in zip(thetas, expected, strict=True):
+        np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-5, atol=1e-6)
 
 
 def test_kl_converges_to_the_minimiser_of_the_kl_objective(monkeypatch):
@@ -178,7 +221,9 @@ def test_cvar_converges_to_the_minimiser_of_the_top_k_mean(monkeypatch):
 
 # ---- payloads and costs --------------------------------------------------------------------------
 SPEC_BYTES = {"fedavg": lambda d: 4 * d, "fgdro-cvar": lambda d: 4 * d + 8,
-              "fgdro-kl": lambda d: 8 * d + 8, "fgdro-kl-adam": lambda d: 12 * d + 8}
+              "fgdro-kl": lambda d: 8 * d + 8, "fgdro-kl-adam": lambda d: 12 * d + 8,
+              "local-adam": lambda d: 12 * d, "fedadam": lambda d: 4 * d,
+              "dr-dsgd": lambda d: 4 * d}
 
 
 def _record(tmp_path, sc):
@@ -200,7 +245,8 @@ def _classifier(overrides=(), **params):
 
 def test_payload_bits_per_round_in_rounds_parquet_equal_the_spec_table(tmp_path):
     """fgdro.md Sec. 3: bytes per round per client in each direction, float32 vectors and a
-    float64 scalar: FedAvg 4d, CVaR 4d + 8, KL 8d + 8, KL-Adam 12d + 8; the KL methods' warm
+    float64 scalar: FedAvg 4d, CVaR 4d + 8, KL 8d + 8, KL-Adam 12d + 8, LocalAdam 12d; FedAdam
+    and DR-DSGD (its baseline table: 1 vec each way) 4d; the KL methods' warm
     start adds one float64 each way (8 bytes) to round 1 only."""
     world, record = _record(tmp_path, _classifier())
     d, n = world.evaluator.d, world.num_devices
@@ -219,6 +265,9 @@ def test_payload_bits_below_32_bits_carry_one_scale_per_vector(tmp_path):
         rows = record.rounds[record.rounds.algorithm == name]
         warm = 64 if vectors > 1 else 0  # the KL methods' warm start: one float64, once
         assert (rows.bits_up.max() - warm * n) / (2 * n) == vectors * (16 * d + 32) + 64
+    for name, vectors in (("local-adam", 3), ("dr-dsgd", 1), ("fedadam", 1)):  # no scalar
+        rows = record.rounds[record.rounds.algorithm == name]
+        assert rows.bits_up.max() / (2 * n) == vectors * (16 * d + 32), name
 
 
 def _thetas(sc):
@@ -288,6 +337,29 @@ def test_device_accuracy_is_the_accuracy_on_each_devices_label_mix():
         want = sum(cnt / size * np.mean(pred[y_test == lab] == lab)
                    for lab, cnt in zip(labels, counts))
         assert devices[i] == pytest.approx(want, rel=1e-12)
+
+
+def test_worst_class_accuracy_is_the_lowest_accuracy_on_one_class_of_the_test_set(monkeypatch,
+                                                                                   tmp_path):
+    """fgdro.md Sec. 6 item 16: the paper's CIFAR "worst acc" is the worst class's test
+    accuracy; worked out from the raw predictions of the recorded final model, and recorded in
+    rounds.parquet and summary.csv (NaN for the quadratic, which has no classes)."""
+    sc = small_scenario(["partition={scheme: dirichlet, alpha: 0.3}"],
+                        algorithms=[{"name": "fedavg", "label": "FedAvg", "rounds": 3,
+                                     "eval_every": 1, "lr": 0.05}])
+    world, thetas, run = run_recording_thetas(monkeypatch, sc)
+    ev = world.evaluator
+    pred = world.flat.predict(thetas[-1], ev.data.x_test).argmax(1).numpy()
+    y_test = ev.data.y_test.numpy()
+    per_class = [np.mean(pred[y_test == c] == c) for c in np.unique(y_test)]
+    assert min(per_class) < np.mean(pred == y_test) < max(per_class)  # the classes differ
+    assert run.rows[-1]["worst_class_accuracy"] == pytest.approx(min(per_class), rel=1e-12)
+    _, record = _record(tmp_path, sc)
+    summary = summarize(record.rounds, None, world.num_devices, manifest=record.manifest)
+    assert summary.final_worst_class_accuracy.iloc[0] == pytest.approx(min(per_class))
+    quadratic = _quadratic({"name": "fedavg", "rounds": 1})
+    row = run_algorithm(build_world(quadratic), quadratic.algorithms[0]).rows[-1]
+    assert math.isnan(row["worst_class_accuracy"])
 
 
 def test_rounds_record_worst_and_worst_k_device_accuracy(tmp_path):

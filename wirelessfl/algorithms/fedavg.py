@@ -306,6 +306,54 @@ class FedProx(FedAvg):
             del models, g  # one chunk alive at a time
 
 
+class FedAdamParams(VectorUploadParams):
+    average: Literal["weighted", "uniform"] = Field(
+        "uniform", description="uniform (default): the delivered deltas' plain mean, as Reddi "
+                               "et al. (2021, Alg. 2) average the sampled clients; weighted: "
+                               "by the devices' sample counts")
+    lr: float = Field(0.1, gt=0, description="local SGD learning rate")
+    local_steps: int = Field(5, gt=0, description="E, local SGD steps per round")
+    server_lr: float = Field(0.01, gt=0, description="eta, the server's Adam step (Reddi et al. "
+                                                     "2021 tune it; 0.01 is our default [D])")
+    beta1: float = Field(0.9, ge=0, lt=1, description="b1, decay of the server's momentum "
+                                                      "(Reddi et al. 2021: 0.9)")
+    beta2: float = Field(0.99, ge=0, lt=1, description="b2, decay of the server's second moment "
+                                                       "(Reddi et al. 2021: 0.99)")
+    tau: float = Field(1e-3, gt=0, description="tau, the adaptivity added to sqrt(v) (Reddi et "
+                                               "al. 2021 tune it; 1e-3 is our default [D])")
+
+    def round_steps(self, r: int) -> int:
+        """E every round (FedAvg's fixed schedule)."""
+        return self.local_steps
+
+
+class FedAdam(FedAvg):
+    """FedAdam (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Alg. 2 with the Adam
+    server update): devices run E local SGD steps as in FedAvg and upload their deltas; the base
+    station takes the mean delta D and keeps Adam's moments of it,
+      m <- b1 m + (1 - b1) D;  v <- b2 v + (1 - b2) D*D;  theta <- theta + eta m / (sqrt(v) + tau)
+    (no bias correction, as Reddi et al. write it). What crosses the air is FedAvg's: one
+    d-vector each way; the broadcast carries the quantised mean delta, from which every device
+    (holding m and v as the base station does, since all of them follow from the broadcasts)
+    takes the same step [D]: a device that missed a broadcast is resynced with the model."""
+
+    name = "fedadam"
+    Params = FedAdamParams
+    summary = ("FedAvg's local SGD with an Adam step at the base station (Reddi et al. 2021); "
+               "one d-vector each way")
+
+    def setup(self) -> None:
+        super().setup()
+        self.m = torch.zeros_like(self.theta)
+        self.v = torch.zeros_like(self.theta)
+
+    def apply(self, mean_vector):
+        p = self.params
+        self.m = p.beta1 * self.m + (1 - p.beta1) * mean_vector
+        self.v = p.beta2 * self.v + (1 - p.beta2) * mean_vector * mean_vector
+        self.theta = self.theta + p.server_lr * self.m / (self.v.sqrt() + p.tau)
+
+
 class ScaffoldParams(FedAvgParams):
     average: Literal["weighted", "uniform"] = Field(
         "uniform", description="uniform only: SCAFFOLD averages the sampled clients' updates "

@@ -1,5 +1,7 @@
 """FGDRO-CVaR, FGDRO-KL and FGDRO-KL-Adam (seed 003: Guo and Yang, "Communication-Efficient
-Federated Group Distributionally Robust Optimization"; spec fgdro.md, Sec. 2).
+Federated Group Distributionally Robust Optimization"; spec fgdro.md, Sec. 2), with the seed's
+LocalAdam ablation (Alg. 4) and its KL-DRO baseline DR-DSGD (Issaid et al. 2022), which share
+the round (local steps from the broadcast state, the state's uniform mean over what arrived).
 
 Objectives over the N devices' local losses L_i (fgdro.md 1.3-1.4):
   CVaR:  min_w min_s (1/N) sum_i (L_i(w) - s)_+ + (K/N) s   (= K/N x the mean of the K largest L_i)
@@ -63,12 +65,12 @@ SCALAR_BITS = 64  # s and v travel as float64 (fgdro.md Sec. 3: "scalars float64
 EXP_CLAMP = 700.0  # exp(u / lam) with u / lam clamped at 700 (fgdro.md Sec. 2.2 and 6 item 20)
 
 
-def state_payload(d: int, bits: int, vectors: int, label: str) -> Payload:
+def state_payload(d: int, bits: int, vectors: int, label: str, scalar: bool = True) -> Payload:
     """``vectors`` d-vectors of ``bits`` bits per value (+ a 32-bit scale each below 32 bits)
-    and one float64 scalar."""
+    and, with ``scalar``, one float64 scalar."""
     header = VECTOR_SCALE_HEADER_BITS * vectors if bits < 32 else 0
-    return Payload(values=vectors * d, bits_per_value=bits, header_bits=header + SCALAR_BITS,
-                   label=label)
+    return Payload(values=vectors * d, bits_per_value=bits,
+                   header_bits=header + (SCALAR_BITS if scalar else 0), label=label)
 
 
 class FGDROParams(AlgorithmParams):
@@ -102,18 +104,21 @@ class _FGDRO(Algorithm):
             True
 
     vectors: ClassVar[int]  # d-vectors each way: w (+ m, + q)
+    has_scalar: ClassVar[bool] = True  # s or v travels beside the vectors (not LocalAdam's)
 
     @classmethod
     def declared_payloads(cls, d: int, bits: int, participants: int = 1
                           ) -> tuple[Payload, Payload]:
         """The same state each way: ``vectors`` d-vectors of M bits and one float64 scalar
-        (fgdro.md Sec. 3: CVaR 1 vec + 1 sc, KL 2 vec + 1 sc, KL-Adam 3 vec + 1 sc)."""
-        up = state_payload(d, bits, cls.vectors, f"{cls.name} upload")
-        return up, state_payload(d, bits, cls.vectors, f"{cls.name} broadcast")
+        (fgdro.md Sec. 3: CVaR 1 vec + 1 sc, KL 2 vec + 1 sc, KL-Adam 3 vec + 1 sc, LocalAdam
+        3 vec, DR-DSGD 1 vec as FedAvg)."""
+        up = state_payload(d, bits, cls.vectors, f"{cls.name} upload", cls.has_scalar)
+        return up, state_payload(d, bits, cls.vectors, f"{cls.name} broadcast", cls.has_scalar)
 
     def resync_payload(self, missed: int) -> Payload:
         """The whole current state at full precision (the vectors and the scalar)."""
-        return state_payload(self.theta.numel(), 32, self.vectors, f"{self.name} resync")
+        return state_payload(self.theta.numel(), 32, self.vectors, f"{self.name} resync",
+                             self.has_scalar)
 
     def setup(self) -> None:
         n, d = self.ctx.num_devices, self.theta.numel()
@@ -442,3 +447,96 @@ class FGDROKLAdam(FGDROKL):
         is tiny (exactly 0 difference at M = 32)."""
         super().apply(vectors, scalar)
         self.moments[1].clamp_(min=0.0)
+
+
+class LocalAdamParams(AlgorithmParams):
+    batch_size: int = Field(32, gt=0, description="B, minibatch per local step (fgdro.md 2.5: 32)")
+    local_steps: int = Field(32, gt=0, description="I, local steps per round (fgdro.md 2.5: 32)")
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False,
+                      description="eta, the Adam-type step size (fgdro.md 2.5: 1e-3 for small "
+                                  "models)")
+    beta3: float = Field(0.1, gt=0, le=1, description="b3, weight of the gradient in the "
+                                                      "momentum m (fgdro.md 2.5: 0.1)")
+    beta4: float = Field(0.01, gt=0, le=1, description="b4, weight of g*g in the second moment "
+                                                       "q (fgdro.md 2.5: 0.01)")
+    tau: float = Field(1e-8, gt=0, allow_inf_nan=False,
+                       description="tau, added to sqrt(q) in the denominator (fgdro.md 2.5)")
+
+
+class LocalAdam(_FGDRO):
+    """LocalAdam (seed 003 Alg. 4, fgdro.md 2.4), the ERM ablation of FGDRO-KL-Adam: every local
+    step takes h = grad loss(w; z), then m <- (1-b3) m + b3 h, q <- (1-b4) q + b4 h*h,
+    w <- w - eta m / (sqrt(q) + tau) (no bias correction); the server averages w, m and q
+    uniformly over the delivered uploads (3 d-vectors each way, no scalar). Against FedAdam
+    (Fig. 1b): the adaptive steps are taken on the devices, with the moments averaged."""
+
+    name = "local-adam"
+    Params = LocalAdamParams
+    summary = ("seed 003 Alg. 4: Adam-type local steps on the plain loss, w, m and q averaged; "
+               "3 vectors each way")
+    vectors = 3
+    has_scalar = False
+
+    def initial_scalar(self) -> float:
+        return 0.0  # none travels (``has_scalar``)
+
+    def local_round(self, rows, idx):
+        p, ev = self.params, self.ctx.evaluator
+        n = len(rows)
+        w, m, q = (self.start(v, n) for v in (self.theta, self.moments[0], self.moments[1]))
+        for t in range(p.local_steps):
+            h = ev.stacked_gradients(w, idx[t])
+            m.mul_(1 - p.beta3).add_(h, alpha=p.beta3)
+            q.mul_(1 - p.beta4).addcmul_(h, h, value=p.beta4)
+            w.sub_(p.lr * m / (q.sqrt() + p.tau))
+        zeros = torch.zeros(n, dtype=torch.float64, device=w.device)
+        return torch.stack([w, m, q], dim=1), zeros, torch.full((n,), float(p.local_steps))
+
+    def apply(self, vectors, scalar):
+        """q_bar stays >= 0, as KL-Adam's (``FGDROKLAdam.apply``)."""
+        super().apply(vectors, scalar)
+        self.moments[1].clamp_(min=0.0)
+
+
+class DRDSGDParams(AlgorithmParams):
+    batch_size: int = Field(32, gt=0, description="B, minibatch per local step (fgdro.md 2.5: 32, "
+                                                  "the seed's setting for every method)")
+    local_steps: int = Field(32, gt=0, description="I, local steps per round (fgdro.md 2.5: 32)")
+    lr: float = Field(0.1, gt=0, allow_inf_nan=False,
+                      description="eta, the local step size (fgdro.md 2.5: SGD-type 0.1)")
+    lam: float = Field(2.0, gt=0, allow_inf_nan=False,
+                       description="lambda, the KL regulariser's strength: the objective is "
+                                   "lam log((1/N) sum_i exp(f_i / lam)) (default 2 [D]; Issaid "
+                                   "et al.'s theory asks for lambda > 1)")
+
+
+class DRDSGD(_FGDRO):
+    """DR-DSGD (Issaid, Elgabli and Bennis 2022; fgdro.md Sec. 3's baseline table), run as FL
+    over the cell: the KL-regularised objective lam log((1/N) sum_i exp(f_i(w) / lam)) has the
+    minimisers of sum_i h_i with h_i = exp(f_i / lam), so every local step descends h_i with
+    the minibatch estimate of its gradient, (1/lam) exp(l(w; z) / lam) grad l(w; z), l the
+    minibatch loss (the biased plug-in estimate whose theory needs large batches: fgdro.md
+    Sec. 3); the decentralised gossip average becomes the base station's uniform mean of the
+    delivered models every I steps [D]. exp's argument is clamped at 700 (as FGDRO-KL's, fgdro.md
+    Sec. 6 item 20). One d-vector each way, as FedAvg."""
+
+    name = "dr-dsgd"
+    Params = DRDSGDParams
+    summary = ("KL-DRO baseline of seed 003: local steps on exp(loss/lam)-scaled minibatch "
+               "gradients, models averaged; one vector each way")
+    vectors = 1
+    has_scalar = False
+
+    def initial_scalar(self) -> float:
+        return 0.0  # none travels (``has_scalar``)
+
+    def local_round(self, rows, idx):
+        p, ev = self.params, self.ctx.evaluator
+        n = len(rows)
+        w = self.start(self.theta, n)
+        for t in range(p.local_steps):
+            loss, grad = ev.stacked_losses_and_gradients(w, idx[t])
+            scale = torch.exp(torch.clamp(loss.double() / p.lam, max=EXP_CLAMP)) / p.lam
+            w.sub_(p.lr * scale.to(grad.dtype)[:, None] * grad)
+        zeros = torch.zeros(n, dtype=torch.float64, device=w.device)
+        return w[:, None], zeros, torch.full((n,), float(p.local_steps))

@@ -233,6 +233,14 @@ class Problem(ABC):
         test distribution (None for a problem without accuracy, such as the quadratic)."""
         return (*self.evaluate(theta), None)
 
+    def evaluate_classes(self, theta: torch.Tensor
+                         ) -> tuple[float, float, np.ndarray | None, np.ndarray | None]:
+        """``evaluate_devices``'s three and, from the same pass, the accuracy on the test samples
+        of each class present in the test set (None for a problem without classes). Their
+        minimum is the worst-class accuracy, seed 003's "worst acc" on CIFAR-10 (fgdro.md
+        Sec. 6 item 16): a balanced view of the test set, whatever its class shares."""
+        return (*self.evaluate_devices(theta), None)
+
     def suboptimality(self, theta: torch.Tensor) -> float:
         """f(theta) - f*, NaN when f* is unknown."""
         if self.optimum_value is None:
@@ -246,12 +254,12 @@ class Problem(ABC):
 
     def metrics(self, theta: torch.Tensor) -> dict:
         """What the rounds table records at an evaluation point (``device_accuracy``: [N] or
-        None)."""
-        accuracy, loss, devices = self.evaluate_devices(theta)
+        None; ``class_accuracy``: one per class of the test set, or None)."""
+        accuracy, loss, devices, classes = self.evaluate_classes(theta)
         return {"test_accuracy": float(accuracy), "test_loss": float(loss),
                 "suboptimality": float(self.suboptimality(theta)),
                 "grad_norm_sq": float(self.grad_norm_sq(theta)),
-                "device_accuracy": devices}
+                "device_accuracy": devices, "class_accuracy": classes}
 
     def server_gradient(self, theta: torch.Tensor, generator: torch.Generator,
                         batch_size: int) -> torch.Tensor:

@@ -136,6 +136,15 @@ def device_accuracy_columns(accuracy, worst_fraction: float,
 
 
 
+def worst_class_accuracy(accuracy) -> float:
+    """The lowest of the per-class test accuracies (None, or none known: NaN)."""
+    if accuracy is None:
+        return math.nan
+    values = np.asarray(accuracy, dtype=float)
+    values = values[np.isfinite(values)]
+    return float(values.min()) if len(values) else math.nan
+
+
 class RunRecorder:
     """The recorder half of the run context (engine/context.py ``RunContext`` inherits it and
     holds its state: ``rows``, ``health``, the stop settings, ``net``/``ledger``/``env`` to read
@@ -214,6 +223,7 @@ class RunRecorder:
             "objective": float(metrics.get("objective", math.nan)),
             **device_accuracy_columns(metrics.get("device_accuracy"), self.worst_fraction,
                                       self.accuracy_devices),
+            "worst_class_accuracy": worst_class_accuracy(metrics.get("class_accuracy")),
             "param_norm": float(theta.double().norm()) if theta is not None else math.nan,
             **self.health.columns(),
         }

@@ -451,12 +451,18 @@ class BatchedEvaluator(Problem):
 
     def evaluate_devices(self, theta: torch.Tensor, batch: int = 4096
                          ) -> tuple[float, float, np.ndarray]:
+        """``evaluate_classes``' (accuracy, mean loss, device accuracies)."""
+        return self.evaluate_classes(theta, batch)[:3]
+
+    def evaluate_classes(self, theta: torch.Tensor, batch: int = 4096
+                         ) -> tuple[float, float, np.ndarray, np.ndarray]:
         """(accuracy, mean loss) on the test set and, from the same pass, each device's accuracy
         on its own test distribution: the test set re-weighted to the device's training label
         mix p_i, acc_i = sum_c p_i(c) acc_c with acc_c the accuracy on the test samples of class
         c (classes absent from the test set are left out and p_i renormalised; NaN for a device
         holding only such classes). This is the expected accuracy on held-out samples drawn
-        from device i's label mix, exact when devices differ only in which labels they hold."""
+        from device i's label mix, exact when devices differ only in which labels they hold;
+        last, acc_c of each class present in the test set."""
         x, y = self.data.x_test, self.data.y_test
         classes = self.label_mix.shape[1]
         hits = torch.zeros(classes, dtype=torch.float64, device=self.device)
@@ -479,7 +485,8 @@ class BatchedEvaluator(Problem):
         mass = self.label_mix[:, present].sum(1)
         with np.errstate(invalid="ignore", divide="ignore"):
             devices = np.where(mass > 0, self.label_mix @ per_class / mass, np.nan)
-        return float(hits_np.sum()) / n, loss if math.isfinite(loss) else float("nan"), devices
+        return (float(hits_np.sum()) / n, loss if math.isfinite(loss) else float("nan"), devices,
+                per_class[present])
 
     def _predict(self, theta: torch.Tensor, x: torch.Tensor,
                  statistics: torch.Tensor | None = None) -> torch.Tensor:

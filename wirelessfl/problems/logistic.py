@@ -465,11 +465,17 @@ class LogisticProblem(Problem):
         return correct / n, float(softplus(-self.y_test * scores).sum()) / n
 
     def evaluate_devices(self, theta: torch.Tensor) -> tuple[float, float, np.ndarray]:
-        """``evaluate``'s (accuracy, loss) and each device's accuracy on its own test
+        """``evaluate_classes``' (accuracy, loss, device accuracies)."""
+        return self.evaluate_classes(theta)[:3]
+
+    def evaluate_classes(self, theta: torch.Tensor
+                         ) -> tuple[float, float, np.ndarray, np.ndarray]:
+        """``evaluate``'s (accuracy, loss), each device's accuracy on its own test
         distribution: the test set re-weighted to the device's training label mix p_i,
         acc_i = sum_c p_i(c) acc_c with acc_c the test accuracy on class c (a class absent from
         the test set is left out and p_i renormalised; NaN for a device holding only such a
-        class), as the torch classifier defines it."""
+        class), as the torch classifier defines it, and the accuracy on each label present in
+        the test set (-1, then +1)."""
         accuracy, loss = self.evaluate(theta)
         scores = self.a_test @ theta.to(torch.float64)
         positive = self.y_test > 0
@@ -481,7 +487,7 @@ class LogisticProblem(Problem):
         mass = self.label_mix[:, present].sum(1)
         with np.errstate(invalid="ignore", divide="ignore"):
             devices = np.where(mass > 0, self.label_mix @ per_class / mass, np.nan)
-        return accuracy, loss, devices
+        return accuracy, loss, devices, per_class[present]
 
     @cached_property
     def label_mix(self) -> np.ndarray:

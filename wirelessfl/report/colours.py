@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 # One colour per built-in algorithm [D]: matplotlib's tab10 without its grey (grey is the base
 # station's and the target line's), then eight darker, saturated colours, grey and black for the
-# references off the air (a CIEDE2000 distance of at least 14 between any two of the nineteen;
+# references off the air (a CIEDE2000 distance of at least 14 between any two of the twenty-three;
 # tests/test_report_view.py). The
 # names compared together in a shipped scenario take colours far apart: seed 002's DZOFL,
 # FedSGD and FedAvg blue, orange, green (as the quickstart always drew them); seed 000's ZO-HFL
@@ -53,6 +53,12 @@ FIXED = {
     "fedred": "#c27e79",         # dusty rose
     "centralized-sgd": "#7f7f7f",  # grey: a reference off the air
     "centralized-stsa": "#000000",  # black: the other reference off the air
+    # seed 003's baselines, added after the rest so that the palette's first free colours
+    # (labels without a fixed one) stay those of earlier reports
+    "fedadam": "#ff6347",        # tomato
+    "local-adam": "#005f73",     # dark cyan blue
+    "dr-dsgd": "#800000",        # maroon
+    "drfa": "#00008b",           # dark blue
 }
 # The colours a label without a fixed one takes, first free first: the fixed colours in the
 # order above (tab10's first).

@@ -40,15 +40,15 @@ ROUND_COLUMNS = [
     "alive_devices", "gradient_evaluations", "hessian_vector_products", "local_steps", "exchanges",
     "test_accuracy", "test_loss", "suboptimality", "grad_norm_sq", "objective",
     "mean_device_accuracy", "worst_device_accuracy", "worst_k_device_accuracy", "device_accuracy",
-    "param_norm", "quantized_up", "clipped_up", "quantized_down", "clipped_down", "empty_rounds",
-    "nonfinite_uploads",
+    "worst_class_accuracy", "param_norm", "quantized_up", "clipped_up", "quantized_down",
+    "clipped_down", "empty_rounds", "nonfinite_uploads",
 ]
 # The rounds columns that follow the model's numbers (its evaluation and its norm); every other
 # column is the simulated world (times, energies, bits, counts), which no learning number feeds:
 # equal on any device (tests/test_cuda.py, benchmarks/cuda_check.py).
 LEARNING_COLUMNS = ("test_accuracy", "test_loss", "suboptimality", "grad_norm_sq", "objective",
                     "mean_device_accuracy", "worst_device_accuracy", "worst_k_device_accuracy",
-                    "device_accuracy", "param_norm")
+                    "device_accuracy", "worst_class_accuracy", "param_norm")
 DEVICE_COLUMNS = [
     "algorithm", "device", "device_class", "distance_m", "mean_snr_db", "energy_j",
     "energy_compute_j", "energy_uplink_j", "energy_downlink_j", "energy_idle_j", "compute_s",

@@ -18,7 +18,8 @@ from wirelessfl.results.health import (
 SUMMARY_COLUMNS = [
     "algorithm", "rounds_to_target", "time_to_target_s", "energy_to_target_j",
     "system_energy_to_target_j", "compute_share", "radio_share", "idle_share", "final_accuracy",
-    "final_worst_device_accuracy", "final_suboptimality", "gradient_evaluations_to_target",
+    "final_worst_device_accuracy", "final_worst_class_accuracy", "final_suboptimality",
+    "gradient_evaluations_to_target",
     "rounds", "sim_time_s", "energy_j", "energy_system_j", "uplink_bits_per_device_round",
     "in_time_fraction", "late_uploads",
     *HEALTH_FIELDS,
@@ -88,6 +89,7 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
             "final_accuracy": float(final.test_accuracy),
             # NaN for problems without accuracy and runs recorded before the column existed
             "final_worst_device_accuracy": float(final.get("worst_device_accuracy", math.nan)),
+            "final_worst_class_accuracy": float(final.get("worst_class_accuracy", math.nan)),
             "final_suboptimality": float(final.get("suboptimality", math.nan)),
             # per device on average, cumulative (runs recorded before the column: NaN)
             "gradient_evaluations_to_target": (float(at.get("gradient_evaluations", math.nan))
@@ -146,7 +148,7 @@ def describe_target(target: float | None, target_suboptimality: float | None,
 
 def summary_cells(table: pd.DataFrame) -> list[list[str]]:
     """The summary table as text cells, header first (terminal and HTML share it); the f - f*
-    columns only where some run knows f*."""
+    columns only where some run knows f*, the worst class only where the problem has classes."""
     head = [("algorithm", "algorithm", "str"),
             ("rounds_to_target", "rounds to target", "int"),
             ("time_to_target_s", "time to target [s]", "time"),
@@ -156,6 +158,7 @@ def summary_cells(table: pd.DataFrame) -> list[list[str]]:
             ("idle_share", "idle", "pct"),
             ("final_accuracy", "final acc.", "acc"),
             ("final_worst_device_accuracy", "worst device", "acc"),
+            ("final_worst_class_accuracy", "worst class", "acc"),
             ("final_suboptimality", "final f - f*", "gap"),
             ("gradient_evaluations_to_target", "grads to target", "int"),
             ("rounds", "rounds", "int"),
@@ -167,6 +170,8 @@ def summary_cells(table: pd.DataFrame) -> list[list[str]]:
     if table.final_suboptimality.isna().all():
         head = [h for h in head if h[0] not in ("final_suboptimality",
                                                 "gradient_evaluations_to_target")]
+    if table.final_worst_class_accuracy.isna().all():  # no classes (or recorded before)
+        head = [h for h in head if h[0] != "final_worst_class_accuracy"]
     if table.energy_system_j.isna().all():  # recorded before the base station's energy
         head = [h for h in head if h[0] not in ("system_energy_to_target_j", "energy_system_j")]
     cells = [[title for _, title, _ in head]]
@@ -201,6 +206,7 @@ IN_ALL = [("rounds", "rounds", "count"), ("sim_time_s", "time [s]", "sig"),
           ("in_time_fraction", "delivered", "pct"), ("late_uploads", "late uploads", "count")]
 LEARNING = [("final_accuracy", "final acc.", "acc"),
             ("final_worst_device_accuracy", "worst device", "acc"),
+            ("final_worst_class_accuracy", "worst class", "acc"),
             ("final_suboptimality", "final f - f*", "sig"), ("healthy", "healthy", "bool")]
 
 
@@ -243,7 +249,8 @@ def _unknown_columns(table: pd.DataFrame) -> set[str]:
     without a known optimum, system energies of runs recorded before the base station's,
     accuracies of problems without classes, late uploads when no run had one (no deadline)."""
     unknown = {c for c in ("final_suboptimality", "energy_system_j", "final_accuracy",
-                           "final_worst_device_accuracy") if table[c].isna().all()}
+                           "final_worst_device_accuracy", "final_worst_class_accuracy")
+               if table[c].isna().all()}
     if "final_suboptimality" in unknown:
         unknown.add("gradient_evaluations_to_target")
     if "energy_system_j" in unknown:

@@ -44,7 +44,8 @@ VERDICTS = (HOLDS, FAILS, INCONCLUSIVE, NOT_REPRODUCED)
 # natural direction when the claim does not give one.
 SUMMARY_METRICS = {"compute_share": "higher", "radio_share": "higher", "idle_share": "higher",
                    "energy_j": "lower", "sim_time_s": "lower", "final_accuracy": "higher",
-                   "final_worst_device_accuracy": "higher", "final_suboptimality": "lower",
+                   "final_worst_device_accuracy": "higher",
+                   "final_worst_class_accuracy": "higher", "final_suboptimality": "lower",
                    "uplink_bits_per_device_round": "lower"}
 
 

@@ -40,6 +40,8 @@ OBJECTIVES = {o.name: o for o in (
     Objective("final_accuracy", "test_accuracy", "max", False, "final accuracy"),
     Objective("final_worst_device_accuracy", "worst_device_accuracy", "max", False,
               "final worst-device accuracy"),
+    Objective("final_worst_class_accuracy", "worst_class_accuracy", "max", False,
+              "final worst-class accuracy"),
     Objective("final_suboptimality", "suboptimality", "min", False, "final f - f*"),
     Objective("final_loss", "test_loss", "min", False, "final test loss"),
     Objective("final_objective", "objective", "min", False,
