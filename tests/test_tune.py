@@ -4,6 +4,7 @@ executor and on a Dask LocalCluster with identical results."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import cli as _cli
-from tests.conftest import tiny_tune_file
+from tests.conftest import small_doc, tiny_tune_file
 from wirelessfl.tune.objectives import OBJECTIVES
 from wirelessfl.tune.select import (
     choice_warnings,
@@ -373,3 +374,171 @@ def test_a_test_loss_target_stops_the_run_and_is_scored_there(tmp_path):
     assert summary.energy_to_target_j == at.energy_j
     got = score(OBJECTIVES["rounds_to_target"], free.rounds, None, None, bound)
     assert got["reached"] and got["value"] == first
+
+
+# ------------------------------------------------------------------ tied parameters
+# A search key naming several parameters joined by '=' is one axis of the grid whose value every
+# named parameter takes (seed 003 tunes "the beta parameters" of FGDRO-KL so, fgdro.md 2.5).
+
+
+def _tied_tune_file(folder: Path, search: dict, **changes) -> Path:
+    """A tune file of seconds over FedAvg on the small scenario (4 rounds, its own lr 0.2 and
+    server_lr 1), ``search`` its FedAvg entry; ``changes`` replace top-level keys."""
+    fedavg = {"name": "fedavg", "label": "FedAvg", "rounds": 4, "eval_every": 2,
+              "local_steps": 2, "lr": 0.2}
+    (folder / "base.yaml").write_text(yaml.safe_dump(small_doc(algorithms=[fedavg])))
+    path = folder / "tied-tune.yaml"
+    path.write_text(yaml.safe_dump({"name": "tied", "scenario": "base.yaml",
+                                    "objective": "final_accuracy", "tuning_seeds": [100],
+                                    "evaluation_seeds": [0, 1], "search": {"FedAvg": search},
+                                    **changes}, sort_keys=False))
+    return path
+
+
+def test_a_tied_key_is_one_axis_that_sets_every_parameter_it_names(tmp_path):
+    """3 tied values x 2 local_steps = 6 configurations (not 3 x 3 x 2), every one with lr ==
+    server_lr, in grid order; spaces and axes name the tied key once, whitespace dropped."""
+    from wirelessfl.tune.spec import load_tune
+
+    tune = load_tune(str(_tied_tune_file(tmp_path, {"lr = server_lr": [0.1, 0.3, 1.0],
+                                                    "local_steps": [1, 3]})))
+    grid = tune.grids["FedAvg"]
+    assert list(tune.spaces["FedAvg"]) == ["lr=server_lr", "local_steps"]
+    assert tune.spaces["FedAvg"]["lr=server_lr"]["parameters"] == ["lr", "server_lr"]
+    assert [c.axes for c in grid] == [{"lr=server_lr": v, "local_steps": e}
+                                      for v in (0.1, 0.3, 1.0) for e in (1, 3)]
+    assert [c.values for c in grid] == [{"lr": v, "server_lr": v, "local_steps": e}
+                                        for v in (0.1, 0.3, 1.0) for e in (1, 3)]
+
+
+def test_a_tied_key_counts_once_toward_the_run_cap(tmp_path):
+    """Seed 003's four beta values tie three parameters of FGDRO-KL: 4 configurations. 30
+    values on three tied parameters are 30 configurations (30^3 = 27,000 would pass the
+    20,000-run cap); 1,000 values on 21 tuning seeds are refused from the counts, '1000
+    values', not 1000 x 1000."""
+    from wirelessfl.errors import UserError
+    from wirelessfl.tune.spec import load_tune
+
+    kl = {"name": "fgdro-kl", "label": "FGDRO-KL", "rounds": 2, "eval_every": 1}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(small_doc(algorithms=[kl])))
+    doc = {"scenario": "base.yaml", "objective": "final_accuracy", "tuning_seeds": [100],
+           "evaluation_seeds": [0, 1],
+           "search": {"FGDRO-KL": {"beta1=beta2=beta3": [0.01, 0.1, 0.2, 0.5]}}}
+    path = tmp_path / "kl-tune.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    grid = load_tune(str(path)).grids["FGDRO-KL"]
+    assert [c.values for c in grid] == [{"beta1": b, "beta2": b, "beta3": b}
+                                        for b in (0.01, 0.1, 0.2, 0.5)]
+    doc["search"] = {"FGDRO-KL": {"beta1=beta2=beta3": {"linear": [0.01, 0.5], "num": 30}}}
+    path.write_text(yaml.safe_dump(doc))
+    assert len(load_tune(str(path)).grids["FGDRO-KL"]) == 30
+    doc["search"] = {"FGDRO-KL": {"beta1=beta2=beta3": [k / 1000 for k in range(1, 1001)]}}
+    doc["tuning_seeds"] = list(range(100, 121))
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(UserError, match=r"search\.FGDRO-KL: 1000 values = 1,000 configurations "
+                                        r"x 21 tuning seeds = 21,000 runs"):
+        load_tune(str(path))
+
+
+@pytest.mark.parametrize("search, expected", [
+    ({"lr=server_lrr": [0.1]},
+     "search.FedAvg.lr=server_lrr (value 0.1): not accepted by the scenario"),
+    ({"lr=lr": [0.1]}, "search.FedAvg.lr=lr: 'lr' is named twice"),
+    ({"lr=server_lr": [0.1], "server_lr": [1.0]},
+     "search.FedAvg.server_lr: 'server_lr' is also searched by search.FedAvg.lr=server_lr"),
+    ({"lr=server_lr": [0.1], "server_lr=tau": [1.0]},
+     "search.FedAvg.server_lr=tau: 'server_lr' is also searched by search.FedAvg.lr=server_lr"),
+    ({"lr": [0.1], "lr=server_lr": [0.1]},
+     "search.FedAvg.lr=server_lr: 'lr' is also searched by search.FedAvg.lr"),
+    ({"lr,server_lr": [0.1]},
+     "search.FedAvg.lr,server_lr: join tied parameters with '=', not ',': write 'lr=server_lr'"),
+    ({"lr=": [0.1]}, "search.FedAvg.lr=: an empty parameter name"),
+    ({"lr=label": [0.1]}, "search.FedAvg.lr=label: 'label' names the algorithm"),
+    ({"lr=server_lr": [0.1, 0.1]}, "search.FedAvg.lr=server_lr: the value 0.1 is listed twice"),
+])
+def test_bad_tied_keys_are_one_error_line(tmp_path, capsys, search, expected):
+    path = _tied_tune_file(tmp_path, search)
+    for command in (("tune", path, "--out", tmp_path / "out"), ("validate", path)):
+        code, out, err = _cli(capsys, *command)
+        assert code == 2 and out == ""
+        assert err.count("\n") == 1 and err.startswith("error: ") and expected in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_shipped_tune_files_expand_as_before_tied_keys_existed(tmp_path):
+    """Every shipped tune file's configurations are the product of its lists in file order
+    (recomputed here from the YAML as the grid was built before tied keys; a file with tied
+    keys: the same product, each tied key's value on every parameter it names); the tiny tune
+    file's run folders keep the names they had (written down before the change)."""
+    from wirelessfl.sweep.spec import run_id
+    from wirelessfl.tune.spec import Range, load_tune
+    from wirelessfl.tune.study import evaluation_plan, tuning_plan
+
+    def ids(plan):
+        return [run_id(values, seed, {k: k for k in values}) for values, _, seed, _ in plan]
+
+    files = [p for p in sorted(SCENARIOS.glob("*.yaml"))
+             if isinstance(doc := yaml.safe_load(p.read_text()), dict) and "search" in doc]
+    assert len(files) >= 20
+    for path in files:
+        doc, tune = yaml.safe_load(path.read_text()), load_tune(str(path))
+        for label, params in doc["search"].items():
+            lists = [Range(**v).values() if isinstance(v, dict) else v for v in params.values()]
+            before = [dict(zip(params, combo)) for combo in itertools.product(*lists)]
+            if not any("=" in key for key in params):
+                assert [c.values for c in tune.grids[label]] == before, (path.name, label)
+                assert [c.axes for c in tune.grids[label]] == before, (path.name, label)
+                continue
+            tied = [{name.strip(): v for key, v in combo.items() for name in key.split("=")}
+                    for combo in before]
+            assert [c.values for c in tune.grids[label]] == tied, (path.name, label)
+    tiny = load_tune(str(tiny_tune_file(tmp_path)))
+    assert ids(tuning_plan(tiny)) == ["algorithm=FedSGD_lr=0.1_seed=100-b90334",
+                                      "algorithm=FedSGD_lr=0.5_seed=100-000142"]
+    assert ids(evaluation_plan(tiny, {"FedSGD": {"lr": 0.5}})) == [
+        "algorithm=FedSGD_seed=0-0dba58", "algorithm=FedSGD_seed=1-9c0ca4",
+        "algorithm=FedSGD--untuned-_seed=0-9c0b44", "algorithm=FedSGD--untuned-_seed=1-3a45a7"]
+
+
+def test_a_tied_study_end_to_end_in_process(tmp_path, capsys, in_process_runs):
+    """`wirelessfl validate` accepts a tune file with a tied key; `wirelessfl tune` runs it (in
+    this process): every tuning run's resolved scenario (its manifest) sets lr == server_lr to
+    its configuration's value, and so do the chosen setting's evaluation runs; tuning.csv has
+    one column for the tied key, tune.json the choice on both parameters, the printed choice
+    names the tie once, and the grid-edge warning names both parameters."""
+    from wirelessfl.results.records import read_run
+
+    path = _tied_tune_file(tmp_path, {"lr=server_lr": [0.1, 0.5]}, stability_margin=True)
+    code, out, err = _cli(capsys, "validate", path)
+    assert code == 0, err
+    assert "valid tune file" in out and "FedAvg 2 configurations" in out and "2 tuning runs" in out
+    study = tmp_path / "out"
+    code, stdout, err = _cli(capsys, "tune", path, "--out", study, "--quiet")
+    assert code == 0, err
+    tuning = pd.read_csv(study / "tuning.csv")
+    assert "lr=server_lr" in tuning and "lr" not in tuning and "server_lr" not in tuning
+    assert sorted(tuning["lr=server_lr"]) == [0.1, 0.5] and "margin" in tuning
+    runs = sorted((study / "tuning" / "runs").iterdir())
+    assert [r.name.split("-")[0] for r in runs] == ["algorithm=FedAvg_lr=0.1_server_lr=0.1_seed=100",
+                                                    "algorithm=FedAvg_lr=0.5_server_lr=0.5_seed=100"]
+    for run, value in zip(runs, (0.1, 0.5)):
+        entry, = read_run(run).manifest["scenario"]["algorithms"]
+        assert entry["lr"] == entry["server_lr"] == value
+    value = float(tuning[tuning.chosen]["lr=server_lr"].iloc[0])
+    manifest = json.loads((study / "tune.json").read_text())
+    assert manifest["choices"] == {"FedAvg": {"lr": value, "server_lr": value}}
+    assert manifest["search"] == {"FedAvg": {"lr=server_lr": [0.1, 0.5]}}
+    evaluation = pd.read_csv(study / "evaluation.csv").set_index("algorithm")
+    assert json.loads(evaluation.parameters["FedAvg"]) == {"lr": value, "server_lr": value}
+    assert json.loads(evaluation.parameters["FedAvg (untuned)"]) == {"lr": 0.2, "server_lr": None}
+    evaluated = [read_run(r) for r in sorted((study / "evaluation" / "runs").iterdir())]
+    tuned = [r for r in evaluated if r.manifest["scenario"]["algorithms"][0]["label"] == "FedAvg"]
+    assert len(tuned) == 2
+    for record in tuned:
+        entry, = record.manifest["scenario"]["algorithms"]
+        assert entry["lr"] == entry["server_lr"] == value
+    assert f"lr=server_lr={value:g}" in stdout  # the choice, the tie named once
+    end = "smallest" if value == 0.1 else "largest"
+    assert f"FedAvg: lr = server_lr = {value:g} is the {end} value tried (0.1 to 0.5)" in err
+    assert "lr=server_lr" in (study / "report.html").read_text()
+    assert (study / "tune_FedAvg.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

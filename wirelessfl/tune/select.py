@@ -23,12 +23,14 @@ import pandas as pd
 
 from wirelessfl.results.compare import mean_ci
 from wirelessfl.tune.objectives import Objective
+from wirelessfl.tune.spec import axis_value, tied
 
 
 def grid_neighbours(grid: list[dict], spaces: dict[str, dict]) -> dict[int, list[int]]:
-    """For each configuration of one algorithm's grid (its parameter values, in grid order),
-    the indices of those one step away: the same values but one numeric parameter's, which is
-    the next smaller or larger value tried. Non-numeric parameters make no neighbours."""
+    """For each configuration of one algorithm's grid (its value of each search key, in grid
+    order: a configuration's ``axes``), the indices of those one step away: the same values but
+    one numeric key's, which is the next smaller or larger value tried (a tied key is one
+    axis). Non-numeric keys make no neighbours."""
     steps = {}
     for param, info in spaces.items():
         values = info["values"]
@@ -105,17 +107,20 @@ def rank_key(row, objective: Objective) -> tuple:
 
 
 def edge_warnings(label: str, chosen: dict, spaces: dict[str, dict]) -> list[str]:
-    """One warning per numeric parameter whose chosen value is the smallest or largest tried."""
+    """One warning per numeric search key whose chosen value is the smallest or largest tried;
+    ``chosen`` holds the value of each key (or of each parameter, tied keys expanded). A tied
+    key names all its parameters: 'beta1 = beta2 = 0.5 is the largest value tried'."""
     out = []
     for param, info in spaces.items():
         values = info["values"]
         numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
         if not numeric or len(values) < 2:
             continue
-        value, lo, hi = chosen[param], min(values), max(values)
+        value, lo, hi = axis_value(chosen, param, info), min(values), max(values)
         if value in (lo, hi):
             end = "smallest" if value == lo else "largest"
-            out.append(f"{label}: {param} = {value:g} is the {end} value tried ({lo:g} to "
+            names = " = ".join(tied(param, info))
+            out.append(f"{label}: {names} = {value:g} is the {end} value tried ({lo:g} to "
                        f"{hi:g}); the best may lie beyond it: widen the grid")
     return out
 

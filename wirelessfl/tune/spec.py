@@ -38,6 +38,27 @@ from wirelessfl.tune.objectives import OBJECTIVES
 # Keys of an algorithm entry that identify it rather than tune it.
 NOT_TUNABLE = ("name", "label")
 UNTUNED_SUFFIX = " (untuned)"
+# A search key that ties parameters into one axis of the grid joins their names with this:
+# ``beta1=beta2=beta3: [0.01, 0.1, 0.2, 0.5]`` sets all three to each value in turn (seed 003
+# tunes "the beta parameters" so, fgdro.md Sec. 2.5). [D] '=' rather than ',': it reads as the
+# equation the paper writes (b1 = b2 = b3), and a comma would read as a tuple of values per
+# configuration, which a tie is not.
+TIE = "="
+
+
+def tied(axis: str, info: dict | None = None) -> list[str]:
+    """The parameters one search key (an axis of the grid) sets: ``['lr']`` for ``lr``,
+    ``['beta1', 'beta2']`` for ``beta1=beta2`` (from its space's ``parameters`` when given)."""
+    if info is not None and info.get("parameters"):
+        return list(info["parameters"])
+    return [name.strip() for name in axis.split(TIE)] if TIE in axis else [axis]
+
+
+def axis_value(values: dict, axis: str, info: dict | None = None):
+    """The value of the grid axis ``axis`` in ``values``: keyed by the axis (a configuration's
+    ``axes``, a tuning.csv row) or by the parameters it sets (a configuration's ``values``, a
+    choice)."""
+    return values[axis] if axis in values else values[tied(axis, info)[0]]
 
 
 class Range(BaseModel):
@@ -112,11 +133,19 @@ class TuneFile(BaseModel):
 
 @dataclass(frozen=True)
 class Configuration:
-    """One point of an algorithm's grid: its label and parameter values, in grid order."""
+    """One point of an algorithm's grid, in grid order: its label, the value of each parameter
+    its runs set (``values``: a tied key's value on every parameter it names) and the value of
+    each search key (``axes``: a tied key once, named as in ``Tune.spaces``). Without tied
+    keys the two are the same."""
 
     algorithm: str
     index: int
     values: dict[str, Any]
+    axes: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.axes:  # built without tied keys: every parameter is its own axis
+            object.__setattr__(self, "axes", dict(self.values))
 
     @property
     def key(self) -> str:
@@ -136,7 +165,9 @@ class Tune:
     base_path: Path = field(repr=False)
     labels: list[str] = field(default_factory=list)  # the scenario's algorithms, in order
     grids: dict[str, list[Configuration]] = field(default_factory=dict)
-    spaces: dict[str, dict[str, dict]] = field(default_factory=dict)  # label -> param -> info
+    # label -> search key -> info (values tried, how given, ``parameters``: the names a tied
+    # key sets, else the key alone); a tied key as 'beta1=beta2', whitespace dropped
+    spaces: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     @property
     def objective(self):
@@ -204,6 +235,24 @@ def _space(values: list | Range, source: str, where: str) -> tuple[list, dict]:
     return unique, {"kind": "list", "numeric": numeric}
 
 
+def _tied_names(key: str, source: str, where: str) -> list[str]:
+    """The parameters a search key names: itself, or those a tied key joins with '='."""
+    if "," in key:
+        fixed = TIE.join(n.strip() for n in key.replace(",", TIE).split(TIE))
+        _fail(source, where, f"join tied parameters with '{TIE}', not ',': write '{fixed}' (one "
+                             "grid axis whose value each of them takes)")
+    if TIE not in key:
+        return [key]
+    names = [name.strip() for name in key.split(TIE)]
+    if not all(names):
+        _fail(source, where, f"an empty parameter name; a tied key names each parameter once, "
+                             f"joined by '{TIE}' (e.g. 'beta1=beta2=beta3')")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        _fail(source, where, f"'{twice[0]}' is named twice; name each tied parameter once")
+    return names
+
+
 def load_tune(name_or_path: str) -> Tune:
     """Read, validate and expand a tune file (a path, or a name in the scenarios catalog)."""
     path = catalog.find("scenarios", name_or_path, "tune file")
@@ -259,7 +308,8 @@ def load_tune(name_or_path: str) -> Tune:
         _fail(source, "objective", f"'{spec.objective}' needs a target: the scenario sets "
                                    "none of target_accuracy, target_suboptimality and "
                                    "target_loss (add one under 'set')")
-    if objective.column == "worst_device_accuracy" and resolved.problem is not None \
+    if objective.column in ("worst_device_accuracy", "worst_class_accuracy") \
+            and resolved.problem is not None \
             and resolved.problem.name != "classification":
         _fail(source, "objective", f"'{spec.objective}' needs a classification problem")
 
@@ -272,15 +322,26 @@ def load_tune(name_or_path: str) -> Tune:
         if not params:
             _fail(source, f"search.{label}", "no parameters to tune; give at least one")
         grids, spaces = [], {}
+        searched: dict[str, str] = {}  # parameter -> the search key that sets it
         for param, values in params.items():
             where = f"search.{label}.{param}"
-            if param in NOT_TUNABLE or param == "seed":
-                _fail(source, where, f"'{param}' names the algorithm; it cannot be tuned")
+            names = _tied_names(param, source, where)
+            for name in names:
+                if name in NOT_TUNABLE or name == "seed":
+                    _fail(source, where, f"'{name}' names the algorithm; it cannot be tuned")
+                if name in searched:
+                    _fail(source, where, f"'{name}' is also searched by search.{label}."
+                                         f"{searched[name]}; search each parameter in one key "
+                                         "(tie it there with '=' to move it with the others)")
+                searched[name] = param
             tried, info = _space(values, source, where)
             info["values"] = tried
-            spaces[param] = info
+            info["parameters"] = names
+            info["given"] = param
+            spaces[TIE.join(names)] = info
             grids.append(tried)
-        # counted from the lists' lengths before the grid is built (sweep/spec.py MAX_RUNS)
+        # counted from the lists' lengths before the grid is built (sweep/spec.py MAX_RUNS); a
+        # tied key is one axis
         configurations = math.prod(len(tried) for tried in grids)
         so_far += configurations
         before = f" (with the labels before, {count_text(so_far)})" if so_far > configurations \
@@ -290,11 +351,17 @@ def load_tune(name_or_path: str) -> Tune:
                         f"{lengths} values = {count_text(configurations)} configurations"
                         f"{before} x {len(spec.tuning_seeds)} tuning seeds",
                         "use fewer values (num) per parameter or fewer tuning seeds")
-        combos = [dict(zip(params, combo)) for combo in itertools.product(*grids)]
-        for param, info in spaces.items():  # each parameter alone first: errors name it
-            for value in info["values"]:
-                tune.scenario(label, {param: value}, spec.tuning_seeds[0],
-                              where=f"search.{label}.{param} (value {value!r})")
-        tune.grids[label] = [Configuration(label, i, c) for i, c in enumerate(combos)]
+        for info in spaces.values():  # each parameter alone first: errors name its key
+            for name in info["parameters"]:
+                for value in info["values"]:
+                    tune.scenario(label, {name: value}, spec.tuning_seeds[0],
+                                  where=f"search.{label}.{info['given']} (value {value!r})")
+        grid = []
+        for index, combo in enumerate(itertools.product(*grids)):
+            axes = dict(zip(spaces, combo))
+            values = {name: value for value, info in zip(combo, spaces.values())
+                      for name in info["parameters"]}
+            grid.append(Configuration(label, index, values, axes))
+        tune.grids[label] = grid
         tune.spaces[label] = spaces
     return tune

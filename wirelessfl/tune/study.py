@@ -30,7 +30,7 @@ from wirelessfl.tune.select import (
     grid_neighbours,
     summarize_configurations,
 )
-from wirelessfl.tune.spec import UNTUNED_SUFFIX, Tune
+from wirelessfl.tune.spec import UNTUNED_SUFFIX, Tune, tied
 
 MANIFEST = "tune.json"
 TUNING, EVALUATION = "tuning", "evaluation"
@@ -76,7 +76,7 @@ def tuning_plan(tune: Tune) -> list[tuple[dict, dict, int, object]]:
     for label in tune.labels:
         for config in tune.grids.get(label, []):
             for seed in tune.spec.tuning_seeds:
-                where = f"search.{label} (configuration {config.values})"
+                where = f"search.{label} (configuration {config.axes})"
                 scenario = tune.scenario(label, config.values, seed, where=where,
                                          stop_at_target=tune.stop_tuning_at_target,
                                          stop_when_unhealthy=tune.spec.stop_when_unhealthy)
@@ -174,23 +174,27 @@ def run_tune(tune: Tune, out: Path, executor: str, workers: int, address: str | 
                                                         "healthy", "health")}})
     outcomes = pd.DataFrame(rows)
     neighbours = None
-    if tune.spec.stability_margin:
-        neighbours = {label: grid_neighbours([c.values for c in grid], tune.spaces[label])
+    if tune.spec.stability_margin:  # along the search keys: a tied key is one axis
+        neighbours = {label: grid_neighbours([c.axes for c in grid], tune.spaces[label])
                       for label, grid in tune.grids.items()}
     table = summarize_configurations(outcomes, objective, neighbours)
-    params = {c.key: c.values for grid in tune.grids.values() for c in grid}
+    configs = {c.key: c for grid in tune.grids.values() for c in grid}
+    # one column per search key (a tied key once, named 'beta1=beta2'), as the figures and the
+    # tables of every configuration show them
     names = list(dict.fromkeys(p for grid in tune.spaces.values() for p in grid))
     for name in names:
-        table[name] = [params[f"{a}#{c}"].get(name) for a, c in zip(table.algorithm, table.config)]
+        table[name] = [configs[f"{a}#{c}"].axes.get(name)
+                       for a, c in zip(table.algorithm, table.config)]
     choices, warnings = {}, []
     for label in tune.labels:
         mine = table[(table.algorithm == label) & table.chosen]
         if mine.empty:
             continue
         best = mine.iloc[0]
-        choices[label] = params[f"{label}#{best.config}"]
+        chosen = configs[f"{label}#{best.config}"]
+        choices[label] = chosen.values  # every parameter a run sets, a tied key's on each
         warnings += choice_warnings(label, best, objective)
-        warnings += edge_warnings(label, choices[label], tune.spaces[label])
+        warnings += edge_warnings(label, chosen.axes, tune.spaces[label])
 
     eval_plan = evaluation_plan(tune, choices)
     counts[EVALUATION] = run_sweep(_phase_sweep(tune, EVALUATION, [p[:3] for p in eval_plan]),
@@ -222,8 +226,9 @@ def evaluation_table(tune: Tune, scored: list[tuple[dict, int, dict]]) -> pd.Dat
     for shown, items in groups.items():
         setting = items[0][0]
         entry = tune.entry(setting["base"])
-        used = {k: setting["values"].get(k, entry.get(k)) for k in
-                tune.spaces.get(setting["base"], {})}
+        used = {k: setting["values"].get(k, entry.get(k))
+                for axis, info in tune.spaces.get(setting["base"], {}).items()
+                for k in tied(axis, info)}
         got = [g for _, _, g in items]
         values = [g["value"] for g in got if g["reached"]]
         mean, half, _ = mean_ci(values)

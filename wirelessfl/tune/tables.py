@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 
+from wirelessfl.tune.spec import TIE
 from wirelessfl.tune.study import STANDARD
 
 
@@ -27,14 +28,35 @@ def _params(values: dict) -> str:
                      else f"{k}={v}" for k, v in values.items())
 
 
+def _tied_together(values: dict, best: pd.Series) -> dict:
+    """A choice's parameters (``values``, tied keys expanded) with each tied key of the tuning
+    table (a column 'beta1=beta2' that ``best``, the chosen row, has a value in) written once:
+    {'beta1=beta2': 0.1} for {'beta1': 0.1, 'beta2': 0.1}."""
+    ties = {}
+    for column, value in best.items():
+        names = str(column).split(TIE)
+        if len(names) < 2 or not all(n in values for n in names) \
+                or not all(values[n] == values[names[0]] for n in names):
+            continue
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue  # another algorithm's key
+        ties.update(dict.fromkeys(names, column))
+    shown = {}
+    for name, value in values.items():
+        shown.setdefault(ties.get(name, name), value)
+    return shown
+
+
 def choice_cells(table: pd.DataFrame, choices: dict[str, dict], title: str) -> list[list[str]]:
-    """Per tuned algorithm: the chosen parameters and what they scored on the tuning seeds."""
+    """Per tuned algorithm: the chosen parameters (a tied key once, 'beta1=beta2=0.1') and what
+    they scored on the tuning seeds."""
     cells = [["algorithm", "chosen parameters", f"{title} (tuning seeds)", "reached target",
               "healthy", "configurations tried"]]
     for label, values in choices.items():
         rows = table[table.algorithm == label]
         best = rows[rows.chosen].iloc[0]
-        cells.append([label, _params(values), _pm(best.value_mean, best.value_ci95),
+        cells.append([label, _params(_tied_together(values, best)),
+                      _pm(best.value_mean, best.value_ci95),
                       f"{best.reached}/{best.seeds}", f"{best.healthy}/{best.seeds}",
                       str(len(rows))])
     return cells
@@ -42,15 +64,16 @@ def choice_cells(table: pd.DataFrame, choices: dict[str, dict], title: str) -> l
 
 def tuning_cells(table: pd.DataFrame, label: str, params: list[str],
                  title: str) -> list[list[str]]:
-    """Every configuration of one algorithm, best first."""
+    """Every configuration of one algorithm, best first; ``params`` are its search keys (a
+    tied key 'beta1=beta2' is one column of ``table``, read by name: not an identifier)."""
     rows = table[table.algorithm == label].sort_values("rank")
     cells = [["rank", *params, title, "reached", "healthy", "health"]]
-    for r in rows.itertuples():
-        cells.append([str(r.rank), *(_num(getattr(r, p), "g") if isinstance(getattr(r, p),
-                                                                             int | float)
-                                     else str(getattr(r, p)) for p in params),
-                      _pm(r.value_mean, r.value_ci95), f"{r.reached}/{r.seeds}",
-                      f"{r.healthy}/{r.seeds}", r.health])
+    for r in rows.to_dict("records"):
+        cells.append([str(r["rank"]),
+                      *(_num(r[p], "g") if isinstance(r[p], int | float) else str(r[p])
+                        for p in params),
+                      _pm(r["value_mean"], r["value_ci95"]), f"{r['reached']}/{r['seeds']}",
+                      f"{r['healthy']}/{r['seeds']}", r["health"]])
     return cells
 
 
