@@ -383,6 +383,7 @@ ALGORITHMS = Registry("algorithms", {
     "fgdro-cvar": _ALGORITHMS + "fgdro:FGDROCVaR",
     "fgdro-kl": _ALGORITHMS + "fgdro:FGDROKL",
     "fgdro-kl-adam": _ALGORITHMS + "fgdro:FGDROKLAdam",
+    "drfa": _ALGORITHMS + "drfa:DRFA",
     "local-adam": _ALGORITHMS + "fgdro:LocalAdam",
     "dr-dsgd": _ALGORITHMS + "fgdro:DRDSGD",
     "gd": _ALGORITHMS + "drift:GD",

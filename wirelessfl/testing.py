@@ -19,7 +19,8 @@ What is checked, and why (each check's docstring says more):
 * ``check_deterministic``: the same scenario and seed give the same rows;
 * ``check_declared_payloads``: the bits and packets the engine's ledger counts equal what the
   algorithm declares (``declared_payloads``, ``initial_payloads``, ``uploads_per_round``), at a
-  wide and a narrow quantisation;
+  wide and a narrow quantisation (an algorithm that draws its own devices, ``samples_devices``:
+  each device's traffic in whole packets of its ``declared_phases``);
 * ``check_energy_accounting``: energies are non-negative and add up (compute forward +
   backward, uplink, downlink; devices + base station, whose draw is its transmit power);
 * ``check_lost_uploads_never_reach_the_model``: with every upload lost, uplink energy is still
@@ -38,6 +39,7 @@ check then sets only what it is about (the channel, the loss probability, the bi
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -313,7 +315,12 @@ def check_declared_payloads(subject: _Subject) -> None:
     packets each round plus one for the initial exchange; at each of PAYLOAD_BITS.
 
     The declaration is the spec's statement of what crosses the air: a payload built in
-    ``round`` that differs from it (a forgotten scale header, a second vector) fails here."""
+    ``round`` that differs from it (a forgotten scale header, a second vector) fails here.
+
+    An algorithm that draws its own devices each round (``samples_devices``: DRFA samples its
+    clients from its mixture weights, with replacement) does not ask every device every round
+    even at participation 1; it declares each upload phase (``declared_phases``) and is held to
+    ``_check_sampled_payloads`` instead."""
     cls = subject.cls
     for bits in PAYLOAD_BITS:
         sc, world, run = subject.run("channel=seed002-pinned",
@@ -322,11 +329,16 @@ def check_declared_payloads(subject: _Subject) -> None:
         params, n, led = sc.algorithms[0], world.num_devices, run.ledger
         rounds, m = params.rounds, int(params.bits)
         d = world.evaluator.d
-        up, down = cls.declared_payloads(d, m, participants=n,
-                                         **cls.declaration_keywords(params, world.evaluator))
+        keywords = cls.declaration_keywords(params, world.evaluator)
+        up, down = cls.declared_payloads(d, m, participants=n, **keywords)
         first = cls.initial_payloads(d, m)
         up0, down0, packets0 = (first[0].bits, first[1].bits, 1) if first else (0, 0, 0)
         at = f"at {m} bits"
+        if getattr(cls, "samples_devices", False):
+            phases = cls.declared_phases(d, m, participants=n, **keywords)
+            _check_sampled_payloads(cls, led, rounds, (up, down), phases,
+                                    (up0, down0, packets0), at)
+            continue
         _require(led.bits_up.tolist() == [up.bits * rounds + up0] * n,
                  f"{at}: uplink bits per device {_counts(led.bits_up)}, declared "
                  f"{up.bits} x {rounds} rounds + {up0} = {up.bits * rounds + up0} each")
@@ -340,6 +352,46 @@ def check_declared_payloads(subject: _Subject) -> None:
                  f"{packets0} = {packets} each")
         _require(led.exchanges == packets,
                  f"{at}: {led.exchanges} upload exchanges, declared {packets}")
+
+
+def _check_sampled_payloads(cls: type, led, rounds: int, declared: tuple, phases: tuple,
+                            initial: tuple[int, int, int], at: str) -> None:
+    """``check_declared_payloads`` for an algorithm that draws its own devices
+    (``samples_devices``), whose ``declared_phases(d, bits, participants)`` gives (the broadcast
+    every device gets each round, ((uplink, downlink sent to each device asked before it, or
+    None) of each of the ``uploads_per_round`` upload phases)). On the lossless link every
+    device's ledger must be whole declared packets: counts n_j in 0..rounds of the phases it
+    took part in with sum_j n_j its delivered packets, sum_j n_j up_j its uplink bits and
+    rounds x broadcast + sum_j n_j down_j its downlink bits (plus ``initial_payloads``'s once);
+    ``declared_payloads`` is what a device asked in every phase sends and receives; every phase
+    of every round reached some device; ``uploads_per_round`` exchanges a round."""
+    (up, down), (broadcast, steps), (up0, down0, packets0) = declared, phases, initial
+    count = cls.uploads_per_round
+    _require(len(steps) == count,
+             f"{at}: declared_phases lists {len(steps)} upload phases, uploads_per_round "
+             f"{count}")
+    ups = [phase_up.bits for phase_up, _ in steps]
+    downs = [phase_down.bits if phase_down is not None else 0 for _, phase_down in steps]
+    _require(up.bits == sum(ups) and down.bits == broadcast.bits + sum(downs),
+             f"{at}: declared_payloads ({up.bits} up, {down.bits} down) is not the sum of "
+             f"declared_phases ({sum(ups)} up, {broadcast.bits} + {sum(downs)} down)")
+    for i in range(led.num_devices):
+        packets = int(led.packets_delivered[i]) - packets0
+        bits_up, bits_down = led.bits_up[i] - up0, led.bits_down[i] - down0 - \
+            broadcast.bits * rounds
+        whole = [n for n in itertools.product(range(rounds + 1), repeat=count)
+                 if sum(n) == packets and np.dot(n, ups) == bits_up
+                 and np.dot(n, downs) == bits_down]
+        _require(bool(whole),
+                 f"{at}: device {i}'s ledger ({led.bits_up[i]:g} bits up, "
+                 f"{led.bits_down[i]:g} down, {led.packets_delivered[i]} packets) is no whole "
+                 f"number of the declared phases' packets (up {ups}, down {downs}, broadcast "
+                 f"{broadcast.bits} x {rounds} rounds)")
+    sent = int(led.packets_delivered.sum()) - packets0 * led.num_devices
+    _require(sent >= count * rounds,
+             f"{at}: {sent} packets delivered, fewer than one per phase of each round")
+    _require(led.exchanges == count * rounds + packets0,
+             f"{at}: {led.exchanges} upload exchanges, declared {count * rounds + packets0}")
 
 
 @_check
