@@ -411,3 +411,305 @@ def test_scaffnew_refuses_its_default_p_without_strong_convexity():
         run_algorithm(build_world(sc), sc.algorithms[0])
     _, rows = _run({"name": "scaffnew", "rounds": 2, "p": 0.5}, mu=0.0)
     assert len(rows) == 3
+
+
+# ---- DANE+ with Rand averaging and the fast gradient method (fedred.md Sec. 2.0, 2.2, 3.2) ------
+def _rand_index(seed, r, n):
+    """Rand's j_r as the simulator's docs define it: uniform over the n devices from the keyed
+    stream (seed, "rand-averaging", r) (participation 1: every device is asked)."""
+    from wirelessfl.learning.seeds import keyed_rng
+
+    return int(keyed_rng(seed, "rand-averaging", r).integers(n))
+
+
+def _record_uploads(monkeypatch):
+    """Patch the drift family's ``upload`` to append (round, the devices that uploaded,
+    ndarray) of every upload phase (retransmissions included) to the returned list."""
+    from wirelessfl.algorithms.drift import DriftCorrected
+
+    seen, original = [], DriftCorrected.upload
+
+    def recording(self, cost, payload, active=None):
+        delivered = yield from original(self, cost, payload, active)
+        seen.append((self.round_index, np.array(delivered)))
+        return delivered
+
+    monkeypatch.setattr(DriftCorrected, "upload", recording)
+    return seen
+
+
+def _gd_solve(a_i, c_i, h_i, xr, mean, lam, lr, e_sq, cap=5000, beta=lambda t: 0.0):
+    """Local solver of fedred.md Sec. 2.2 on F(y) = f_i(y) - <h_i, y> + lam/2 ||y - xr||^2 from
+    y_0 = xr (grad F(xr) = mean, free), with Nesterov's scheme (2.2.19) in its textbook form:
+    x_{t+1} = y_t - lr grad F(y_t), y_{t+1} = x_{t+1} + beta_t (x_{t+1} - x_t) (beta = 0: GD);
+    stop at the first t >= 1 with ||grad F(y_t)||^2 <= e_sq ||y_t - xr||^2, at the numerical
+    floor 1e-12 max(1, ||mean||) or after cap evaluations. Returns (y_t, t = evaluations)."""
+    x_prev, y, grad = xr.copy(), xr.copy(), mean.copy()
+    floor = 1e-12 * max(1.0, np.linalg.norm(mean))
+    for t in range(cap):
+        x_new = y - lr * grad
+        y = x_new + beta(t) * (x_new - x_prev)
+        x_prev = x_new
+        grad = a_i @ y - c_i - h_i + lam * (y - xr)
+        if grad @ grad <= e_sq * ((y - xr) @ (y - xr)) or np.linalg.norm(grad) <= floor:
+            return y, t + 1
+    return y, cap
+
+
+def _instance_constants(a):
+    """(L, mu, delta_A exact) of Hessians a [n, d, d] by numpy: L = max_i ||A_i||, mu = min_i
+    lambda_min(A_i)."""
+    eig = np.linalg.eigvalsh(a)
+    return float(np.abs(eig).max()), float(eig[:, 0].min()), _delta_a_exact(a)
+
+
+def test_dane_plus_rand_averaging_matches_the_pseudocode_with_lost_uploads(monkeypatch):
+    """Alg. 1 with Rand (fedred.md Sec. 2.0 / 2.2) transcribed in numpy round by round on a
+    lossy uplink with on_loss: drop: the gradient mean over the devices whose gradient arrived
+    (read from the run), j_r re-drawn here from the keyed stream, only j_r solves (GD under
+    Thm 4's rule) and uploads; x^{r+1} = x_{j_r,r+1} when that upload arrives, else x^r (also
+    when j_r's gradient was lost). Costs (Sec. 3.2 row "DANE+-GD, Rand averaging"): every device
+    1 gradient a round, j_r also its K_r; local_steps counts K_r."""
+    rounds, n = 14, PROBLEM["clients"]
+    lossy = {"profile": "seed002-pinned", "uplink": {"delivery_probability": 0.7}}
+    sc = _scenario({"name": "dane-plus", "rounds": rounds, "averaging": "rand",
+                    "on_loss": "drop"}, lossy)
+    uploads = _record_uploads(monkeypatch)
+    world, thetas, run = run_recording_thetas(monkeypatch, sc)
+    prob = world.evaluator
+    a, c = prob.a_np, prob.c_np
+    big_l, mu, delta = _instance_constants(a)
+    lam = 2 * delta
+    lr = 1 / (big_l + lam)
+    x = np.zeros(c.shape[1], dtype=np.float32)
+    grads_per_device, steps = np.zeros(n), []
+    events = {"gradient lost": 0, "j_r not in the mean": 0, "model lost": 0, "model in": 0}
+    for r in range(rounds):
+        phases = [got for k, got in uploads if k == r]
+        np.testing.assert_allclose(thetas[r].numpy(), x, rtol=1e-5, atol=1e-5)
+        xr = x.astype(np.float64)
+        grads_per_device += 1  # every device computes and uploads grad f_i(x^r)
+        in_mean = phases[0]
+        events["gradient lost"] += len(in_mean) < n
+        j = _rand_index(sc.seed, r, n)
+        if j not in in_mean:  # no solve, no model phase, x^{r+1} = x^r
+            events["j_r not in the mean"] += 1
+            assert len(phases) == 1
+            steps.append(0)
+            continue
+        g = np.einsum("nij,j->ni", a, xr) - c
+        mean = g[in_mean].astype(np.float32).mean(0, dtype=np.float32).astype(np.float64)
+        e_sq = lam * (mu + lam) / (8 * (r + 1) * (r + 2))
+        y, k = _gd_solve(a[j], c[j], g[j] - mean, xr, mean, lam, lr, e_sq)
+        grads_per_device[j] += k
+        steps.append(k)
+        assert len(phases) == 2 and set(phases[1]) <= {j}  # only j_r uploads its model
+        if len(phases[1]):
+            events["model in"] += 1
+            x = y.astype(np.float32)
+        else:
+            events["model lost"] += 1
+    np.testing.assert_allclose(thetas[rounds].numpy(), x, rtol=1e-5, atol=1e-5)
+    assert min(events.values()) >= 1, events  # every case of the transcription was exercised
+    np.testing.assert_array_equal(run.ledger.backward_passes, grads_per_device)
+    rows = pd.DataFrame(run.rows)
+    np.testing.assert_array_equal(np.diff(rows.local_steps), steps)
+
+
+def test_dane_plus_rand_waiting_for_lost_uploads_keeps_the_exact_trajectory(monkeypatch):
+    """on_loss: wait asks j_r (and any device whose gradient was lost) again: the models are
+    those of a lossless channel, at the price of more exchanges; in every round the gradient
+    phase delivered every device's gradient and the model phase j_r's model alone (j_r
+    re-drawn here)."""
+    rounds, n = 8, PROBLEM["clients"]
+    algo = {"name": "dane-plus", "rounds": rounds, "averaging": "rand"}
+    lossy = {"profile": "seed002-pinned", "uplink": {"delivery_probability": 0.5}}
+    _, clean, run_clean = run_recording_thetas(monkeypatch, _scenario(algo))
+    monkeypatch.undo()
+    uploads = _record_uploads(monkeypatch)
+    sc = _scenario(algo, lossy)
+    _, noisy, run_noisy = run_recording_thetas(monkeypatch, sc)
+    for a, b in zip(clean, noisy):
+        assert bool((a == b).all())
+    assert [r for r, _ in uploads] == [r for r in range(rounds) for _ in range(2)]
+    for r in range(rounds):
+        gradients, models = uploads[2 * r][1], uploads[2 * r + 1][1]
+        np.testing.assert_array_equal(gradients, np.arange(n))
+        np.testing.assert_array_equal(models, [_rand_index(sc.seed, r, n)])
+    # lossless: n gradients + 1 model a round; lossy: retransmissions (j_r's model among them)
+    assert int(run_clean.ledger.packets_delivered.sum()) == rounds * (n + 1)
+    assert run_clean.ledger.exchanges == 2 * rounds < run_noisy.ledger.exchanges
+
+
+def _dane_plus_fgd_reference(a, c, lam, mu, lr, beta, rounds):
+    """fedred.md Alg. 1 (Avg) with DANE+-FGD: _gd_solve with Nesterov's constant momentum
+    beta for every client, the models that cross the air rounded to float32. Returns (x^r
+    list, [per round (y_i [n, d], K_r [n])])."""
+    n, d = c.shape
+    x = np.zeros(d, dtype=np.float32)
+    xs, solves = [x.copy()], []
+    for r in range(rounds):
+        xr = x.astype(np.float64)
+        g = np.einsum("nij,j->ni", a, xr) - c
+        mean = g.astype(np.float32).mean(0, dtype=np.float32).astype(np.float64)
+        e_sq = lam * (mu + lam) / (8 * (r + 1) * (r + 2))
+        out = [_gd_solve(a[i], c[i], g[i] - mean, xr, mean, lam, lr, e_sq, beta=lambda t: beta)
+               for i in range(n)]
+        ys, ks = np.stack([y for y, _ in out]), np.array([k for _, k in out])
+        solves.append((ys, ks))
+        x = ys.astype(np.float32).mean(0, dtype=np.float32)
+        xs.append(x.copy())
+    return xs, solves
+
+
+def _record_local_solves(monkeypatch):
+    """Patch DanePlus.local_solve to append (y [n, d] float64, evaluations [n]) of each call."""
+    from wirelessfl.algorithms.drift import DanePlus
+
+    seen, original = [], DanePlus.local_solve
+
+    def recording(self, *args):
+        y, evaluations = original(self, *args)
+        seen.append((y.double().numpy().copy(), evaluations.copy()))
+        return y, evaluations
+
+    monkeypatch.setattr(DanePlus, "local_solve", recording)
+    return seen
+
+
+def test_dane_plus_fgd_matches_nesterovs_constant_step_scheme(monkeypatch):
+    """DANE+-FGD (fedred.md Sec. 2.2) against Nesterov's scheme (2.2.19) in numpy with beta =
+    (sqrt(kappa) - 1) / (sqrt(kappa) + 1), kappa = (L + lambda) / (mu + lambda) from the
+    instance's eigenvalues: every client's returned iterate y_t, its stopping step and the
+    gradient counts (1 for the all-reduce + K_r a round) per round."""
+    rounds = 6
+    solves = _record_local_solves(monkeypatch)
+    world, thetas, run = run_recording_thetas(
+        monkeypatch, _scenario({"name": "dane-plus", "rounds": rounds, "solver": "fgd"}))
+    prob = world.evaluator
+    big_l, mu, delta = _instance_constants(prob.a_np)
+    lam = 2 * delta
+    kappa = (big_l + lam) / (mu + lam)
+    beta = (np.sqrt(kappa) - 1) / (np.sqrt(kappa) + 1)
+    xs, ref = _dane_plus_fgd_reference(prob.a_np, prob.c_np, lam, mu, 1 / (big_l + lam), beta,
+                                       rounds)
+    for ours, x in zip(thetas, xs):
+        np.testing.assert_allclose(ours.numpy(), x, rtol=1e-5, atol=1e-5)
+    assert len(solves) == rounds
+    for (y, k), (y_ref, k_ref) in zip(solves, ref):
+        np.testing.assert_array_equal(k, k_ref)
+        np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(run.ledger.backward_passes,
+                                  rounds + np.sum([k for _, k in ref], axis=0))
+    rows = pd.DataFrame(run.rows)
+    np.testing.assert_allclose(rows.local_steps.iloc[-1], sum(k.mean() for _, k in ref))
+
+
+def test_dane_plus_fgd_needs_far_fewer_local_steps_than_gd_when_ill_conditioned():
+    """L / (mu + lambda) ~ 400 (L = 1000, mu = 1, delta = 1): under the same rule, GD needs
+    Theta(kappa log) local steps, FGD Theta(sqrt(kappa) log) (fedred.md Sec. 2.2): FGD takes at
+    most half of GD's, and at most 4 / sqrt(kappa) of them (the ratio the two rates predict,
+    with a margin for their unknown constants); both reach the same accuracy."""
+    problem = {"L": 1000.0, "delta": 1.0}
+    world, gd = _run({"name": "dane-plus", "rounds": 4}, **problem)
+    _, fgd = _run({"name": "dane-plus", "rounds": 4, "solver": "fgd"}, **problem)
+    big_l, mu, delta = _instance_constants(world.evaluator.a_np)
+    kappa = (big_l + 2 * delta) / (mu + 2 * delta)
+    ratio = fgd.local_steps.iloc[-1] / gd.local_steps.iloc[-1]
+    assert ratio <= 0.5 and ratio <= 4 / np.sqrt(kappa), (ratio, kappa)
+    assert fgd.suboptimality.iloc[-1] <= 2 * gd.suboptimality.iloc[-1]
+
+
+def test_fgd_with_fixed_steps_uses_the_convex_sequence_when_nothing_is_strongly_convex(
+        monkeypatch):
+    """mu + lambda = 0 (lam: 0, mu: 0 given): momentum (s_t - 1) / s_{t+1} of Nesterov 1983 /
+    FISTA, and with fixed local_steps K the scheme's z_K is returned, after K - 1 evaluations
+    (the first gradient is the all-reduce's), as for GD."""
+    k_steps = 7
+    solves = _record_local_solves(monkeypatch)
+    world, thetas, _ = run_recording_thetas(monkeypatch, _scenario(
+        {"name": "dane-plus", "rounds": 1, "solver": "fgd", "lam": 0.0, "mu": 0.0,
+         "local_steps": k_steps}))
+    prob = world.evaluator
+    a, c = prob.a_np, prob.c_np
+    lr = 1 / _instance_constants(a)[0]
+    g = -c  # x^0 = 0
+    mean = g.astype(np.float32).mean(0, dtype=np.float32).astype(np.float64)
+    s, betas = 1.0, []
+    for _ in range(k_steps):
+        s_next = (1 + np.sqrt(1 + 4 * s * s)) / 2
+        betas.append((s - 1) / s_next)
+        s = s_next
+    zs = []
+    for i in range(len(c)):
+        z_prev, y, grad = np.zeros(c.shape[1]), np.zeros(c.shape[1]), mean
+        for t in range(k_steps):
+            z = y - lr * grad
+            y = z + betas[t] * (z - z_prev)
+            z_prev = z
+            grad = a[i] @ y - c[i] - (g[i] - mean)
+        zs.append(z)
+    [(y_ours, evaluations)] = solves
+    np.testing.assert_array_equal(evaluations, k_steps - 1)
+    np.testing.assert_allclose(y_ours, np.stack(zs), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(thetas[1].numpy(), np.stack(zs).astype(np.float32).mean(0),
+                               rtol=1e-5, atol=1e-6)
+
+
+NEW_VARIANTS = [
+    {"name": "dane-plus", "rounds": 70, "averaging": "rand"},
+    {"name": "dane-plus", "rounds": 30, "solver": "fgd"},
+    {"name": "dane", "rounds": 70, "averaging": "rand", "solver": "fgd"},
+    {"name": "dane", "rounds": 25, "solver": "fgd"},
+]
+
+
+@pytest.mark.parametrize("algorithm", NEW_VARIANTS,
+                         ids=lambda a: f"{a['name']}-{a.get('averaging', 'avg')}-"
+                                       f"{a.get('solver', 'gd')}")
+def test_rand_and_fgd_variants_converge_to_the_linear_solve_optimum(monkeypatch, algorithm):
+    """As test_every_method_converges_to_the_linear_solve_optimum: x* = A^{-1} c in float64,
+    ||x - x*|| <= 1e-4 ||x*|| at the end."""
+    world, thetas, run = run_recording_thetas(monkeypatch, _scenario(algorithm))
+    prob = world.evaluator
+    x_star = np.linalg.solve(prob.a_np.mean(0), prob.c_np.mean(0))
+    assert run.status == "complete"
+    assert np.linalg.norm(thetas[-1].double().numpy() - x_star) <= 1e-4 * np.linalg.norm(x_star)
+
+
+def test_fgd_refuses_minibatch_gradients():
+    with pytest.raises(UserError, match="solver: fgd needs exact gradients"):
+        _scenario({"name": "dane-plus", "full_batch": False, "local_steps": 5, "solver": "fgd"})
+
+
+@pytest.mark.parametrize("name", ["dane-plus", "dane"])
+def test_rand_averaging_and_fgd_pass_the_conformance_suite(name):
+    """The whole conformance suite (wirelessfl.testing) with averaging: rand and solver: fgd:
+    each device's ledger is whole packets of declared_phases (every device's gradient every
+    round, j_r's model), energies add up, lost uploads never reach the model."""
+    from tests.conftest import ALGORITHM_NEEDS
+    from wirelessfl.plugins import ALGORITHMS
+    from wirelessfl.testing import check_algorithm
+
+    cls = ALGORITHMS.load_builtins()[name]
+    check_algorithm(cls, {**ALGORITHM_NEEDS[name], "averaging": "rand", "solver": "fgd"})
+
+
+@pytest.mark.parametrize("name", ["dane-plus", "dane"])
+def test_avg_rounds_send_exactly_the_declared_payloads_from_every_device(name):
+    """DANE+ / DANE declare ``samples_devices`` for averaging: rand, which loosens the
+    conformance suite's payload check to whole packets of ``declared_phases``; with avg every
+    device sends and receives exactly ``declared_payloads`` each round (2 d-vectors up in 2
+    packets, 2 down), as the suite's exact check would ask, at 32 and 8 bits."""
+    from wirelessfl.algorithms.drift import DanePlus
+
+    rounds, n = 3, PROBLEM["clients"]
+    for bits in (32, 8):
+        sc = _scenario({"name": name, "rounds": rounds, "bits": bits})
+        world = build_world(sc)
+        led = run_algorithm(world, sc.algorithms[0]).ledger
+        up, down = DanePlus.declared_payloads(world.evaluator.d, bits, participants=n)
+        np.testing.assert_array_equal(led.bits_up, [up.bits * rounds] * n)
+        np.testing.assert_array_equal(led.bits_down, [down.bits * rounds] * n)
+        np.testing.assert_array_equal(led.packets_delivered, [2 * rounds] * n)
+        assert led.exchanges == 2 * rounds
