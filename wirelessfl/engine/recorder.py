@@ -107,13 +107,16 @@ class ReachedTarget(Exception):
 
 
 def target_reached(row: dict, target: float | None, target_suboptimality: float | None,
-                   target_loss: float | None = None) -> bool:
+                   target_loss: float | None = None,
+                   target_grad_norm_sq: float | None = None) -> bool:
     """Every given target holds at this rounds row (the summary's rule, results/summary.py)."""
-    if target is None and target_suboptimality is None and target_loss is None:
+    if target is None and target_suboptimality is None and target_loss is None \
+            and target_grad_norm_sq is None:
         return False
     return ((target is None or row["test_accuracy"] >= target)
             and (target_suboptimality is None or row["suboptimality"] <= target_suboptimality)
-            and (target_loss is None or row["test_loss"] <= target_loss))
+            and (target_loss is None or row["test_loss"] <= target_loss)
+            and (target_grad_norm_sq is None or row["grad_norm_sq"] <= target_grad_norm_sq))
 
 
 def device_accuracy_columns(accuracy, worst_fraction: float,

@@ -252,13 +252,20 @@ def _recorded(rounds: pd.DataFrame, column: str) -> bool:
 def optimization_progress(record) -> Figure | None:
     """f - f* and ||grad f||^2 of the global model (where recorded), and the methods' own
     objective (``objective``: ZO-HFL's global loss, seed 000 Fig. 2) against rounds, gradient
-    evaluations, simulated seconds and joules; None when no run records any of them."""
+    evaluations, simulated seconds and joules; None when no run records any of them.
+    ||grad f||^2 alone, f* unknown, is drawn where it is the measure (quadratic instance:
+    non-convex, fedred.md A14) or a run set target_grad_norm_sq; a classifier that records it
+    without f* (problem.train_metrics) keeps its accuracy figures only, as before."""
     rounds = record.rounds
     rows = []
+    gradients = _recorded(rounds, "grad_norm_sq")
     if _recorded(rounds, "suboptimality"):
         rows.append(("suboptimality", "f(x) - f*"))
-        if _recorded(rounds, "grad_norm_sq"):
+        if gradients:
             rows.append(("grad_norm_sq", "||grad f(x)||^2"))
+    elif gradients and (_target(record, "target_grad_norm_sq") is not None
+                        or not _recorded(rounds, "test_accuracy")):
+        rows.append(("grad_norm_sq", "||grad f(x)||^2"))
     if _recorded(rounds, "objective"):
         rows.append(("objective", "objective f(x)"))
     if not rows:
@@ -280,10 +287,12 @@ def optimization_progress(record) -> Figure | None:
         for j, (_, xlabel) in enumerate(axes_cols):
             axes[i, j].grid(True, which="both", alpha=0.3)
             axes[-1, j].set_xlabel(xlabel)
-    target = _target(record, "target_suboptimality")
-    if target is not None and rows[0][0] == "suboptimality":
-        for ax in axes[0]:
-            ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+    for i, (metric, _) in enumerate(rows):
+        target = _target(record, f"target_{metric}") if metric in (
+            "suboptimality", "grad_norm_sq") else None
+        if target is not None:
+            for ax in axes[i]:
+                ax.axhline(target, color="grey", linestyle="--", linewidth=1)
     fig.suptitle(_title(record), fontsize=10)
     # beside the panels (an axes legend, which the layout makes room for, however long the
     # labels), not above them where a wrapped title would run into it
@@ -312,7 +321,8 @@ def energy_breakdown(record) -> Figure | None:
     order = [a for a in colours if a in set(rounds.algorithm)]
     last = rounds.groupby("algorithm", sort=False).tail(1).set_index("algorithm").loc[order]
     accuracy, gap = _target(record, "target_accuracy"), _target(record, "target_suboptimality")
-    at_target = rounds[reached_mask(rounds, accuracy, gap)].groupby(
+    gradient = _target(record, "target_grad_norm_sq")
+    at_target = rounds[reached_mask(rounds, accuracy, gap, None, gradient)].groupby(
         "algorithm", sort=False).head(1).set_index("algorithm")
     at_target = at_target.reindex([a for a in order if a in at_target.index])
     budgets = last["round"].astype(int)
@@ -322,7 +332,7 @@ def energy_breakdown(record) -> Figure | None:
         else f"over the whole run ({budgets.iloc[0]:,} rounds each)")
     panels = [(last, whole, "energy over the whole run [J]")]
     if len(at_target):
-        goal = describe_target(accuracy, gap)
+        goal = describe_target(accuracy, gap, None, gradient)
         panels.insert(0, (at_target, f"to {goal} (first evaluated round that met it)",
                           "energy to the target [J]"))
     kinds = [k for k in energy_kinds(last)

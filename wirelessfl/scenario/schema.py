@@ -337,6 +337,12 @@ class Scenario(_Strict):
         None, gt=0, description="test loss at or below which a run counts as converged (with "
                                 "the other targets, all must hold); a stricter test than "
                                 "accuracy on tasks whose accuracy saturates early")
+    target_grad_norm_sq: float | None = Field(
+        None, gt=0, description="squared gradient norm ||grad f(theta)||^2 (the rounds column "
+                                "grad_norm_sq) at or below which a run counts as converged "
+                                "(with the other targets, all must hold): the measure where f* "
+                                "is unknown (quadratic instance: non-convex, fedred.md A14); "
+                                "only for problems that record grad_norm_sq")
     stop_at_target: bool = Field(
         False, description="end each algorithm at the first evaluated round where every target "
                            "holds (what to-target comparisons and tuning need; final-round "
@@ -372,18 +378,46 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _stop_needs_a_target(self):
         if self.stop_at_target and self.target_accuracy is None \
-                and self.target_suboptimality is None and self.target_loss is None:
-            raise ValueError("stop_at_target needs target_accuracy, target_suboptimality or "
-                             "target_loss; set one, or drop stop_at_target")
+                and self.target_suboptimality is None and self.target_loss is None \
+                and self.target_grad_norm_sq is None:
+            raise ValueError("stop_at_target needs target_accuracy, target_suboptimality, "
+                             "target_loss or target_grad_norm_sq; set one, or drop "
+                             "stop_at_target")
+        return self
+
+    @model_validator(mode="after")
+    def _grad_norm_target_recorded(self):
+        """target_grad_norm_sq reads the rounds column grad_norm_sq, which some built-in
+        problems leave NaN (a target there could never be reached): classification unless
+        problem.train_metrics or f* is known (logistic with model.l2 > 0, as
+        problems/classification.py ``training_passes``), loss-tuning always (its hypergradient
+        needs the unknown w*(x)). A plugin problem is taken at its word."""
+        if self.target_grad_norm_sq is None:
+            return self
+        name = self.problem.name
+        if name == "classification" and not (
+                getattr(self.problem, "train_metrics", False)
+                or (self.model.name == "logistic" and self.model.l2 > 0)):
+            raise ValueError("target_grad_norm_sq needs the grad_norm_sq column, which problem "
+                             "'classification' records only with problem.train_metrics: true "
+                             "(one pass over the training set per evaluation); set it, or use "
+                             "target_accuracy or target_loss instead")
+        if name == "loss-tuning":
+            raise ValueError("target_grad_norm_sq needs the grad_norm_sq column, which problem "
+                             "'loss-tuning' does not record (its hypergradient needs the "
+                             "unknown w*(x)); remove it and use target_accuracy or target_loss")
         return self
 
     @model_serializer(mode="wrap")
     def _without_unset_loss_target(self, handler):
-        """target_loss is dumped only when set, so every scenario written before it existed
-        keeps its resolved document and fingerprint (pipeline/fingerprint.py)."""
+        """target_loss and target_grad_norm_sq are dumped only when set, so every scenario
+        written before they existed keeps its resolved document and fingerprint
+        (pipeline/fingerprint.py)."""
         doc = handler(self)
-        if isinstance(doc, dict) and doc.get("target_loss", 0) is None:
-            del doc["target_loss"]
+        if isinstance(doc, dict):
+            for key in ("target_loss", "target_grad_norm_sq"):
+                if key in doc and doc[key] is None:
+                    del doc[key]
         return doc
 
     @model_validator(mode="after")

@@ -2,8 +2,8 @@
 
 A to-target objective is the value of a cumulative column (energy, time, rounds, exchanges) at the
 first evaluated round where every target holds; a run that never got there scores NaN and is ranked
-by how close it came (its best test accuracy, or its smallest f - f*). A final objective is a
-column's value at the last evaluated round.
+by how close it came (its best test accuracy, its smallest f - f*, or its smallest ||grad f||^2). A
+final objective is a column's value at the last evaluated round.
 """
 
 from __future__ import annotations
@@ -50,10 +50,12 @@ OBJECTIVES = {o.name: o for o in (
 
 
 def closeness(rounds: pd.DataFrame, target: float | None,
-              target_suboptimality: float | None, target_loss: float | None = None) -> float:
+              target_suboptimality: float | None, target_loss: float | None = None,
+              target_grad_norm_sq: float | None = None) -> float:
     """How close a run came to its target, larger is closer: the smallest test loss (negated)
     when a loss target is set, else the best test accuracy when an accuracy target is set, else
-    -log10 of the smallest f - f*; NaN without rows."""
+    -log10 of the smallest f - f* when a gap target is set, else -log10 of the smallest
+    ||grad f||^2 when a gradient-norm target is set; NaN without rows."""
     if rounds.empty:
         return math.nan
     if target_loss is not None:
@@ -63,25 +65,31 @@ def closeness(rounds: pd.DataFrame, target: float | None,
     if target_suboptimality is not None:
         best = float(rounds.suboptimality.min())
         return -math.log10(best) if best > 0 else math.inf
+    if target_grad_norm_sq is not None:
+        best = float(rounds.grad_norm_sq.min())
+        return -math.log10(best) if best > 0 else math.inf
     return math.nan
 
 
 def score(objective: Objective, rounds: pd.DataFrame, target: float | None,
-          target_suboptimality: float | None, target_loss: float | None = None) -> dict:
+          target_suboptimality: float | None, target_loss: float | None = None,
+          target_grad_norm_sq: float | None = None) -> dict:
     """``{value, reached, closeness}`` of one algorithm's evaluated rounds (sorted or not); a
     to-target objective also says whether the target held at the first evaluated round
     (``first``: the run could not have reached it in fewer rounds)."""
     rounds = rounds.sort_values("round")
-    near = closeness(rounds, target, target_suboptimality, target_loss)
+    near = closeness(rounds, target, target_suboptimality, target_loss, target_grad_norm_sq)
     if rounds.empty:
         return {"value": math.nan, "reached": False, "closeness": near}
     if objective.to_target:
-        mask = reached_mask(rounds, target, target_suboptimality, target_loss)
+        mask = reached_mask(rounds, target, target_suboptimality, target_loss,
+                            target_grad_norm_sq)
         hit = rounds[mask]
         if hit.empty:
             return {"value": math.nan, "reached": False, "closeness": near}
         used = [c for c, t in (("test_accuracy", target), ("suboptimality", target_suboptimality),
-                               ("test_loss", target_loss)) if t is not None]
+                               ("test_loss", target_loss), ("grad_norm_sq", target_grad_norm_sq))
+                if t is not None]
         # round 0 is the untrained model's evaluation: "first" is the first after training
         evaluated = rounds[rounds[used].notna().all(axis=1) & (rounds["round"] > 0)]
         return {"value": float(hit.iloc[0][objective.column]), "reached": True,

@@ -180,7 +180,7 @@ def _metric(claim: Claim, outcome: dict) -> tuple[float, bool]:
     objective = OBJECTIVES.get(claim.metric)
     if objective is not None:
         if claim.target is not None:
-            targets = (claim.target.accuracy, None, claim.target.loss)
+            targets = claim.target.bounds
         else:
             targets = outcome["targets"]
         got = score(objective, outcome["rounds"], *targets)

@@ -304,10 +304,11 @@ def load_tune(name_or_path: str) -> Tune:
     labels = [p.display_name for p in resolved.algorithms]
     objective = OBJECTIVES[spec.objective]
     if objective.to_target and resolved.target_accuracy is None \
-            and resolved.target_suboptimality is None and resolved.target_loss is None:
+            and resolved.target_suboptimality is None and resolved.target_loss is None \
+            and resolved.target_grad_norm_sq is None:
         _fail(source, "objective", f"'{spec.objective}' needs a target: the scenario sets "
-                                   "none of target_accuracy, target_suboptimality and "
-                                   "target_loss (add one under 'set')")
+                                   "none of target_accuracy, target_suboptimality, "
+                                   "target_loss and target_grad_norm_sq (add one under 'set')")
     if objective.column in ("worst_device_accuracy", "worst_class_accuracy") \
             and resolved.problem is not None \
             and resolved.problem.name != "classification":

@@ -132,7 +132,8 @@ def _outcome(folder: Path, entry: dict, label: str, tune: Tune) -> dict:
     record = read_run(folder)
     rounds = record.rounds[record.rounds.algorithm == label]
     scenario = record.manifest.get("scenario", {})
-    targets = record.target_accuracy, record.target_suboptimality, record.target_loss
+    targets = (record.target_accuracy, record.target_suboptimality, record.target_loss,
+               record.target_grad_norm_sq)
     n = scenario.get("population", {}).get("num_devices", 1)
     row = (summarize(rounds, targets[0], n, targets[1], manifest=record.manifest).iloc[0]
            if len(rounds) else None)
