@@ -37,6 +37,8 @@ OBJECTIVES = {o.name: o for o in (
     Objective("time_to_target", "sim_time_s", "min", True, "time to target [s]"),
     Objective("rounds_to_target", "round", "min", True, "rounds to target"),
     Objective("exchanges_to_target", "exchanges", "min", True, "exchanges to target"),
+    Objective("gradients_to_target", "gradient_evaluations", "min", True,
+              "gradient evaluations to target (per device)"),
     Objective("final_accuracy", "test_accuracy", "max", False, "final accuracy"),
     Objective("final_worst_device_accuracy", "worst_device_accuracy", "max", False,
               "final worst-device accuracy"),
