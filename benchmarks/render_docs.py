@@ -409,6 +409,8 @@ SEED000 = "docs/data/seed000"
 SEED001 = "docs/data/seed001"
 SEED000_FIG2 = "docs/data/seed000-fig2"
 SEED000_FMNIST = "docs/data/seed000-fmnist"
+SEED003 = "docs/data/seed003"
+SEED004 = "docs/data/seed004"
 
 
 for _regime in ("shirt-sneaker", "ten-class"):
@@ -427,6 +429,8 @@ _verdicts_block("seed000-verdicts", SEED000)
 for _regime in ("homogeneous", "moderate", "extreme"):
     _regime_block(f"seed000-fmnist-{_regime}", SEED000_FMNIST, _regime)
 _verdicts_block("seed000-fmnist-verdicts", SEED000_FMNIST)
+_regime_block("seed003-toy-study", SEED003, "toy")
+_verdicts_block("seed003-verdicts", SEED003)
 
 
 def _regime_verdicts(folder: str) -> str:

@@ -19,6 +19,7 @@ from tests.conftest import (
     small_scenario,
 )
 from tests.test_heterogeneity_baselines import EXACT, scaffold_reference_round
+from wirelessfl.algorithms import device_state
 from wirelessfl.algorithms.device_state import BLOCK_ROWS, DeviceRows, expected_rows
 from wirelessfl.learning.minibatch import sample_device_minibatches
 from wirelessfl.learning.seeds import counter_uniform, device_uniform, stream_key
@@ -105,6 +106,22 @@ def test_device_rows_hold_only_written_devices():
     touched = int((dense != 0).any(1).sum())
     assert store.held == touched
     assert len(store.blocks) == -(-touched // BLOCK_ROWS)
+
+
+def test_rows_of_a_large_model_are_stored_in_blocks_that_fit(monkeypatch):
+    """A row of a large model (ResNet-18: 11.2 million float32) would make a block of BLOCK_ROWS
+    rows 46 GB: blocks then hold as many rows as fit in BLOCK_BYTES, and the rows read back as
+    written. Here the cap is lowered so that a 1,000-value row takes the large-model path."""
+    monkeypatch.setattr(device_state, "BLOCK_BYTES", 3 * 1000 * 4)
+    store = DeviceRows(10, torch.zeros(1000))
+    assert store.rows_per_block == 3
+    values = torch.randn(7, 1000)
+    store.set(np.arange(7), values)
+    assert len(store.blocks) == 3 and all(b.shape == (3, 1000) for b in store.blocks)
+    assert torch.equal(store.get(np.arange(7)), values)
+    assert torch.equal(store.get(np.array([9])), torch.zeros(1, 1000))
+    monkeypatch.undo()
+    assert DeviceRows(10, torch.zeros(1000)).rows_per_block == BLOCK_ROWS  # the real cap: as before
 
 
 def test_expected_rows_closed_form_against_simulation():

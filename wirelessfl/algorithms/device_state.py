@@ -8,7 +8,8 @@ keeps a row for a device from its first change on, so memory follows the devices
 part: after R rounds with participation beta, about N (1 - (1 - beta)^R) rows
 (``expected_rows``, what the pre-run memory check counts).
 
-Rows live in fixed-size blocks of ``BLOCK_ROWS`` (a list that grows), so the checkpoint walk
+Rows live in fixed-size blocks of ``BLOCK_ROWS`` rows (fewer for rows so large that such a block
+would pass ``BLOCK_BYTES``; a list that grows), so the checkpoint walk
 (pipeline/state_tree.py), which refuses an array whose shape changed, sees only new blocks
 appear; ``slot`` [N] maps a device to its row (-1: none yet, the default value).
 """
@@ -23,6 +24,17 @@ from wirelessfl.algorithms.participation import participant_count
 # Rows per storage block [D]: large enough that gathers touch few blocks, small enough that the
 # last, partly used block wastes little (1,024 rows of a 9,000-parameter model: 37 MB).
 BLOCK_ROWS = 1024
+# ... unless a block of BLOCK_ROWS rows would hold more than this many bytes [D]: then as many rows
+# as fit, at least one (1,024 rows of ResNet-18's 11.2 million parameters are 46 GB, which a run
+# of 10 devices asked for at its first stored row).
+BLOCK_BYTES = 256 * 2**20
+
+
+def block_rows(row_bytes: int) -> int:
+    """Rows per storage block for rows of ``row_bytes`` bytes."""
+    if BLOCK_ROWS * row_bytes <= BLOCK_BYTES:
+        return BLOCK_ROWS
+    return max(1, BLOCK_BYTES // max(row_bytes, 1))
 
 
 def expected_rows(num_devices: int, participation: float, rounds: int) -> float:
@@ -40,6 +52,7 @@ class DeviceRows:
         self.slot = np.full(num_devices, -1, dtype=np.int64)
         self.blocks: list[torch.Tensor] = []
         self.count = 0
+        self.rows_per_block = block_rows(default.numel() * default.element_size())
 
     @property
     def held(self) -> int:
@@ -53,7 +66,7 @@ class DeviceRows:
         have = np.flatnonzero(slots >= 0)
         for block, rows in self._by_block(slots[have]):
             out[torch.as_tensor(have[rows])] = self.blocks[block][
-                torch.as_tensor(slots[have[rows]] % BLOCK_ROWS)]
+                torch.as_tensor(slots[have[rows]] % self.rows_per_block)]
         return out
 
     def set(self, devices: np.ndarray, values: torch.Tensor) -> None:
@@ -61,7 +74,7 @@ class DeviceRows:
         self._allocate(devices)
         slots = self.slot[devices]
         for block, rows in self._by_block(slots):
-            self.blocks[block][torch.as_tensor(slots[rows] % BLOCK_ROWS)] = values[
+            self.blocks[block][torch.as_tensor(slots[rows] % self.rows_per_block)] = values[
                 torch.as_tensor(rows)]
 
     def dense(self) -> torch.Tensor:
@@ -74,12 +87,11 @@ class DeviceRows:
             return
         self.slot[new] = self.count + np.arange(len(new))
         self.count += len(new)
-        while len(self.blocks) * BLOCK_ROWS < self.count:
-            self.blocks.append(self.default.expand(BLOCK_ROWS, -1).clone())
+        while len(self.blocks) * self.rows_per_block < self.count:
+            self.blocks.append(self.default.expand(self.rows_per_block, -1).clone())
 
-    @staticmethod
-    def _by_block(slots: np.ndarray):
+    def _by_block(self, slots: np.ndarray):
         """(block, positions in ``slots``) for each storage block the slots fall in."""
-        blocks = slots // BLOCK_ROWS
+        blocks = slots // self.rows_per_block
         for block in np.unique(blocks):
             yield int(block), np.flatnonzero(blocks == block)
