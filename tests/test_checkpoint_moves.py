@@ -66,11 +66,20 @@ def test_the_fixtures_name_a_moved_class_by_its_old_name():
     assert "HealthCounter" not in vars(context) or context.HealthCounter is recorder.HealthCounter
 
 
+# Rounds columns added after the fixtures were written: the rows the checkpoint carries (those
+# before the interruption) hold NaN there; the rows after it are compared as every other column.
+NEWER_COLUMNS = ("worst_class_accuracy",)
+
+
 def _compare(resumed: pd.DataFrame, fresh: pd.DataFrame) -> None:
     assert list(resumed.columns) == list(fresh.columns)
     assert len(resumed) == len(fresh)
     for column in fresh.columns:
         a, b = resumed[column], fresh[column]
+        if column in NEWER_COLUMNS and a.isna().any() and not b.isna().all():
+            before = a.isna().to_numpy()
+            assert before[:before.sum()].all() and 0 < before.sum() < len(a), column
+            a, b = a[~before], b[~before]
         if pd.api.types.is_float_dtype(b):
             np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), rtol=RTOL, atol=ATOL,
                                        equal_nan=True, err_msg=column)
