@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import run_recording_thetas, small_doc
 from wirelessfl.algorithms.drift import coin_steps
+from wirelessfl.contract.payload import Payload
 from wirelessfl.errors import UserError
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
@@ -245,8 +246,8 @@ def test_the_manifest_records_the_parameters_each_method_resolved_from_theory(tm
     the user's null), against the theory's rules evaluated here from the instance's matrices:
     L = max_i ||A_i|| and mu = min_i lambda_min(A_i) by numpy, delta_A by ``_delta_a_exact``.
     DANE+ lambda = 2 delta_A (Cor. 5), DANE delta_A (Cor. 21), FedRed-GD Thm 9, GD and Scaffnew
-    1/L, Scaffnew p = sqrt(mu / L); FedRed's first communication comes after the Geom(p) draw
-    of the resolved p."""
+    1/L, Scaffnew p = sqrt(mu / L), averaging avg (a convex problem) for the methods that have
+    the option; FedRed's first communication comes after the Geom(p) draw of the resolved p."""
     from wirelessfl.pipeline.runner import run_scenario
 
     entries = [{"name": "dane-plus", "rounds": 2}, {"name": "dane", "rounds": 1},
@@ -271,14 +272,17 @@ def test_the_manifest_records_the_parameters_each_method_resolved_from_theory(tm
     resolved = {label: entry["resolved"] for label, entry in manifest.items()}
     assert manifest["dane-plus"]["params"]["lam"] is None
     assert resolved["dane-plus"] == pytest.approx(
-        {"lam": 2 * delta, "lr": 1 / (big_l + 2 * delta), "mu": mu}, rel=1e-9)
+        {"lam": 2 * delta, "lr": 1 / (big_l + 2 * delta), "mu": mu, "averaging": "avg"},
+        rel=1e-9)
     assert resolved["dane"] == pytest.approx(
-        {"lam": delta, "lr": 1 / (big_l + delta), "mu": mu}, rel=1e-9)
+        {"lam": delta, "lr": 1 / (big_l + delta), "mu": mu, "averaging": "avg"}, rel=1e-9)
     p = (delta + mu / 2) / (big_l - mu / 2)
     assert resolved["fedred"] == pytest.approx(
-        {"p": p, "eta": big_l, "lam": delta, "lr": 1 / (big_l + delta)}, rel=1e-9)
+        {"p": p, "eta": big_l, "lam": delta, "lr": 1 / (big_l + delta), "averaging": "avg"},
+        rel=1e-9)
     assert resolved["fedred-p"] == pytest.approx(
-        {"p": 0.2, "eta": big_l, "lam": 0.2 * big_l, "lr": 1 / (1.2 * big_l)}, rel=1e-9)
+        {"p": 0.2, "eta": big_l, "lam": 0.2 * big_l, "lr": 1 / (1.2 * big_l),
+         "averaging": "avg"}, rel=1e-9)
     assert resolved["gd"] == pytest.approx({"lr": 1 / big_l}, rel=1e-9)
     assert resolved["scaffnew"] == pytest.approx({"lr": 1 / big_l, "p": np.sqrt(mu / big_l)},
                                                  rel=1e-9)
@@ -713,3 +717,368 @@ def test_avg_rounds_send_exactly_the_declared_payloads_from_every_device(name):
         np.testing.assert_array_equal(led.bits_down, [down.bits * rounds] * n)
         np.testing.assert_array_equal(led.packets_delivered, [2 * rounds] * n)
         assert led.exchanges == 2 * rounds
+
+
+# ---- non-convex problems: the non-convex theory's defaults (fedred.md Sec. 2.2 - 2.5) -------------
+# fedred.md Fig. 1's non-convex instance (Sec. 4.1): indefinite A_i plus beta sum_k phi([x]_k),
+# beta = 400, so the recorded mu is negative (-delta/2 - beta/2 = -202.5) and L = 100 + 2 beta.
+NONCONVEX = {"name": "quadratic", "instance": "non-convex", "minimizer_std": 30.0,
+             "dimension": 100}
+
+
+def _nc_scenario(algorithm: dict, channel=None, seed=None, **problem):
+    """The non-convex instance on a lossless channel, at the small scenario's seed (3) or
+    ``seed`` (which draws the instance too)."""
+    doc = small_doc(problem={**NONCONVEX, **problem}, channel=channel or LOSSLESS,
+                    quantization_bits=32, algorithms=[{"eval_every": 1, **algorithm}])
+    for key in ("data", "model"):
+        doc.pop(key)
+    doc["population"] = {"num_devices": PROBLEM["clients"]}
+    if seed is not None:
+        doc["seed"] = seed
+    return scenario_from_document(doc, "drift-nonconvex.yaml")
+
+
+def _nc_run(algorithm: dict, seed=None, **problem):
+    sc = _nc_scenario(algorithm, seed=seed, **problem)
+    world = build_world(sc)
+    run = run_algorithm(world, sc.algorithms[0])
+    return world, run, pd.DataFrame(run.rows)
+
+
+def _nc_gradients(prob, x):
+    """grad f_i(x) of every client at x [d] (-> [n, d]) or at their own points x [n, d], in
+    numpy from the instance's matrices: A_i x - c_i + beta 2x / (1 + x^2)^2 (fedred.md 4.1)."""
+    x = np.broadcast_to(x, prob.c_np.shape)
+    return (np.einsum("nij,nj->ni", prob.a_np, x) - prob.c_np
+            + prob.beta * 2 * x / (1 + x * x) ** 2)
+
+
+def test_nonconvex_defaults_resolve_by_the_nonconvex_theory(tmp_path):
+    """On the non-convex instance (the recorded mu < 0) the parameters left out resolve by the
+    non-convex theory, checked against the formulas evaluated here from the manifest's recorded
+    constants (L, mu, delta_B) and, for F^_0 = ||grad f(x^0)||^2 / (2L), the gradient at x^0 = 0,
+    -mean_i c_i (the beta term's gradient is 0 there): DANE+ lambda = 2 delta_B (Cor. 2), Cor.
+    30's tolerance 18 delta_B F^_0 / R and (B.83)'s ceil((L + lambda) R / (18 delta_B)) steps,
+    Rand; DANE 2 delta_B (Thm 1, a = 2), Rand, no Cor. 30 rule; FedRed-GD Thm 8 (lambda =
+    delta_B, eta = 6L at sigma = 0, p = delta_B / L), Rand; FedRed exact Thm 6 (eta = max(L,
+    4 delta_B), p = lambda / eta); a given p keeps lambda = p eta; a given averaging is kept."""
+    from wirelessfl.pipeline.runner import run_scenario
+
+    entries = [{"name": "dane-plus", "rounds": 3}, {"name": "dane", "rounds": 1},
+               {"name": "dane-plus", "rounds": 2, "averaging": "avg", "label": "dane-plus-avg"},
+               {"name": "fedred", "rounds": 2},
+               {"name": "fedred", "rounds": 1, "solver": "exact", "label": "fedred-exact"},
+               {"name": "fedred", "rounds": 1, "p": 0.05, "label": "fedred-p"},
+               {"name": "gd", "rounds": 1}]
+    doc = small_doc(problem=NONCONVEX, channel=LOSSLESS, quantization_bits=32,
+                    algorithms=[{"eval_every": 1, **e} for e in entries])
+    for key in ("data", "model"):
+        doc.pop(key)
+    doc["population"] = {"num_devices": PROBLEM["clients"]}
+    built = []
+    run_scenario(scenario_from_document(doc, "nc.yaml"), tmp_path / "run",
+                 on_world=built.append, warn=lambda _: None)
+    [world] = built
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    c = manifest["problem"]
+    big_l, mu, delta_b = c["L"], c["mu"], c["delta_B"]
+    assert mu < 0 and c["optimum_value"] is None  # the non-convex instance
+    g0 = world.evaluator.c_np.mean(0)  # -grad f(0)
+    gap = float(g0 @ g0) / (2 * big_l)
+    entries = manifest["algorithms"]
+    resolved = {label: entry["resolved"] for label, entry in entries.items()}
+    assert entries["dane-plus"]["params"]["averaging"] is None
+    lam = 2 * delta_b
+    assert resolved["dane-plus"] == pytest.approx(
+        {"lam": lam, "lr": 1 / (big_l + lam), "mu": mu, "initial_gap": gap,
+         "grad_tolerance_sq": 18 * delta_b * gap / 3,
+         "local_step_cap": np.ceil((big_l + lam) * 3 / (18 * delta_b)), "averaging": "rand"},
+        rel=1e-9)
+    assert resolved["dane"] == pytest.approx(
+        {"lam": lam, "lr": 1 / (big_l + lam), "mu": mu, "averaging": "rand"}, rel=1e-9)
+    assert resolved["dane-plus-avg"] == pytest.approx(
+        {**resolved["dane-plus"], "averaging": "avg", "grad_tolerance_sq": 18 * delta_b * gap / 2,
+         "local_step_cap": np.ceil((big_l + lam) * 2 / (18 * delta_b))}, rel=1e-9)
+    assert resolved["fedred"] == pytest.approx(
+        {"p": delta_b / big_l, "eta": 6 * big_l, "lam": delta_b,
+         "lr": 1 / (6 * big_l + delta_b), "averaging": "rand"}, rel=1e-9)
+    eta = max(big_l, 4 * delta_b)
+    assert resolved["fedred-exact"] == pytest.approx(
+        {"p": delta_b / eta, "eta": eta, "lam": delta_b, "lr": 1 / (eta + delta_b),
+         "inner_lr": 1 / (big_l + eta + delta_b), "averaging": "rand"}, rel=1e-9)
+    assert resolved["fedred-p"] == pytest.approx(
+        {"p": 0.05, "eta": 6 * big_l, "lam": 0.05 * 6 * big_l,
+         "lr": 1 / (1.05 * 6 * big_l), "averaging": "rand"}, rel=1e-9)
+    assert resolved["gd"] == pytest.approx({"lr": 1 / big_l}, rel=1e-9)
+    for label in resolved:
+        assert manifest["algorithms"][label]["status"] == "complete", label
+
+
+def test_fedred_sgd_eta_on_a_nonconvex_problem_follows_thm_8_with_the_minibatch_noise():
+    """FedRed-SGD (full_batch: false, so averaging: avg given: Rand needs exact gradients) on
+    the non-convex instance with gradient noise: eta = 3L + sqrt(9L^2 + L sigma^2 K / F^_0),
+    sigma^2 = noise_std^2 / batch_size (the quadratic's minibatch noise), K = R L / delta_B,
+    F^_0 = ||mean_i c_i||^2 / (2L); lambda = delta_B, p = delta_B / L. Left to its default,
+    averaging would be rand, which is refused with both fixes."""
+    noise, batch, rounds = 40.0, 5, 4
+    world, run, _ = _nc_run({"name": "fedred", "rounds": rounds, "full_batch": False,
+                             "batch_size": batch, "averaging": "avg"}, noise_std=noise)
+    c = world.evaluator.constants
+    big_l, delta_b = c["L"], c["delta_B"]
+    g0 = world.evaluator.c_np.mean(0)
+    gap = float(g0 @ g0) / (2 * big_l)
+    eta = 3 * big_l + np.sqrt(9 * big_l ** 2 + big_l * noise ** 2 / batch
+                              * (rounds * big_l / delta_b) / gap)
+    assert eta > 6 * big_l
+    assert run.extra["resolved"] == pytest.approx(
+        {"p": delta_b / big_l, "eta": eta, "lam": delta_b, "lr": 1 / (eta + delta_b),
+         "initial_gap": gap, "averaging": "avg"}, rel=1e-9)
+    sc = _nc_scenario({"name": "fedred", "rounds": 2, "full_batch": False}, noise_std=noise)
+    with pytest.raises(UserError, match=r"averaging defaults to rand on this non-convex problem "
+                                        r"\(Thm 8\).*set full_batch: true, or averaging: avg"):
+        run_algorithm(build_world(sc), sc.algorithms[0])
+    with pytest.raises(UserError, match="averaging: rand needs exact gradients"):
+        _scenario({"name": "fedred", "full_batch": False, "averaging": "rand"})
+
+
+def test_scaffnew_refuses_its_default_p_on_a_nonconvex_problem():
+    """mu < 0: not 'zero up to rounding' but a non-convex problem, where ProxSkip has no theory;
+    the message says so and gives the fix; an explicit p runs."""
+    sc = _nc_scenario({"name": "scaffnew", "rounds": 2})
+    with pytest.raises(UserError, match=r"p defaults to sqrt\(mu / L\), which needs mu > 0, but "
+                                        r"this problem is non-convex \(mu = -202\.5 < 0\).*set p "
+                                        r"explicitly"):
+        run_algorithm(build_world(sc), sc.algorithms[0])
+    _, _, rows = _nc_run({"name": "scaffnew", "rounds": 2, "p": 0.5})
+    assert len(rows) == 3
+
+
+def test_dane_plus_refuses_fgd_under_the_nonconvex_rule():
+    sc = _nc_scenario({"name": "dane-plus", "rounds": 2, "solver": "fgd"})
+    with pytest.raises(UserError, match=r"solver: fgd has no non-convex theory.*use solver: gd, "
+                                        r"or set local_steps"):
+        run_algorithm(build_world(sc), sc.algorithms[0])
+
+
+def _nonconvex_solve(grad_i, h_i, xr, mean, lam, lr, tol, cap):
+    """fedred.md Sec. 2.2 "DANE+-GD, non-convex" (Cor. 2 / Cor. 30) on F(y) = f_i(y) - <h_i, y>
+    + lam/2 ||y - xr||^2: GD with step lr from y_0 = xr (grad F(xr) = mean, free) until
+    ||grad F(y_t)||^2 <= tol or t = cap (or the floor 1e-12 max(1, ||mean||)); returns (the y_t,
+    t >= 1, with the smallest ||grad F||, t = evaluations, how it ended)."""
+    y, grad = xr.copy(), mean.copy()
+    floor = 1e-12 * max(1.0, np.linalg.norm(mean))
+    best, best_sq, best_t = None, np.inf, 0
+    for t in range(1, cap + 1):
+        y = y - lr * grad
+        grad = grad_i(y) - h_i + lam * (y - xr)
+        sq = grad @ grad
+        if sq < best_sq:
+            best, best_sq, best_t = y.copy(), sq, t
+        if sq <= tol or np.sqrt(sq) <= floor:
+            return best, t, "tolerance"
+    return best, cap, "cap, best is the last" if best_t == cap else "cap, best is earlier"
+
+
+def test_nonconvex_dane_plus_stopping_rule_and_best_point_match_a_transcription(monkeypatch):
+    """DANE+ at its non-convex defaults (Rand, lambda = 2 delta_B, Cor. 30's tolerance 18
+    delta_B F^_0 / R, R = 110 the planned rounds) with max_local_steps 20 binding before (B.83)'s
+    step count: each round transcribed in numpy from the run's x^r (the gradient mean of the
+    float32 uploads, j_r re-drawn here, j_r's GD on F_{j_r,r}): the returned point (the visited
+    one with the smallest ||grad F||), its evaluation count, x^{r+1}, and every way a solve ends
+    exercised: at the tolerance, at the cap with the last point best, at the cap with an
+    earlier point best (||grad F|| grows on the way: F_{i,r} is not convex)."""
+    rounds, n, cap = 110, PROBLEM["clients"], 20
+    solves = _record_local_solves(monkeypatch)
+    sc = _nc_scenario({"name": "dane-plus", "rounds": rounds, "max_local_steps": cap})
+    world, thetas, run = run_recording_thetas(monkeypatch, sc)
+    prob = world.evaluator
+    c = prob.constants
+    big_l, delta_b = c["L"], c["delta_B"]
+    lam = 2 * delta_b
+    lr = 1 / (big_l + lam)
+    g0 = prob.c_np.mean(0)
+    tol = 18 * delta_b * (g0 @ g0 / (2 * big_l)) / rounds
+    assert np.ceil((big_l + lam) * rounds / (18 * delta_b)) > cap  # the cap binds first
+    assert len(solves) == rounds
+    events = {"tolerance": 0, "cap, best is the last": 0, "cap, best is earlier": 0}
+    for r, (y, k) in enumerate(solves):
+        xr = thetas[r].double().numpy()
+        g = _nc_gradients(prob, xr)
+        mean = g.astype(np.float32).mean(0, dtype=np.float32).astype(np.float64)
+        j = _rand_index(sc.seed, r, n)
+
+        def grad_j(z, j=j):
+            return _nc_gradients(prob, z)[j]
+
+        y_ref, k_ref, how = _nonconvex_solve(grad_j, g[j] - mean, xr, mean, lam, lr, tol, cap)
+        events[how] += 1
+        np.testing.assert_array_equal(k, [k_ref])
+        np.testing.assert_allclose(y[0], y_ref, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(thetas[r + 1].numpy(), y_ref.astype(np.float32),
+                                   rtol=1e-6, atol=1e-6)
+    assert min(events.values()) >= 1, events
+    rows = pd.DataFrame(run.rows)
+    np.testing.assert_array_equal(np.diff(rows.local_steps), [k[0] for _, k in solves])
+
+
+def _fedred_rand_reference(prob_a, prob_c, eta, lam, p, seed, rounds, uploads, n):
+    """fedred.md Alg. 3 with Rand (Thm 8's averaging) in numpy, driven by the run's recorded
+    upload phases (which devices' packets arrived; on_loss: drop): every device steps N_k times;
+    j_k alone uploads x_{j_k,k+1}; if it arrives, x~ = it (float32) and the gradient all-reduce
+    at x~ averages the delivered gradients (float32), h_i = grad f_i(x~) - mean for every device;
+    else nothing changes. Also the gradient evaluations charged to each device: its own steps
+    with its model upload (j_k), the others' with the next all-reduce, 1 per all-reduce.
+    Returns (x~ per round, charged [n], events)."""
+    d = prob_c.shape[1]
+    gamma = 1 / (eta + lam)
+    grad = lambda z: np.einsum("nij,nj->ni", prob_a, np.broadcast_to(z, (n, d))) - prob_c
+    phases = {}
+    for k, got in uploads:
+        phases.setdefault(k, []).append(set(got.tolist()))
+    x_ref = np.zeros(d, dtype=np.float32)
+    xs, h = np.zeros((n, d)), np.zeros((n, d))
+    charged, owed = np.ones(n), np.zeros(n)  # the all-reduce at x^0 (A19)
+    init = sorted(phases[0].pop(0))
+    if init:
+        g = grad(x_ref.astype(np.float64))
+        h = g - g[init].astype(np.float32).mean(0, dtype=np.float32)
+    out = [x_ref.copy()]
+    events = {"model in": 0, "model lost": 0, "gradient lost": 0}
+    for k in range(rounds):
+        m = coin_steps(seed, p, k)
+        for _ in range(m):
+            xs = xs - gamma * (grad(xs) - h + lam * (xs - x_ref.astype(np.float64)))
+        j = _rand_index(seed, k, n)
+        model, *rest = phases[k]
+        assert model <= {j}  # only j_k uploads its model
+        charged[j] += m
+        owed[np.arange(n) != j] += m
+        if model:
+            events["model in"] += 1
+            x_ref = xs[j].astype(np.float32)
+            [in_mean] = rest
+            events["gradient lost"] += len(in_mean) < n
+            charged += 1 + owed
+            owed[:] = 0
+            if in_mean:
+                g = grad(x_ref.astype(np.float64))
+                h = g - g[sorted(in_mean)].astype(np.float32).mean(0, dtype=np.float32)
+        else:
+            events["model lost"] += 1
+            assert rest == []  # no all-reduce
+        out.append(x_ref.copy())
+    return out, charged, events
+
+
+def test_fedred_rand_averaging_matches_the_pseudocode_with_lost_uploads(monkeypatch):
+    """FedRed-GD with averaging: rand on a lossy uplink (on_loss: drop) against the numpy
+    transcription above, driven by which uploads the run delivered: x~ every round, and every
+    device's gradient evaluations in the ledger (the devices other than j_k are charged their
+    steps with the all-reduce that follows, or the next one after a round whose model was
+    lost); every case of the transcription exercised."""
+    rounds, n, p, eta = 30, PROBLEM["clients"], 0.2, 40.0
+    lossy = {"profile": "seed002-pinned", "uplink": {"delivery_probability": 0.7}}
+    sc = _scenario({"name": "fedred", "rounds": rounds, "p": p, "eta": eta,
+                    "averaging": "rand", "on_loss": "drop"}, lossy)
+    uploads = _record_uploads(monkeypatch)
+    world, thetas, run = run_recording_thetas(monkeypatch, sc)
+    prob = world.evaluator
+    xs, charged, events = _fedred_rand_reference(prob.a_np, prob.c_np, eta, p * eta, p,
+                                                 sc.seed, rounds, uploads, n)
+    assert min(events.values()) >= 1, events
+    for ours, ref in zip(thetas, xs, strict=True):
+        np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(run.ledger.backward_passes, charged)
+    assert run.extra["resolved"]["averaging"] == "rand"
+
+
+@pytest.mark.parametrize("averaging", ["avg", "rand"])
+def test_fedred_sends_its_declared_payloads(averaging):
+    """FedRed declares ``samples_devices`` for averaging: rand; with avg every device sends and
+    receives exactly ``declared_payloads`` each round plus ``initial_payloads`` once (2 packets
+    a round + 1); with rand the same except j_k's model packet: n - 1 fewer model packets a
+    round. At 32 and 8 bits."""
+    from wirelessfl.algorithms.drift import FedRed
+
+    rounds, n = 4, PROBLEM["clients"]
+    for bits in (32, 8):
+        sc = _scenario({"name": "fedred", "rounds": rounds, "p": 0.3, "eta": 40.0, "bits": bits,
+                        "averaging": averaging})
+        world = build_world(sc)
+        led = run_algorithm(world, sc.algorithms[0]).ledger
+        d = world.evaluator.d
+        up, down = FedRed.declared_payloads(d, bits, participants=n)
+        up0, down0 = FedRed.initial_payloads(d, bits)
+        np.testing.assert_array_equal(led.bits_down, [down.bits * rounds + down0.bits] * n)
+        assert led.exchanges == 2 * rounds + 1
+        if averaging == "avg":
+            np.testing.assert_array_equal(led.bits_up, [up.bits * rounds + up0.bits] * n)
+            np.testing.assert_array_equal(led.packets_delivered, [2 * rounds + 1] * n)
+            continue
+        models = np.bincount([_rand_index(sc.seed, k, n) for k in range(rounds)], minlength=n)
+        vector = Payload.vectors(d, bits).bits
+        np.testing.assert_array_equal(led.bits_up, (rounds + 1 + models) * vector)
+        np.testing.assert_array_equal(led.packets_delivered, rounds + 1 + models)
+
+
+def test_fedred_rand_passes_the_conformance_suite():
+    from tests.conftest import ALGORITHM_NEEDS
+    from wirelessfl.plugins import ALGORITHMS
+    from wirelessfl.testing import check_algorithm
+
+    cls = ALGORITHMS.load_builtins()["fedred"]
+    check_algorithm(cls, {**ALGORITHM_NEEDS["fedred"], "averaging": "rand"})
+
+
+def _rounds_to(rows: pd.DataFrame, target: float) -> int | None:
+    """The first round whose grad_norm_sq is at or below ``target`` (None: none)."""
+    hit = rows[rows.grad_norm_sq <= target]
+    return None if hit.empty else int(hit["round"].iloc[0])
+
+
+# Rounds to ||grad f||^2 <= 1e-4 measured on the non-convex instance (minimizer_std 30, d = 100,
+# 5 devices, lossless) at the scenario seeds 0 - 5, every method at its defaults, FedRed with a
+# budget of 160 rounds: GD 835 / 1223 / 1295 / 1096 / 1083 / 998; FedRed-GD (Thm 8, Rand) none
+# (min 1.4e-4) / none (4e-3) / 49 / 54 / 50 / none (0.059), 7719 / 7609 / 7367 gradients per
+# device where it got there; with averaging: avg none (4.8e3) / none (5.5) / 50 / 54 / 50 / none
+# (3.3e2). Seeds 3 (the small scenario's) and 0 stand for the two outcomes.
+NONCONVEX_SEEDS = {3: True, 0: False}
+
+
+@pytest.mark.parametrize("seed", sorted(NONCONVEX_SEEDS))
+def test_nonconvex_defaults_against_gd_on_the_gradient_target(seed):
+    """fedred.md Fig. 1's non-convex instance, every method at its non-convex theory defaults,
+    ||grad f(x^r)||^2 (A14, the rounds column grad_norm_sq) against 1e-4, with a tenth of GD's
+    rounds (GD at step 1/L run here to its first round below the target). What holds is
+    instance dependent (NONCONVEX_SEEDS's note: the paper's claim of about 20x fewer rounds is
+    not the theory's guarantee, which is on a uniformly drawn iterate): FedRed-GD (Thm 8: p =
+    delta_B / L, eta = 6L, Rand) gets there on half of the instances tried (seed 3: 54 rounds
+    of GD's 1096, 7609 gradients per device, about 7 times GD's: eta = 6L makes its step
+    1/(6L + delta_B)) and not on the others (seed 0: its smallest ||grad f||^2 over GD's 835 / 10
+    rounds stays above 1e-4; the model moves away again, the local iterates of the devices
+    leaving x~ between communications, Rand taking one of them). DANE+-GD (Cor. 2 / Cor. 30, R =
+    the same tenth) gets there on none: Cor. 30's tolerance 18 delta_B F^_0 / R (about 4e4)
+    ends its local solves after about one step once ||grad f||^2 is below it, so it runs like GD
+    (seed 3: 2e3 after 109 rounds; with R = 1500, 1e-4 at round 894). It meets what Cor. 30
+    promises, min_r ||grad f(x^r)||^2 <= 72 delta_B F_0 / R, checked with F^_0 <= F_0."""
+    target = 1e-4
+    _, _, gd = _nc_run({"name": "gd", "rounds": 1500}, seed=seed)
+    gd_rounds = _rounds_to(gd, target)
+    assert gd_rounds is not None
+    budget = gd_rounds // 10
+    world, _, fedred = _nc_run({"name": "fedred", "rounds": budget}, seed=seed)
+    reached = _rounds_to(fedred, target)
+    if NONCONVEX_SEEDS[seed]:
+        assert reached is not None and reached <= budget
+        # gradients on GD's scale: about 6 to 7 times GD's (Thm 8: GD's complexity at eta = 6L)
+        grads = fedred.gradient_evaluations[fedred["round"] == reached].iloc[0]
+        assert grads <= 10 * gd_rounds
+    else:
+        assert reached is None, reached
+    _, run, dane = _nc_run({"name": "dane-plus", "rounds": budget}, seed=seed)
+    resolved = run.extra["resolved"]
+    c = world.evaluator.constants
+    assert resolved["averaging"] == "rand"
+    assert dane.grad_norm_sq.min() <= 72 * c["delta_B"] * resolved["initial_gap"] / budget
+    assert _rounds_to(dane, target) is None  # the theory's rule does not get there (docstring)

@@ -26,7 +26,11 @@ Round structures (Sec. 3.2 "phase sequence"):
   coin of Alg. 2, A5) and announces it with the previous broadcast; C(N) -> UL x_{i,k+1} ->
   DL x~ -> C(1) -> UL grad f_i(x~) -> DL grad f(x~). Local iterates are NOT reset (A4). Round 0
   starts with the all-reduce at x^0 (A19), declared by ``initial_payloads``.
+  ``averaging: rand``: only the drawn device j_k uploads x_{j_k,k+1} (FedRed class doc).
 * Scaffnew, one round: N ~ Geom(p) local steps, then UL x^_i - (gamma/p) h_i -> DL x-bar.
+
+Parameters left out resolve by the convex theory, or by the non-convex theory on a problem whose
+constants say mu < -MU_ROUNDING L (``is_nonconvex``; DanePlus, FedRed, Scaffnew).
 
 Lost packets (A12). Default ``on_loss: wait``, the exact algorithm: the base station asks the
 devices whose upload was lost to send it again (a retransmission phase: airtime and energy
@@ -84,6 +88,29 @@ class DriftParams(AlgorithmParams):
 
 # Below this share of L a problem's mu is taken for 0 (Scaffnew's default p refuses it) [D].
 MU_ROUNDING = 1e-10
+
+
+def is_nonconvex(constants: dict[str, float]) -> bool:
+    """Whether a problem's constants make it non-convex for the parameters' default rules:
+    mu < -MU_ROUNDING L [D], the test Scaffnew's refusal of a mu "zero up to rounding" uses from
+    the other side (a built mu = 0 instance measures about -1e-14 L and stays convex). A problem
+    that knows no mu or no L (a neural network) counts as convex: its defaults need constants it
+    does not have and are refused by ``theory_value`` anyway. Non-convex problems resolve the
+    parameters left out by fedred.md's non-convex theory (Sec. 2.2 "DANE+-GD, non-convex": Thm 1,
+    Cor. 2 / Cor. 30; Sec. 2.3-2.4: Thm 6, Thm 8; Sec. 2.5), convex ones by the convex theory."""
+    mu, big_l = constants.get("mu"), constants.get("L")
+    return mu is not None and big_l is not None and mu < -MU_ROUNDING * big_l
+
+
+def initial_gap(algorithm: Algorithm, big_l: float) -> float:
+    """F^_0 = ||grad f(x^0)||^2 / (2L), the non-convex rules' stand-in for F_0 = f(x^0) - f*
+    (fedred.md Sec. 1.2) [D]: f* (or a lower bound f_low) is unknown in advance, while for any
+    L-smooth f bounded below f* <= f(x^0 - grad f(x^0) / L) <= f(x^0) - ||grad f(x^0)||^2 / (2L),
+    so F^_0 <= F_0 is a certified lower bound: a tolerance 18 delta_B F^_0 / R is no looser than
+    Cor. 30's and its guarantee holds as stated, and eta of Thm 8 only grows (a smaller step).
+    It needs no function value, only the gradient at x^0 (what round 0's all-reduce gives the
+    base station); the simulator reads it exactly, in float64, when it resolves the defaults."""
+    return algorithm.ctx.evaluator.grad_norm_sq(algorithm.theta) / (2 * big_l)
 
 
 def theory_value(algorithm: Algorithm, param: str, rule: str, *keys: str) -> dict[str, float]:
@@ -278,19 +305,22 @@ class DriftCorrected(Algorithm):
             tries += 1
         return np.sort(np.concatenate(arrived))
 
-    def all_reduce(self, anchor: torch.Tensor, k: int, stream: str = "grad"):
+    def all_reduce(self, anchor: torch.Tensor, k: int, stream: str = "grad",
+                   cost: Cost | None = None):
         """Phase pair: devices upload grad f_i(anchor), the base station broadcasts the mean.
         Returns (the local gradients [c, d] in compute dtype of the devices whose gradient is
         in the mean, the broadcast mean [d] or None, those devices' increasing indices): only
-        they are computed for, as only their gradient is read."""
+        they are computed for, as only their gradient is read. ``cost``: the devices' work in
+        the phase (default ``exact_cost``, the one gradient)."""
         grads = []
 
         def gradients(devices: np.ndarray) -> torch.Tensor:
             grads.append(self.exact_gradients(anchor.to(self.dtype), devices))
             return grads[0]
 
-        mean, delivered = yield from self.exchange_delivered(gradients, anchor.numel(),
-                                                             self.exact_cost(), k, None, stream)
+        cost = self.exact_cost() if cost is None else cost
+        mean, delivered = yield from self.exchange_delivered(gradients, anchor.numel(), cost, k,
+                                                             None, stream)
         return (grads[0] if grads else None), mean, delivered
 
     def exchange_delivered(self, compute, d: int, cost: Cost, k: int,
@@ -331,6 +361,27 @@ class DriftCorrected(Algorithm):
         state and have energy left."""
         asked = self.participant_devices(self.round_index)
         return asked[(self.missed[asked] == 0) & self.ctx.net.alive[asked]]
+
+    def selected_device(self, r: int) -> int:
+        """Rand's j_r: uniform over round r's asked devices (all of [D] at participation 1),
+        from the stream (seed, "rand-averaging", r), the same for every method of a scenario."""
+        asked = self.participant_devices(r)
+        return int(asked[keyed_rng(self.ctx.seed, "rand-averaging", r).integers(len(asked))])
+
+    def resolve_averaging(self, nonconvex: bool) -> str:
+        """``averaging`` as given, else by the theory (fedred.md Sec. 2.0, 2.5): avg for a
+        convex problem (Thm 4 / Cor. 5, Thm 7, Thm 9; A10), rand for a non-convex one (Cor. 2,
+        Thm 6, Thm 8)."""
+        given = getattr(self.params, "averaging", None)
+        return given if given is not None else ("rand" if nonconvex else "avg")
+
+    def resolved(self) -> dict:
+        """``Algorithm.resolved`` plus the averaging rule used ("avg" or "rand"), for the
+        methods that have the option."""
+        out = super().resolved()
+        if "averaging" in self.Params.model_fields and getattr(self, "averaging", None):
+            out["averaging"] = self.averaging
+        return out
 
 
 class SingleExchange(DriftCorrected):
@@ -390,23 +441,31 @@ class GD(SingleExchange):
 class DanePlusParams(DriftParams):
     lam: float | None = Field(None, ge=0, description="lambda, the pull toward x^r (default "
                                                       "2 delta_A, Cor. 5 for an inexact local "
-                                                      "solver; delta_A exact, A2)")
+                                                      "solver, delta_A exact, A2; non-convex "
+                                                      "problem: 2 delta_B, Cor. 2)")
     lr: float | None = Field(None, gt=0, description="local step gamma (default 1/(L + lambda), "
                                                      "Sec. 2.2)")
     local_steps: int | None = Field(
         None, gt=0, description="K local steps per round; default: the adaptive stopping rule "
-                                "||grad F||^2 <= e_r^2 ||y - x^r||^2 (Thm 4, Sec. 2.2)")
+                                "||grad F||^2 <= e_r^2 ||y - x^r||^2 (Thm 4, Sec. 2.2); "
+                                "non-convex problem: ||grad F||^2 <= 18 delta_B F_0 / R or "
+                                "ceil((L + lambda) R / (18 delta_B)) steps, returning the "
+                                "visited point with the smallest ||grad F|| (Cor. 30, (B.83))")
     max_local_steps: int = Field(DEFAULT_MAX_LOCAL_STEPS, gt=0,
-                                 description="cap of the adaptive rule (Sec. 2.2: 5000)")
+                                 description="cap of the adaptive rules (Sec. 2.2: 5000)")
     mu: float | None = Field(None, ge=0, description="mu of the rule's e_r^2 = lambda (mu + "
                                                      "lambda) / (8 (r+1)(r+2)) (default: the "
-                                                     "problem's, else 0)")
+                                                     "problem's, else 0); given on a non-convex "
+                                                     "problem, it selects this relative rule "
+                                                     "instead of the non-convex one")
     server_lr: float = Field(1.0, gt=0, description="x^{r+1} = x^r + server_lr (mean y_i - x^r)")
-    averaging: str = Field("avg", pattern="^(avg|rand)$",
-                           description="Alg. 1's Average: avg, the mean of the devices' x_{i,r+1} "
-                                       "(A10: the default); rand, x_{j_r,r+1} of one device j_r "
-                                       "drawn uniformly each round from (seed, round), which "
-                                       "alone solves and uploads its model (Sec. 2.0)")
+    averaging: str | None = Field(
+        None, pattern="^(avg|rand)$",
+        description="Alg. 1's Average: avg, the mean of the devices' x_{i,r+1}; rand, "
+                    "x_{j_r,r+1} of one device j_r drawn uniformly each round from (seed, "
+                    "round), which alone solves and uploads its model (Sec. 2.0); default by "
+                    "the theory: avg on a convex problem (Cor. 5, A10), rand on a non-convex "
+                    "one (Cor. 2)")
     solver: str = Field("gd", pattern="^(gd|fgd)$",
                         description="local solver: gd, gradient descent (DANE+-GD); fgd, "
                                     "Nesterov's fast gradient method (DANE+-FGD, Sec. 2.2: "
@@ -457,13 +516,30 @@ class DanePlus(DriftCorrected):
     FISTA without a prox) [D]. One gradient per iteration, at y_t: the adaptive rules (Thm 4's,
     DANE's tolerance, the cap and the floor) are checked on y_t and return it, exactly as for
     GD; with fixed ``local_steps`` K the solver returns z_K, the point the scheme's guarantee is
-    about. beta = 0 is GD."""
+    about. beta = 0 is GD.
+
+    Non-convex problems (``is_nonconvex``: the problem's mu < -MU_ROUNDING L), fedred.md Sec. 2.2
+    "DANE+-GD, non-convex" (Thm 1, Cor. 2 / Cor. 30): lambda = 2 delta_B (Cor. 2), averaging
+    rand (Cor. 2's "an arbitrary local model"), and, in place of Thm 4's relative rule (whose
+    e_r^2 = lambda (mu + lambda) / (8 (r+1)(r+2)) is negative once mu < -lambda), GD with step
+    1/(L + lambda) until ||grad F_{i,r}(y_t)||^2 <= 18 delta_B F^_0 / R (Cor. 30) or for
+    ceil((L + lambda) R / (18 delta_B)) steps (the step count of (B.83), Cor. 2's
+    Theta(L R / delta_B)), whichever comes first (and at most ``max_local_steps``, the floor as
+    ever), returning the visited point y_t, t >= 1, with the smallest ||grad F_{i,r}|| (Cor. 2;
+    GD with this step never increases F_{i,r}, so the descent Thm 1 also needs holds). R is the
+    run's planned ``rounds``, F^_0 = ||grad f(x^0)||^2 / (2L) (``initial_gap``) [D]; x^r itself
+    is not a candidate [D] (as Thm 4's rule checks t >= 1 only), so a round always moves. An
+    explicit ``mu`` keeps Thm 4's rule with that mu; ``solver: fgd`` is refused under the
+    non-convex rule (momentum keeps no descent; the theory is GD's). The manifest's "resolved"
+    records lambda, lr, the problem's mu, F^_0 (``initial_gap``), the tolerance
+    (``grad_tolerance_sq``), the step cap (``local_step_cap``) and ``averaging``."""
 
     name = "dane-plus"
     Params = DanePlusParams
     summary = ("gradient all-reduce, then an inexact solve of f_i - <h_i, x> + lambda/2 "
                "||x - x^r||^2; two d-vectors up and two down")
-    resolved_attributes = ("lam", "lr", "mu", "momentum")
+    resolved_attributes = ("lam", "lr", "mu", "momentum", "initial_gap", "grad_tolerance_sq",
+                           "local_step_cap")
     # averaging: rand asks only the drawn device j_r for its model, so a device's traffic
     # differs from round to round: the conformance suite then checks every device's ledger
     # against ``declared_phases`` (wirelessfl/testing.py), whole packets of the two phases.
@@ -475,6 +551,13 @@ class DanePlus(DriftCorrected):
     # inexact local solver under Thm 4's relative rule, needs lambda = 2 delta_A; DANE overrides.
     lam_factor: ClassVar[float] = 2.0
     lam_rule: ClassVar[str] = "2 delta_A (Cor. 5)"
+    # On a non-convex problem: lambda = a delta_B, a = 2 (Cor. 2; Thm 1 needs a > 1).
+    nonconvex_lam_factor: ClassVar[float] = 2.0
+    nonconvex_lam_rule: ClassVar[str] = "2 delta_B (Cor. 2)"
+    # What ``setup`` sets; the class values serve Scaffold-cv, whose setup is its own.
+    averaging = "avg"
+    best_point = False  # return the visited y_t with the smallest ||grad F|| (non-convex rule)
+    initial_gap = grad_tolerance_sq = local_step_cap = None
 
     @classmethod
     def theory_needs(cls, params) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -492,17 +575,45 @@ class DanePlus(DriftCorrected):
 
     def setup(self) -> None:
         p = self.params
+        nonconvex = is_nonconvex(self.ctx.evaluator.constants or {})
+        self.averaging = self.resolve_averaging(nonconvex)
         self.lam = p.lam
         if self.lam is None:
-            self.lam = self.lam_factor * similarity(self, "lam", self.lam_rule)
+            if nonconvex:
+                self.lam = self.nonconvex_lam_factor * theory_value(
+                    self, "lam", self.nonconvex_lam_rule, "delta_B")["delta_B"]
+            else:
+                self.lam = self.lam_factor * similarity(self, "lam", self.lam_rule)
         self.lr = p.lr
         if self.lr is None:
             self.lr = 1.0 / (theory_value(self, "lr", "1/(L + lambda)", "L")["L"] + self.lam)
         self.mu = p.mu if p.mu is not None else (self.ctx.evaluator.constants or {}).get("mu", 0)
         self.momentum = None  # FGD's constant beta (None: GD, or the convex sequence)
+        # the non-convex rule (class doc) replaces Thm 4's unless mu or K is given
+        self.best_point = nonconvex and p.local_steps is None and p.mu is None
+        if self.best_point:
+            if p.solver == "fgd":
+                raise UserError(
+                    f"algorithms '{p.display_name}': solver: fgd has no non-convex theory "
+                    f"(mu = {self.mu:.4g} < 0): Cor. 2 / Cor. 30 run GD, whose steps never "
+                    "increase F_{i,r} (the descent Thm 1 needs; momentum does not keep it); use "
+                    "solver: gd, or set local_steps")
+            self.nonconvex_rule()
         if p.solver == "fgd" and self.mu + self.lam > 0:
             kappa = max(1.0, 1.0 / (self.lr * (self.mu + self.lam)))
             self.momentum = (math.sqrt(kappa) - 1) / (math.sqrt(kappa) + 1)
+
+    def nonconvex_rule(self) -> None:
+        """Cor. 30's tolerance 18 delta_B F^_0 / R on ||grad F_{i,r}||^2 and (B.83)'s step count
+        ceil((L + lambda) R / (18 delta_B)), R the planned ``rounds``, F^_0 ``initial_gap``;
+        with delta_B = 0 (identical devices) no step count (the cap alone) and tolerance 0."""
+        c = theory_value(self, "local_steps", "Cor. 30's rule (18 delta_B F_0 / R)", "L",
+                         "delta_B")
+        rounds, delta_b = self.params.rounds, c["delta_B"]
+        self.initial_gap = initial_gap(self, c["L"])
+        self.grad_tolerance_sq = 18 * delta_b * self.initial_gap / rounds
+        if delta_b > 0:
+            self.local_step_cap = math.ceil((c["L"] + self.lam) * rounds / (18 * delta_b))
 
     def momenta(self):
         """FGD's beta_0, beta_1, ...: the constant (sqrt(kappa) - 1) / (sqrt(kappa) + 1) when
@@ -516,15 +627,12 @@ class DanePlus(DriftCorrected):
             yield (s - 1) / following
             s = following
 
-    def selected_device(self, r: int) -> int:
-        """Rand's j_r: uniform over round r's asked devices (all of [D] at participation 1),
-        from the stream (seed, "rand-averaging", r)."""
-        asked = self.participant_devices(r)
-        return int(asked[keyed_rng(self.ctx.seed, "rand-averaging", r).integers(len(asked))])
-
     def stop(self, grad_sq: torch.Tensor, step_sq: torch.Tensor, r: int) -> torch.Tensor:
         """[N] bool: Thm 4's relative rule ||grad F(y_t)||^2 <= e_r^2 ||y_t - x^r||^2 with
-        e_r^2 = lambda (mu + lambda) / (8 (r+1)(r+2)) (fedred.md Sec. 2.2)."""
+        e_r^2 = lambda (mu + lambda) / (8 (r+1)(r+2)) (fedred.md Sec. 2.2); on a non-convex
+        problem Cor. 30's ||grad F(y_t)||^2 <= 18 delta_B F^_0 / R (class doc)."""
+        if self.grad_tolerance_sq is not None:
+            return grad_sq <= self.grad_tolerance_sq
         e_sq = self.lam * (self.mu + self.lam) / (8 * (r + 1) * (r + 2))
         return grad_sq <= e_sq * step_sq
 
@@ -534,10 +642,15 @@ class DanePlus(DriftCorrected):
         (h [n, d] their control variates), by (S)GD with step ``lr`` from x^r; returns (y [n, d],
         gradient evaluations per device [n]). Fixed K steps, or (adaptive) steps until ``stop``
         holds at the new point, the cap, or the numerical floor; K_r counts every evaluation,
-        the final check included."""
+        the final check included. Under the non-convex rule (``best_point``) the cap is also
+        ``local_step_cap`` and the visited y_t (t >= 1) with the smallest ||grad F|| is
+        returned."""
         p, n = self.params, len(devices)
         adaptive = p.local_steps is None
         limit = p.max_local_steps if adaptive else p.local_steps
+        if adaptive and self.local_step_cap is not None:
+            limit = min(limit, self.local_step_cap)
+        best = adaptive and self.best_point
         reuse = p.full_batch  # grad F_{i,r}(x^r) = grad f(x^r), known from the all-reduce
         fast = getattr(p, "solver", "gd") == "fgd"  # Scaffold-cv's rounds are GD's
         momenta = self.momenta() if fast else None
@@ -547,6 +660,8 @@ class DanePlus(DriftCorrected):
         evaluations = torch.zeros(n, dtype=torch.int64)
         grad = mean_grad.expand(n, -1)
         floor = GRADIENT_FLOOR[self.dtype] * max(1.0, float(mean_grad.norm()))
+        if best:
+            best_y, best_sq = y, torch.full((n,), math.inf, dtype=y.dtype, device=y.device)
         for t in range(limit + 1):
             if t > 0 or not reuse:
                 if t == limit and not adaptive:
@@ -555,6 +670,10 @@ class DanePlus(DriftCorrected):
                 evaluations += running.cpu()
                 if adaptive and t > 0:
                     grad_sq = grad.square().sum(1)
+                    if best:  # y_t of the devices still running is a new point
+                        better = running & (grad_sq < best_sq)
+                        best_sq = torch.where(better, grad_sq, best_sq)
+                        best_y = torch.where(better[:, None], y, best_y)
                     done = self.stop(grad_sq, (y - x).square().sum(1), r)
                     running &= ~(done | (grad_sq.sqrt() <= floor))
                     if not bool(running.any()):
@@ -570,6 +689,8 @@ class DanePlus(DriftCorrected):
             z = torch.where(running[:, None], step, z)
         if fast and not adaptive:
             return z, evaluations.numpy()  # fixed K: the scheme's z_K
+        if best:
+            return best_y, evaluations.numpy()
         return y, evaluations.numpy()
 
     def round(self, r: int):
@@ -581,7 +702,7 @@ class DanePlus(DriftCorrected):
         mean = mean.to(self.dtype)
         # the devices whose gradient is in the mean and that still hold the state solve
         active = np.intersect1d(self.holder_devices(), in_mean)
-        rand = getattr(p, "averaging", "avg") == "rand"
+        rand = self.averaging == "rand"
         if rand:  # only j_r solves and uploads; none when it cannot (no update, class doc)
             active = active[active == self.selected_device(r)]
             if not len(active):
@@ -616,6 +737,14 @@ class Dane(DanePlus):
     # Cor. 21 (fedred.md Sec. 2.1): with exact local solves lambda >= delta_A suffices.
     lam_factor = 1.0
     lam_rule = "delta_A (Cor. 21)"
+    # Non-convex: Thm 1 with exact solves (e_r = 0) needs lambda = a delta_B, a > 1; a = 2 as
+    # in Cor. 2 [D] (the bound's 4 (a + 1)^2 / (a - 1) is least at a = 3: 32 against 36).
+    nonconvex_lam_rule = "2 delta_B (Thm 1, a = 2)"
+
+    def nonconvex_rule(self) -> None:
+        """DANE keeps its own tight stopping rule on a non-convex problem too (its "exact"
+        solve; no Cor. 30 tolerance or (B.83) step count, ``max_local_steps`` caps it), still
+        returning the visited point with the smallest ||grad F|| there (``best_point``)."""
 
     def stop(self, grad_sq, step_sq, r):
         return grad_sq <= (self.params.tolerance ** 2) * self._start_sq
@@ -659,12 +788,25 @@ class FedRedParams(DriftParams):
     p: float | None = Field(None, gt=0, le=1,
                             description="probability of communicating after a local step "
                                         "(default: the convex theory's (lambda + mu/2) / (eta "
-                                        "- mu/2), Thm 9; solver exact: / (eta + mu/2), Thm 7)")
+                                        "- mu/2), Thm 9; solver exact: / (eta + mu/2), Thm 7; "
+                                        "non-convex problem: delta_B / L, Thm 8; solver exact: "
+                                        "lambda / eta, Thm 6)")
     eta: float | None = Field(None, ge=0, description="eta, pull toward the device's own previous "
-                                                      "iterate (default L, A8)")
+                                                      "iterate (default L, A8; non-convex "
+                                                      "problem: 3L + sqrt(9L^2 + L sigma^2 K / "
+                                                      "F_0), Thm 8 (6L with exact gradients); "
+                                                      "solver exact: max(L, 4 delta_B), Thm 6)")
     lam: float | None = Field(None, ge=0, description="lambda, pull toward x~ (default delta_A, "
-                                                      "Thm 9 / Thm 7; with p given: p eta, the "
-                                                      "practical rule of Sec. 2.4)")
+                                                      "Thm 9 / Thm 7; non-convex problem: "
+                                                      "delta_B, Thm 8 / Thm 6; with p given: p "
+                                                      "eta, the practical rule of Sec. 2.4)")
+    averaging: str | None = Field(
+        None, pattern="^(avg|rand)$",
+        description="the Average of x~ at a communication: avg, the mean of the devices' "
+                    "x_{i,k+1}; rand, x_{j_k,k+1} of one device j_k drawn uniformly from (seed, "
+                    "round), which alone uploads its model (every device still steps and takes "
+                    "part in the gradient all-reduce); default by the theory: avg on a convex "
+                    "problem (Thm 9 / Thm 7), rand on a non-convex one (Thm 8 / Thm 6)")
     lr: float | None = Field(None, gt=0, description="alternative to eta for the -(S)GD variant: "
                                                      "gamma = 1/(eta + lambda), so eta = 1/lr - "
                                                      "lambda (A16)")
@@ -689,19 +831,66 @@ class FedRedParams(DriftParams):
                              "raise eta or lam")
         if self.solver == "exact" and not self.full_batch:
             raise ValueError("solver: exact needs exact gradients (full_batch: true)")
+        if self.averaging == "rand" and not self.full_batch:
+            raise ValueError(RAND_NEEDS_FULL_BATCH)
         return self
+
+
+# FedRed with Rand: the devices other than j_k step without uploading, and their steps are
+# charged with the gradient all-reduce that follows (FedRed.round), one batch size a phase.
+RAND_NEEDS_FULL_BATCH = (
+    "averaging: rand needs exact gradients (full_batch: true) in FedRed: the devices other than "
+    "j_k step without uploading their model, and their steps are charged with the following "
+    "gradient all-reduce, whose full-batch passes cannot be priced together with minibatch "
+    "ones; set full_batch: true, or averaging: avg")
 
 
 class FedRed(DriftCorrected):
     """FedRed (fedred.md Alg. 2) and FedRed-(S)GD (Alg. 3): doubly regularised local steps,
-    communication with probability p, local iterates kept across communications (A4)."""
+    communication with probability p, local iterates kept across communications (A4).
+
+    ``averaging: rand`` (Thm 6 / Thm 8): at a communication event k, x~_{k+1} = x_{j_k,k+1} of
+    one device j_k drawn as DANE+'s j_r (``selected_device``, stream (seed, "rand-averaging",
+    k)); only j_k uploads its model, then every device takes part in the gradient all-reduce at
+    x~_{k+1} as with avg. Every device still runs its N_k local steps (its iterate is kept, A4,
+    and read when it is drawn): the steps of the devices other than j_k are charged with their
+    next upload, the all-reduce that follows (the engine prices work only with an upload), so
+    gradient counts and energy are exact and the simulated round is longer than the algorithm's
+    by up to those N_k steps (they would run while j_k computes and uploads); this needs exact
+    gradients (``RAND_NEEDS_FULL_BATCH``). When j_k cannot deliver (not holding the state, out
+    of energy, or its upload lost after the retries) the round keeps x~ and h_i, broadcasts the
+    one-value "no update" flag and skips the all-reduce, as a round in which nothing arrives;
+    the steps already made are kept (Alg. 2 with theta_k = 0) and charged at the next
+    all-reduce the device takes part in (at the run's end, steps still owed are not charged).
+
+    Non-convex problems (``is_nonconvex``) resolve the parameters left out by Thm 8 (FedRed-(S)GD:
+    lambda = delta_B, eta = 3L + sqrt(9L^2 + L sigma^2 K / F^_0), p = delta_B / L) or Thm 6
+    (``solver: exact``: lambda = delta_B, eta = max(L, 4 delta_B) (A8's L, at least Thm 6's
+    4 delta_B) [D], p = lambda / eta), and ``averaging`` by default rand. sigma^2 is Assumption
+    1's variance of the gradients used: 0 with exact gradients (so eta = 6L), the problem's
+    noise_std^2 / batch_size with minibatches; K = R L / delta_B, the iterations R communication
+    events take in expectation at Thm 8's p (R the planned ``rounds``) [D]; F^_0
+    (``initial_gap``) as DANE+'s, recorded only when sigma > 0 reads it."""
 
     name = "fedred"
     Params = FedRedParams
     summary = ("local steps on f_i - <h_i, x> + eta/2 ||x - x_i||^2 + lambda/2 ||x - x~||^2, "
                "communicating after Geom(p) steps; two d-vectors up and two down")
-    resolved_attributes = ("p", "eta", "lam", "lr", "inner_lr")
+    resolved_attributes = ("p", "eta", "lam", "lr", "inner_lr", "initial_gap")
     held_arrays = 1  # x_i
+    # averaging: rand asks only j_k for its model: the conformance suite checks each device's
+    # ledger against ``declared_phases`` (as DANE+'s; avg is held to the exact count of
+    # ``declared_payloads`` by tests/test_drift.py).
+    samples_devices: ClassVar[bool] = True
+
+    @classmethod
+    def declared_phases(cls, d: int, bits: int, participants: int = 1
+                        ) -> tuple[Payload, tuple[tuple[Payload, Payload | None], ...]]:
+        """(every device's broadcasts each round: x~ and the gradient mean, ((uplink, unicast
+        before it) of each upload phase)): x_{i,k+1} up (every device with avg, j_k alone with
+        rand), then grad f_i(x~_{k+1}) up from every device."""
+        model, gradient = Payload.vectors(d, bits), Payload.vectors(d, bits)
+        return Payload.vectors(d, bits, count=2), ((model, None), (gradient, None))
 
     @classmethod
     def initial_payloads(cls, d: int, bits: int) -> tuple[Payload, Payload]:
@@ -725,20 +914,34 @@ class FedRed(DriftCorrected):
     def setup(self) -> None:
         """eta, lambda, p from the parameters, or from the convex theory (fedred.md Sec. 2.3 -
         2.5): eta = L (A8), lambda = delta_A, p = Thm 9's (Thm 7's with ``solver: exact``) for
-        that eta and lambda. lambda and p are tied (lambda ~ p eta), so a given p sets lambda by
-        the practical rule lambda = p eta (end of Sec. 5) and a given lambda sets p."""
+        that eta and lambda; on a non-convex problem from Thm 8 (Thm 6), class doc. lambda and
+        p are tied (lambda ~ p eta), so a given p sets lambda by the practical rule lambda =
+        p eta (end of Sec. 5) and a given lambda sets p (convex theory; Thm 8's p is delta_B /
+        L whatever lambda)."""
         p = self.params
+        self.nonconvex = is_nonconvex(self.ctx.evaluator.constants or {})
+        self.averaging = self.resolve_averaging(self.nonconvex)
+        if self.averaging == "rand" and not p.full_batch:
+            raise UserError(f"algorithms '{p.display_name}': averaging defaults to rand on this "
+                            f"non-convex problem (Thm 8); {RAND_NEEDS_FULL_BATCH}")
+        self.initial_gap = None
         if p.lr is not None:  # with lam, and lr * lam <= 1 (FedRedParams)
             self.lam, self.eta = p.lam, 1.0 / p.lr - p.lam
         else:
             self.eta = p.eta
             if self.eta is None:
-                self.eta = theory_value(self, "eta", "L", "L")["L"]
+                self.eta = (self.nonconvex_eta() if self.nonconvex
+                            else theory_value(self, "eta", "L", "L")["L"])
             self.lam = p.lam
-            if self.lam is None:
+            if self.lam is None and p.p is not None:
+                self.lam = p.p * self.eta
+            elif self.lam is None and self.nonconvex:
+                theorem = "Thm 6" if p.solver == "exact" else "Thm 8"
+                self.lam = theory_value(self, "lam", f"delta_B ({theorem})",
+                                        "delta_B")["delta_B"]
+            elif self.lam is None:
                 theorem = "Thm 7" if p.solver == "exact" else "Thm 9"
-                self.lam = (p.p * self.eta if p.p is not None
-                            else similarity(self, "lam", f"delta_A ({theorem})"))
+                self.lam = similarity(self, "lam", f"delta_A ({theorem})")
         if self.eta + self.lam <= 0:
             raise UserError(f"algorithms '{p.display_name}': eta + lam must be positive")
         self.lr = 1.0 / (self.eta + self.lam)
@@ -755,10 +958,49 @@ class FedRed(DriftCorrected):
         # computed for the devices that step, when they step.
         self.anchor = None
         self.anchor_mean = None
+        # averaging: rand: local steps made and not yet charged, per device (class doc)
+        self.owed = np.zeros(self.ctx.num_devices, dtype=np.int64)
+
+    def nonconvex_eta(self) -> float:
+        """eta of the non-convex theory: Thm 8's 3L + sqrt(9L^2 + L sigma^2 K / F^_0) for
+        FedRed-(S)GD, max(L, 4 delta_B) for the exact solver (Thm 6's eta >= 4 delta_B), class
+        doc."""
+        p = self.params
+        if p.solver == "exact":
+            c = theory_value(self, "eta", "max(L, 4 delta_B) (Thm 6)", "L", "delta_B")
+            return max(c["L"], 4 * c["delta_B"])
+        rule = "3L + sqrt(9L^2 + L sigma^2 K / F_0) (Thm 8)"
+        c = theory_value(self, "eta", rule, "L", "delta_B")
+        big_l = c["L"]
+        if p.full_batch:  # exact gradients: sigma = 0
+            return 6 * big_l
+        noise = getattr(self.ctx.evaluator, "noise_std", None)
+        if noise is None:
+            raise UserError(f"algorithms '{p.display_name}': eta defaults to {rule}, which needs "
+                            "the minibatch gradients' variance sigma^2 (Assumption 1), which "
+                            "this problem does not state; set eta")
+        sigma_sq = noise ** 2 / p.batch_size
+        if sigma_sq == 0:
+            return 6 * big_l
+        self.initial_gap = initial_gap(self, big_l)
+        comm = p.p if p.p is not None else min(1.0, c["delta_B"] / big_l)
+        if self.initial_gap <= 0 or comm <= 0:
+            raise UserError(f"algorithms '{p.display_name}': eta defaults to {rule}, which needs "
+                            f"F_0 > 0 and delta_B > 0 (F^_0 = {self.initial_gap:g}, delta_B = "
+                            f"{c['delta_B']:g}); set eta")
+        iterations = p.rounds / comm
+        return 3 * big_l + math.sqrt(9 * big_l ** 2
+                                     + big_l * sigma_sq * iterations / self.initial_gap)
 
     def theory_p(self) -> float:
         """p of the convex theory for the resolved eta and lambda: (lambda + mu/2) / (eta - mu/2)
-        for FedRed-(S)GD (Thm 9), (lambda + mu/2) / (eta + mu/2) for the exact solver (Thm 7)."""
+        for FedRed-(S)GD (Thm 9), (lambda + mu/2) / (eta + mu/2) for the exact solver (Thm 7);
+        on a non-convex problem delta_B / L (Thm 8), lambda / eta for the exact solver (Thm 6)."""
+        if self.nonconvex:
+            if self.params.solver == "exact":
+                return min(1.0, self.lam / self.eta)
+            c = theory_value(self, "p", "delta_B / L (Thm 8)", "L", "delta_B")
+            return min(1.0, c["delta_B"] / c["L"])
         rule = ("(lam + mu/2) / (eta + mu/2) (Thm 7)" if self.params.solver == "exact"
                 else "(lam + mu/2) / (eta - mu/2) (Thm 9)")
         mu = max(theory_value(self, "p", rule, "mu")["mu"], 0.0)
@@ -823,13 +1065,37 @@ class FedRed(DriftCorrected):
         x_ref = self.theta.to(self.dtype)
         models, evaluations = self.local_steps(x_ref, steps, active, k)
         self.models.set(active, models)
-        new = yield from self.exchange_models(
-            models, active, self.gradient_cost(self.per_device(active, evaluations)), k)
+        if self.averaging == "rand":
+            new = yield from self.rand_exchange(models, active, evaluations, k)
+        else:
+            new = yield from self.exchange_models(
+                models, active, self.gradient_cost(self.per_device(active, evaluations)), k)
         if new is None:
             return
         self.theta = new
-        _, mean, _ = yield from self.all_reduce(self.theta, k)
+        if self.averaging == "rand":  # the others' steps, charged with the all-reduce
+            charged = self.holder_devices()
+            cost = Cost(1 + self.owed, 1 + self.owed, self.ctx.evaluator.full_batch_sizes())
+            _, mean, _ = yield from self.all_reduce(self.theta, k, cost=cost)
+            self.owed[charged] = 0
+        else:
+            _, mean, _ = yield from self.all_reduce(self.theta, k)
         self.remember_anchor(self.theta, mean)
+
+    def rand_exchange(self, models: torch.Tensor, active: np.ndarray, evaluations: np.ndarray,
+                      k: int):
+        """Rand's model phase: j_k uploads x_{j_k,k+1} (its steps charged with it), the base
+        station broadcasts it; the other devices' steps are owed to the all-reduce. Returns the
+        new x~ (float32) or None (j_k not holding the state, or its upload lost: the "no
+        update" flag)."""
+        chosen = active == self.selected_device(k)
+        self.owed[active[~chosen]] += evaluations[~chosen]
+        sender = active[chosen]
+        if not len(sender):
+            yield from self.broadcast_mean(None, models.shape[1])
+            return None
+        cost = self.gradient_cost(self.per_device(sender, evaluations[chosen]))
+        return (yield from self.exchange_models(models, active, cost, k, active=sender))
 
 
 # ---- Scaffnew / ProxSkip --------------------------------------------------------------------------
@@ -837,7 +1103,8 @@ class ScaffnewParams(DriftParams):
     lr: float | None = Field(None, gt=0, description="gamma (default 1/L, ProxSkip theory [E])")
     p: float | None = Field(None, gt=0, le=1, description="communication probability (default "
                                                           "sqrt(mu / L), ProxSkip theory [E]; "
-                                                          "refused when mu is 0)")
+                                                          "refused when mu is 0 or the problem "
+                                                          "is non-convex)")
 
 
 class Scaffnew(SingleExchange):
@@ -863,6 +1130,12 @@ class Scaffnew(SingleExchange):
         self.p = p.p
         if self.p is None:
             c = theory_value(self, "p", "sqrt(mu / L)", "L", "mu")
+            if is_nonconvex(c):  # Table 1: Scaffnew's non-convex rate is unknown
+                raise UserError(
+                    f"algorithms '{p.display_name}': p defaults to sqrt(mu / L), which needs "
+                    f"mu > 0, but this problem is non-convex (mu = {c['mu']:.4g} < 0), where "
+                    "Scaffnew / ProxSkip has no theory (fedred.md Table 1: unknown); set p "
+                    "explicitly (e.g. p: 0.1; fedred.md Sec. 5.1 / App. C try 0.05 - 0.2)")
             # p = 0 would never communicate: ProxSkip's rule needs mu > 0, and a mu within
             # eigenvalue rounding of 0 (a built mu = 0 instance measures about 1e-14 L) gives
             # Geom(p) local steps by the tens of millions [D]
