@@ -102,9 +102,18 @@ EXTRA: dict[str, list[str]] = {
     "seed002-fashionmnist": ["algorithms.0.rounds=4", "algorithms.0.eval_every=2"],
     # 1,000 samples of 10 features: the problem's own size is the run's cost
     "seed001-mco": ["problem.samples=200"],
+    # ResNet-18 on CIFAR-10, sized for a GPU: on the CPU, 4 devices of 50 images and 2 local
+    # steps a round keep each method's two rounds to seconds
+    "seed004-figc1": ["device=cpu", "population.num_devices=4", "data.max_train_samples=200",
+                      "data.max_test_samples=80", "algorithms.0.local_steps=2",
+                      "algorithms.2.local_steps=2", "algorithms.4.local_steps=2",
+                      "algorithms.1.p=0.5", "algorithms.3.p=0.5"],
 }
 # The datasets read from a user's folder of IDX files; generated here, 28 x 28 like the real ones.
 IDX_DATASETS = ("mnist", "fashionmnist")
+# CIFAR-10's binary version, generated here too (32 x 32 x 3, the real record layout): records per
+# training batch file and in the test file.
+CIFAR_TRAIN_PER_FILE, CIFAR_TEST = 40, 80
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 IDX_TRAIN, IDX_TEST, IDX_SIDE = 1000, 200, 28
@@ -333,7 +342,7 @@ def short_overrides(name: str, path: Path, data_root: Path) -> list[str]:
     data = doc.get("data")
     if isinstance(data, dict):
         sets += [f"data.max_train_samples={MAX_TRAIN}", f"data.max_test_samples={MAX_TEST}"]
-        if data.get("name") in IDX_DATASETS:
+        if data.get("name") in (*IDX_DATASETS, "cifar10"):
             sets.append(f"data.root={data_root / data['name']}")
     return sets + EXTRA.get(name, [])
 
@@ -359,10 +368,32 @@ def write_idx_folder(folder: Path, seed: int) -> Path:
     return folder
 
 
+def write_cifar_folder(folder: Path, seed: int) -> Path:
+    """CIFAR-10's binary version in ``folder``/cifar-10-batches-bin (each record a label byte,
+    then the red, green and blue 32 x 32 planes) of a learnable 10-class task: each class a
+    fixed random template, each image its template plus noise. The same ``seed`` writes the
+    same bytes."""
+    rng = np.random.default_rng(seed)
+    templates = rng.integers(0, 64, size=(10, 3, 32, 32))
+    batches = folder / "cifar-10-batches-bin"
+    batches.mkdir(parents=True, exist_ok=True)
+    files = [*(f"data_batch_{i}.bin" for i in range(1, 6)), "test_batch.bin"]
+    for name in files:
+        n = CIFAR_TEST if name.startswith("test") else CIFAR_TRAIN_PER_FILE
+        labels = np.arange(n) % 10
+        rng.shuffle(labels)
+        images = (templates[labels] + rng.integers(0, 192, size=(n, 3, 32, 32))).astype(np.uint8)
+        records = np.concatenate([labels.astype(np.uint8)[:, None], images.reshape(n, -1)], axis=1)
+        (batches / name).write_bytes(records.tobytes())
+    return folder
+
+
 def write_data(root: Path) -> Path:
-    """Every generated data folder under ``root`` (one per IDX dataset, distinct contents)."""
+    """Every generated data folder under ``root`` (one per IDX dataset and CIFAR-10, distinct
+    contents)."""
     for seed, name in enumerate(IDX_DATASETS):
         write_idx_folder(root / name, seed)
+    write_cifar_folder(root / "cifar10", len(IDX_DATASETS))
     return root
 
 
