@@ -189,6 +189,23 @@ def algorithm_scenario(algorithm: dict, overrides=()):
     return scenario_from_document(doc, "small.yaml", kept)
 
 
+def small_quadratic(algorithm: dict, delivery: float = 1.0, seed: int | None = None):
+    """Five quadratic clients f_i(x) = 1/2 x^T A_i x - c_i^T x in 4 dimensions (one device each),
+    exact gradients, 32-bit values, the pinned channel delivering uploads with ``delivery``:
+    the problem the algorithms' numpy transcriptions run on (tests/test_fgdro.py, test_drfa.py)."""
+    doc = small_doc(problem={"name": "quadratic", "clients": 5, "dimension": 4, "L": 4.0,
+                             "mu": 1.0, "delta": 1.0, "minimizer_std": 1.0},
+                    channel={"profile": "seed002-pinned",
+                             "uplink": {"delivery_probability": delivery}},
+                    quantization_bits=32, algorithms=[{"eval_every": 10**6, **algorithm}])
+    for key in ("data", "model"):
+        doc.pop(key)
+    doc["population"] = {"num_devices": 5}
+    if seed is not None:
+        doc["seed"] = seed
+    return scenario_from_document(doc, "quadratic.yaml")
+
+
 def write_yaml(folder: Path, doc, name: str = "scenario.yaml") -> Path:
     """Write a document (or a text as it is) to ``folder/name`` as YAML; returns the path."""
     path = Path(folder) / name

@@ -13,32 +13,15 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from tests.conftest import run_recording_thetas, small_doc, small_scenario
+from tests.conftest import run_recording_thetas, small_quadratic, small_scenario
 from wirelessfl.algorithms.drfa import DRFA, LOSS_BITS, draw_from, project_simplex
 from wirelessfl.contract.payload import Payload
 from wirelessfl.learning.seeds import keyed_rng
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
-from wirelessfl.scenario.loader import scenario_from_document
 from wirelessfl.testing import check_declared_payloads
 
 N = 5  # the quadratic's clients
-
-
-def _quadratic(algorithm: dict, delivery: float = 1.0, seed: int | None = None):
-    """Five quadratic clients f_i(x) = 1/2 x^T A_i x - c_i^T x in 4 dimensions, exact gradients
-    (tests/test_fgdro.py's), 32-bit values, the pinned channel."""
-    doc = small_doc(problem={"name": "quadratic", "clients": N, "dimension": 4, "L": 4.0,
-                             "mu": 1.0, "delta": 1.0, "minimizer_std": 1.0},
-                    channel={"profile": "seed002-pinned",
-                             "uplink": {"delivery_probability": delivery}},
-                    quantization_bits=32, algorithms=[{"eval_every": 10**6, **algorithm}])
-    for key in ("data", "model"):
-        doc.pop(key)
-    doc["population"] = {"num_devices": N}
-    if seed is not None:
-        doc["seed"] = seed
-    return scenario_from_document(doc, "quadratic.yaml")
 
 
 def _losses(a, c, x):
@@ -129,7 +112,7 @@ def test_matches_the_round_client_by_client_with_lost_uploads(monkeypatch, parti
     p = {"local_steps": 3, "lr": 0.1, "lr_lambda": 0.1, "participation": participation}
     rounds = 10
     exchanges, lambdas = _record(monkeypatch)
-    sc = _quadratic({"name": "drfa", "rounds": rounds, **p}, delivery=0.6)
+    sc = small_quadratic({"name": "drfa", "rounds": rounds, **p}, delivery=0.6)
     world, thetas, _ = run_recording_thetas(monkeypatch, sc)
     models = [e for e in exchanges if e[1].startswith("drfa models")]
     losses = [e for e in exchanges if e[1].startswith("drfa loss")]
@@ -205,7 +188,7 @@ def test_lambda_moves_to_the_worst_clients_and_the_model_to_the_saddle_point(mon
     min-max value, far below that of the average loss's minimiser."""
     rounds = 300
     _, lambdas = _record(monkeypatch)
-    sc = _quadratic({"name": "drfa", "rounds": rounds, "local_steps": 2, "lr": 0.05,
+    sc = small_quadratic({"name": "drfa", "rounds": rounds, "local_steps": 2, "lr": 0.05,
                      "lr_lambda": 0.01}, seed=seed)
     world, thetas, _ = run_recording_thetas(monkeypatch, sc)
     a, c = world.evaluator.a_np, world.evaluator.c_np

@@ -16,7 +16,12 @@ import torch
 from scipy.optimize import minimize
 from scipy.special import logsumexp, softmax
 
-from tests.conftest import record_delivered, run_recording_thetas, small_doc, small_scenario
+from tests.conftest import (
+    record_delivered,
+    run_recording_thetas,
+    small_quadratic,
+    small_scenario,
+)
 from wirelessfl.algorithms.fgdro import FGDROKL
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_generator
@@ -25,26 +30,13 @@ from wirelessfl.pipeline.simulation import run_algorithm
 from wirelessfl.report.plots import draw_report
 from wirelessfl.results.records import RunWriter, read_run
 from wirelessfl.results.summary import summarize
-from wirelessfl.scenario.loader import load_scenario, scenario_from_document
+from wirelessfl.scenario.loader import load_scenario
 
 EXACT = ["channel=seed002-pinned", "channel.uplink.delivery_probability=1.0",
          "quantization_bits=32"]
 
 
 # ---- quadratic clients ---------------------------------------------------------------------------
-def _quadratic(algorithm: dict, delivery: float = 1.0):
-    """Five quadratic clients f_i(x) = 1/2 x^T A_i x - c_i^T x in 4 dimensions, exact gradients."""
-    doc = small_doc(problem={"name": "quadratic", "clients": 5, "dimension": 4, "L": 4.0,
-                             "mu": 1.0, "delta": 1.0, "minimizer_std": 1.0},
-                    channel={"profile": "seed002-pinned",
-                             "uplink": {"delivery_probability": delivery}},
-                    quantization_bits=32, algorithms=[{"eval_every": 10**6, **algorithm}])
-    for key in ("data", "model"):
-        doc.pop(key)
-    doc["population"] = {"num_devices": 5}
-    return scenario_from_document(doc, "quadratic.yaml")
-
-
 def _losses(a, c, x):
     return 0.5 * np.einsum("j,njk,k->n", x, a, x) - c @ x
 
@@ -113,7 +105,7 @@ REFERENCE_PARAMS = {
 def test_matches_the_pseudocode_device_by_device_with_lost_uploads(monkeypatch, name):
     params = {**REFERENCE_PARAMS[name], "local_steps": 3}
     delivered = record_delivered(monkeypatch)
-    sc = _quadratic({"name": name, "rounds": 8, **params}, delivery=0.6)
+    sc = small_quadratic({"name": name, "rounds": 8, **params}, delivery=0.6)
     world, thetas, run = run_recording_thetas(monkeypatch, sc)
     assert 0 < sum(m.sum() for m in delivered) < 8 * 5  # some uploads were lost
     prob = world.evaluator
@@ -136,7 +128,7 @@ def test_fedadam_matches_reddi_et_als_server_adam_with_lost_uploads(monkeypatch)
     p = {"lr": 0.1, "local_steps": 3, "server_lr": 0.05, "beta1": 0.8, "beta2": 0.95,
          "tau": 1e-2}
     delivered = record_delivered(monkeypatch)
-    sc = _quadratic({"name": "fedadam", "rounds": 8, **p}, delivery=0.6)
+    sc = small_quadratic({"name": "fedadam", "rounds": 8, **p}, delivery=0.6)
     world, thetas, _ = run_recording_thetas(monkeypatch, sc)
     assert 0 < sum(m.sum() for m in delivered) < 8 * 5
     a, c = world.evaluator.a_np, world.evaluator.c_np
@@ -166,7 +158,7 @@ def test_kl_converges_to_the_minimiser_of_the_kl_objective(monkeypatch):
     e_i / ((1 - b2) G + b2 e_i) instead of e_i / G (v_i takes in its own e_i), an O(b2) bias, so
     b2 is small here."""
     lam = 1.0
-    sc = _quadratic({"name": "fgdro-kl", "rounds": 2500, "local_steps": 1, "lr": 0.01,
+    sc = small_quadratic({"name": "fgdro-kl", "rounds": 2500, "local_steps": 1, "lr": 0.01,
                      "lam": lam, "beta2": 0.01})
     world, thetas, _ = run_recording_thetas(monkeypatch, sc)
     a, c = world.evaluator.a_np, world.evaluator.c_np
@@ -192,7 +184,7 @@ def test_cvar_converges_to_the_minimiser_of_the_top_k_mean(monkeypatch):
     subgradient method ends in an O(eta) neighbourhood: the last iterate and the mean of the
     second half's iterates are checked."""
     k = 2
-    sc = _quadratic({"name": "fgdro-cvar", "rounds": 4000, "local_steps": 1, "lr": 0.003,
+    sc = small_quadratic({"name": "fgdro-cvar", "rounds": 4000, "local_steps": 1, "lr": 0.003,
                      "k": k})
     world, thetas, _ = run_recording_thetas(monkeypatch, sc)
     a, c = world.evaluator.a_np, world.evaluator.c_np
@@ -357,7 +349,7 @@ def test_worst_class_accuracy_is_the_lowest_accuracy_on_one_class_of_the_test_se
     _, record = _record(tmp_path, sc)
     summary = summarize(record.rounds, None, world.num_devices, manifest=record.manifest)
     assert summary.final_worst_class_accuracy.iloc[0] == pytest.approx(min(per_class))
-    quadratic = _quadratic({"name": "fedavg", "rounds": 1})
+    quadratic = small_quadratic({"name": "fedavg", "rounds": 1})
     row = run_algorithm(build_world(quadratic), quadratic.algorithms[0]).rows[-1]
     assert math.isnan(row["worst_class_accuracy"])
 
@@ -378,7 +370,7 @@ def test_rounds_record_worst_and_worst_k_device_accuracy(tmp_path):
 
 
 def test_quadratic_has_no_device_accuracy():
-    sc = _quadratic({"name": "fgdro-kl", "rounds": 1})
+    sc = small_quadratic({"name": "fgdro-kl", "rounds": 1})
     row = run_algorithm(build_world(sc), sc.algorithms[0]).rows[-1]
     assert row["device_accuracy"] is None and math.isnan(row["worst_device_accuracy"])
 

@@ -463,7 +463,31 @@ class LocalAdamParams(AlgorithmParams):
                        description="tau, added to sqrt(q) in the denominator (fgdro.md 2.5)")
 
 
-class LocalAdam(_FGDRO):
+class _ModelsOnly(_FGDRO):
+    """The round of a method that averages only d-vectors (no s or v travels): its devices'
+    local steps, then the vectors, zero scalars (unsent) and I backward passes each."""
+
+    has_scalar = False
+
+    def initial_scalar(self) -> float:
+        return 0.0  # none travels (``has_scalar``)
+
+    def step(self, w: torch.Tensor, moments: list[torch.Tensor], batch: torch.Tensor) -> None:
+        """One local step of the devices' models ``w`` [n, d] (and ``moments``) in place."""
+        raise NotImplementedError
+
+    def local_round(self, rows, idx):
+        n = len(rows)
+        w = self.start(self.theta, n)
+        moments = [self.start(v, n) for v in self.moments]
+        for t in range(self.params.local_steps):
+            self.step(w, moments, idx[t])
+        zeros = torch.zeros(n, dtype=torch.float64, device=w.device)
+        return (torch.stack([w, *moments], dim=1), zeros,
+                torch.full((n,), float(self.params.local_steps)))
+
+
+class LocalAdam(_ModelsOnly):
     """LocalAdam (seed 003 Alg. 4, fgdro.md 2.4), the ERM ablation of FGDRO-KL-Adam: every local
     step takes h = grad loss(w; z), then m <- (1-b3) m + b3 h, q <- (1-b4) q + b4 h*h,
     w <- w - eta m / (sqrt(q) + tau) (no bias correction); the server averages w, m and q
@@ -475,22 +499,14 @@ class LocalAdam(_FGDRO):
     summary = ("seed 003 Alg. 4: Adam-type local steps on the plain loss, w, m and q averaged; "
                "3 vectors each way")
     vectors = 3
-    has_scalar = False
 
-    def initial_scalar(self) -> float:
-        return 0.0  # none travels (``has_scalar``)
-
-    def local_round(self, rows, idx):
-        p, ev = self.params, self.ctx.evaluator
-        n = len(rows)
-        w, m, q = (self.start(v, n) for v in (self.theta, self.moments[0], self.moments[1]))
-        for t in range(p.local_steps):
-            h = ev.stacked_gradients(w, idx[t])
-            m.mul_(1 - p.beta3).add_(h, alpha=p.beta3)
-            q.mul_(1 - p.beta4).addcmul_(h, h, value=p.beta4)
-            w.sub_(p.lr * m / (q.sqrt() + p.tau))
-        zeros = torch.zeros(n, dtype=torch.float64, device=w.device)
-        return torch.stack([w, m, q], dim=1), zeros, torch.full((n,), float(p.local_steps))
+    def step(self, w, moments, batch):
+        p = self.params
+        m, q = moments
+        h = self.ctx.evaluator.stacked_gradients(w, batch)
+        m.mul_(1 - p.beta3).add_(h, alpha=p.beta3)
+        q.mul_(1 - p.beta4).addcmul_(h, h, value=p.beta4)
+        w.sub_(p.lr * m / (q.sqrt() + p.tau))
 
     def apply(self, vectors, scalar):
         """q_bar stays >= 0, as KL-Adam's (``FGDROKLAdam.apply``)."""
@@ -510,7 +526,7 @@ class DRDSGDParams(AlgorithmParams):
                                    "et al.'s theory asks for lambda > 1)")
 
 
-class DRDSGD(_FGDRO):
+class DRDSGD(_ModelsOnly):
     """DR-DSGD (Issaid, Elgabli and Bennis 2022; fgdro.md Sec. 3's baseline table), run as FL
     over the cell: the KL-regularised objective lam log((1/N) sum_i exp(f_i(w) / lam)) has the
     minimisers of sum_i h_i with h_i = exp(f_i / lam), so every local step descends h_i with
@@ -525,18 +541,9 @@ class DRDSGD(_FGDRO):
     summary = ("KL-DRO baseline of seed 003: local steps on exp(loss/lam)-scaled minibatch "
                "gradients, models averaged; one vector each way")
     vectors = 1
-    has_scalar = False
 
-    def initial_scalar(self) -> float:
-        return 0.0  # none travels (``has_scalar``)
-
-    def local_round(self, rows, idx):
-        p, ev = self.params, self.ctx.evaluator
-        n = len(rows)
-        w = self.start(self.theta, n)
-        for t in range(p.local_steps):
-            loss, grad = ev.stacked_losses_and_gradients(w, idx[t])
-            scale = torch.exp(torch.clamp(loss.double() / p.lam, max=EXP_CLAMP)) / p.lam
-            w.sub_(p.lr * scale.to(grad.dtype)[:, None] * grad)
-        zeros = torch.zeros(n, dtype=torch.float64, device=w.device)
-        return w[:, None], zeros, torch.full((n,), float(p.local_steps))
+    def step(self, w, moments, batch):
+        p = self.params
+        loss, grad = self.ctx.evaluator.stacked_losses_and_gradients(w, batch)
+        scale = torch.exp(torch.clamp(loss.double() / p.lam, max=EXP_CLAMP)) / p.lam
+        w.sub_(p.lr * scale.to(grad.dtype)[:, None] * grad)
