@@ -276,6 +276,17 @@ def test_categorical_axes_name_their_values(monkeypatch):
     names, steps = fig.axes
     assert [t.get_text() for t in names.get_xticklabels()] == ["fixed", "float"]
     assert [t.get_text() for t in steps.get_xticklabels()] == ["1", "2", "5"]
+    # a null value (the parameter's default rule: DANE+'s local_steps, FedRed's p) is one
+    # category, "default", whether the table holds it as None or as NaN
+    rows = pd.DataFrame({"value_mean": [1.0, 2.0, 3.0], "healthy": 1, "reached": 1, "seeds": 1,
+                         "chosen": [True, False, False], "p": [np.nan, 0.05, 0.1]})
+    captured.clear()
+    tune_plots.tuning_figure("FedRed", rows, {"p": {"kind": "list", "values": [None, 0.05, 0.1]}},
+                             "rounds", Path("unused.png"))
+    (p_axis,) = captured["fig"].axes
+    captured["fig"].canvas.draw()
+    assert [t.get_text() for t in p_axis.get_xticklabels()] == ["default", "0.05", "0.1"]
+    assert list(p_axis.collections[0].get_offsets()[:, 0]) == [0, 1, 2]
 
     record = _record()
     for figure in (plots.label_histogram(record), plots.energy_per_round(record)):

@@ -23,6 +23,14 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "algorithm"
 
 
+def _category(value):
+    """A categorical axis' key of a value: null (the parameter's default rule, which a table
+    holds as NaN or None) is one category, the others themselves."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return None
+    return value
+
+
 def _log_axis(info: dict) -> bool:
     """A log axis for log ranges, and for positive numeric lists spanning 20x or more."""
     values = info["values"]
@@ -51,11 +59,11 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
         info = spaces[param]
         numeric = all(isinstance(v, int | float) and not isinstance(v, bool)
                       for v in info["values"])
-        order = {v: i for i, v in enumerate(info["values"])}
+        order = {_category(v): i for i, v in enumerate(info["values"])}
 
         def xs(frame, param=param, numeric=numeric, order=order):
             return (frame[param].to_numpy(dtype=float) if numeric
-                    else np.array([order[v] for v in frame[param]], dtype=float))
+                    else np.array([order[_category(v)] for v in frame[param]], dtype=float))
 
         ax.scatter(xs(scored), scored.value_mean, s=22, color=colour, alpha=0.8,
                    label="configurations")
@@ -76,7 +84,8 @@ def tuning_figure(label: str, rows: pd.DataFrame, spaces: dict[str, dict], title
             ax.set_xscale("log")
         if not numeric:  # categorical: the values by name at 0, 1, ...
             ax.set_xticks(range(len(info["values"])))
-            ax.set_xticklabels([literal(v) for v in info["values"]])
+            ax.set_xticklabels(["default" if v is None else literal(v)
+                                for v in info["values"]])
             ax.set_xlim(-0.5, len(info["values"]) - 0.5)
         elif len(info["values"]) <= MAX_VALUE_TICKS:  # the values tried, as written
             values = sorted(set(info["values"]))
