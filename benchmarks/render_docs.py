@@ -431,6 +431,9 @@ for _regime in ("homogeneous", "moderate", "extreme"):
 _verdicts_block("seed000-fmnist-verdicts", SEED000_FMNIST)
 _regime_block("seed003-toy-study", SEED003, "toy")
 _verdicts_block("seed003-verdicts", SEED003)
+for _regime in ("strongly-convex", "general-convex", "non-convex", "logistic"):
+    _regime_block(f"seed004-{_regime}", SEED004, _regime)
+_verdicts_block("seed004-verdicts", SEED004)
 
 
 def _regime_verdicts(folder: str) -> str:
