@@ -102,12 +102,12 @@ EXTRA: dict[str, list[str]] = {
     "seed002-fashionmnist": ["algorithms.0.rounds=4", "algorithms.0.eval_every=2"],
     # 1,000 samples of 10 features: the problem's own size is the run's cost
     "seed001-mco": ["problem.samples=200"],
-    # ResNet-18 on CIFAR-10, sized for a GPU: on the CPU, 4 devices of 50 images and 2 local
-    # steps a round keep each method's two rounds to seconds
-    "seed004-figc1": ["device=cpu", "population.num_devices=4", "data.max_train_samples=200",
-                      "data.max_test_samples=80", "algorithms.0.local_steps=2",
-                      "algorithms.2.local_steps=2", "algorithms.4.local_steps=2",
-                      "algorithms.1.p=0.5", "algorithms.3.p=0.5"],
+    # ResNet-18 on CIFAR-10, sized for a GPU: on the CPU, 2 devices of 40 images, one local
+    # step (FedRed and Scaffnew: p = 1) and one round per method keep it to seconds
+    "seed004-figc1": ["device=cpu", "population.num_devices=2", "data.max_train_samples=80",
+                      "data.max_test_samples=40", *(f"algorithms.{i}.rounds=1" for i in range(5)),
+                      "algorithms.0.local_steps=1", "algorithms.2.local_steps=1",
+                      "algorithms.4.local_steps=1", "algorithms.1.p=1.0", "algorithms.3.p=1.0"],
 }
 # The datasets read from a user's folder of IDX files; generated here, 28 x 28 like the real ones.
 IDX_DATASETS = ("mnist", "fashionmnist")
