@@ -430,6 +430,7 @@ for _regime in ("homogeneous", "moderate", "extreme"):
     _regime_block(f"seed000-fmnist-{_regime}", SEED000_FMNIST, _regime)
 _verdicts_block("seed000-fmnist-verdicts", SEED000_FMNIST)
 _regime_block("seed003-toy-study", SEED003, "toy")
+_regime_block("seed003-large-i-study", SEED003, "large-i")
 _verdicts_block("seed003-verdicts", SEED003)
 for _regime in ("strongly-convex", "general-convex", "non-convex", "logistic"):
     _regime_block(f"seed004-{_regime}", SEED004, _regime)
