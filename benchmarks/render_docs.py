@@ -410,6 +410,7 @@ SEED001 = "docs/data/seed001"
 SEED000_FIG2 = "docs/data/seed000-fig2"
 SEED000_FMNIST = "docs/data/seed000-fmnist"
 SEED003 = "docs/data/seed003"
+SEED003_DIGITS = "docs/data/seed003-digits"
 SEED004 = "docs/data/seed004"
 
 
@@ -431,6 +432,8 @@ for _regime in ("homogeneous", "moderate", "extreme"):
 _verdicts_block("seed000-fmnist-verdicts", SEED000_FMNIST)
 _regime_block("seed003-toy-study", SEED003, "toy")
 _regime_block("seed003-large-i-study", SEED003, "large-i")
+_regime_block("seed003-digits-label-shift-study", SEED003_DIGITS, "label-shift")
+_verdicts_block("seed003-digits-verdicts", SEED003_DIGITS)
 _verdicts_block("seed003-verdicts", SEED003)
 for _regime in ("strongly-convex", "general-convex", "non-convex", "logistic"):
     _regime_block(f"seed004-{_regime}", SEED004, _regime)
