@@ -125,7 +125,8 @@ def _cmd_run(args) -> int:
     progress.close()
     print(format_summary(table, scenario.target_accuracy, scenario.target_suboptimality,
                          target_loss=scenario.target_loss,
-                         target_grad_norm_sq=scenario.target_grad_norm_sq))
+                         target_grad_norm_sq=scenario.target_grad_norm_sq,
+                         target_worst_device_accuracy=scenario.target_worst_device_accuracy))
     for line in health_lines(table):
         print(f"warning: {line}", file=sys.stderr)
     for note in json.loads((out / "manifest.json").read_text()).get("notes", []):
@@ -441,7 +442,8 @@ def _cmd_report(args) -> int:
     unfinished = _unfinished(record, folder)
     if unfinished:
         print(f"warning: {unfinished}", file=sys.stderr)
-    print(format_summary(table, *targets, target_grad_norm_sq=record.target_grad_norm_sq))
+    print(format_summary(table, *targets, target_grad_norm_sq=record.target_grad_norm_sq,
+                         target_worst_device_accuracy=record.target_worst_device_accuracy))
     print("health:\n" + "\n".join(f"  {line}" for line in health_lines(table, False)))
     figures = draw_report(record, args.out)
     for path in figures:

@@ -44,9 +44,10 @@ class RunContext(RunRecorder):
     worst_fraction: float = 0.1
     # Called with the rounds completed after each round (checkpointing); None: no checkpoints.
     on_checkpoint: Callable[[int], None] | None = None
-    # (target accuracy, target f - f*, target test loss, target ||grad f||^2) at which the
-    # algorithm ends (stop_at_target), or None.
-    stop_targets: tuple[float | None, float | None, float | None, float | None] | None = None
+    # (target accuracy, target f - f*, target test loss, target ||grad f||^2, target worst-device
+    # accuracy) at which the algorithm ends (stop_at_target), or None.
+    stop_targets: tuple[float | None, float | None, float | None, float | None,
+                        float | None] | None = None
     # health.max_loss_growth when the algorithm ends once its loss grew past it
     # (stop_when_unhealthy), or None.
     stop_loss_growth: float | None = None

@@ -108,15 +108,18 @@ class ReachedTarget(Exception):
 
 def target_reached(row: dict, target: float | None, target_suboptimality: float | None,
                    target_loss: float | None = None,
-                   target_grad_norm_sq: float | None = None) -> bool:
+                   target_grad_norm_sq: float | None = None,
+                   target_worst_device_accuracy: float | None = None) -> bool:
     """Every given target holds at this rounds row (the summary's rule, results/summary.py)."""
     if target is None and target_suboptimality is None and target_loss is None \
-            and target_grad_norm_sq is None:
+            and target_grad_norm_sq is None and target_worst_device_accuracy is None:
         return False
     return ((target is None or row["test_accuracy"] >= target)
             and (target_suboptimality is None or row["suboptimality"] <= target_suboptimality)
             and (target_loss is None or row["test_loss"] <= target_loss)
-            and (target_grad_norm_sq is None or row["grad_norm_sq"] <= target_grad_norm_sq))
+            and (target_grad_norm_sq is None or row["grad_norm_sq"] <= target_grad_norm_sq)
+            and (target_worst_device_accuracy is None
+                 or row["worst_device_accuracy"] >= target_worst_device_accuracy))
 
 
 def device_accuracy_columns(accuracy, worst_fraction: float,

@@ -237,7 +237,8 @@ def build_algorithm(world: World, params: AlgorithmParams, env: simpy.Environmen
                      params.eval_every, on_round, worst_fraction=sc.worst_fraction,
                      on_checkpoint=save,
                      stop_targets=((sc.target_accuracy, sc.target_suboptimality,
-                                    sc.target_loss, sc.target_grad_norm_sq)
+                                    sc.target_loss, sc.target_grad_norm_sq,
+                                    sc.target_worst_device_accuracy)
                                    if sc.stop_at_target else None),
                      stop_loss_growth=(sc.health.max_loss_growth if sc.stop_when_unhealthy
                                        else None),

@@ -322,7 +322,8 @@ def energy_breakdown(record) -> Figure | None:
     last = rounds.groupby("algorithm", sort=False).tail(1).set_index("algorithm").loc[order]
     accuracy, gap = _target(record, "target_accuracy"), _target(record, "target_suboptimality")
     gradient = _target(record, "target_grad_norm_sq")
-    at_target = rounds[reached_mask(rounds, accuracy, gap, None, gradient)].groupby(
+    worst = _target(record, "target_worst_device_accuracy")
+    at_target = rounds[reached_mask(rounds, accuracy, gap, None, gradient, worst)].groupby(
         "algorithm", sort=False).head(1).set_index("algorithm")
     at_target = at_target.reindex([a for a in order if a in at_target.index])
     budgets = last["round"].astype(int)
@@ -332,7 +333,7 @@ def energy_breakdown(record) -> Figure | None:
         else f"over the whole run ({budgets.iloc[0]:,} rounds each)")
     panels = [(last, whole, "energy over the whole run [J]")]
     if len(at_target):
-        goal = describe_target(accuracy, gap, None, gradient)
+        goal = describe_target(accuracy, gap, None, gradient, worst)
         panels.insert(0, (at_target, f"to {goal} (first evaluated round that met it)",
                           "energy to the target [J]"))
     kinds = [k for k in energy_kinds(last)
@@ -689,8 +690,9 @@ def _rows_rule(summaries: dict) -> str:
 def device_accuracy(record) -> Figure | None:
     """Left: each algorithm's accuracy on every device's own test distribution at its last
     evaluation (box plus one point per device). Right: the worst device's accuracy and the mean
-    of the worst k against cumulative energy. None for runs without per-device accuracy (a
-    quadratic, or recorded before the column existed)."""
+    of the worst k against cumulative energy, the scenario's target_worst_device_accuracy drawn
+    across it where set. None for runs without per-device accuracy (a quadratic, or recorded
+    before the column existed)."""
     rounds = record.rounds
     if "device_accuracy" not in rounds or rounds.device_accuracy.isna().all():
         return None
@@ -726,6 +728,10 @@ def device_accuracy(record) -> Figure | None:
                        label=f"{algorithm}: worst device")
         energy_ax.plot(x, group.worst_k_device_accuracy, color=colour, linestyle="--",
                        label=f"{algorithm}: worst k")
+    worst = _target(record, "target_worst_device_accuracy")
+    if worst is not None:
+        energy_ax.axhline(worst, color="grey", linestyle="--", linewidth=1,
+                          label=f"target {worst:g}")
     fraction = record.manifest.get("scenario", {}).get("worst_fraction", 0.1)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([literal(name) for name in names], rotation=20, ha="right")

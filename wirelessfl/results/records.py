@@ -628,6 +628,10 @@ class RunRecord:
     def target_grad_norm_sq(self) -> float | None:
         return self.manifest.get("scenario", {}).get("target_grad_norm_sq")
 
+    @property
+    def target_worst_device_accuracy(self) -> float | None:
+        return self.manifest.get("scenario", {}).get("target_worst_device_accuracy")
+
 
 # What the readers of a run folder (report, compare, --resume) rely on without a check for runs
 # recorded by older versions: these columns, numeric, and an ``algorithm`` column of labels.
@@ -693,6 +697,8 @@ def _check_manifest(manifest, where: Path) -> None:
         ("scenario.target_accuracy", _is_number(scenario.get("target_accuracy"), True)),
         ("scenario.target_suboptimality", _is_number(scenario.get("target_suboptimality"), True)),
         ("scenario.target_grad_norm_sq", _is_number(scenario.get("target_grad_norm_sq"), True)),
+        ("scenario.target_worst_device_accuracy",
+         _is_number(scenario.get("target_worst_device_accuracy"), True)),
         ("scenario.worst_fraction", _is_number(scenario.get("worst_fraction", 0.1))),
         ("scenario.algorithms", isinstance(scenario.get("algorithms", []), list) and all(
             isinstance(a, dict) for a in scenario.get("algorithms", []))),

@@ -1,6 +1,6 @@
 """The comparison table: rounds, seconds and joules to the target (a test accuracy, a gap
-f - f* for problems with a known optimum, a test loss or a squared gradient norm), and the energy
-split."""
+f - f* for problems with a known optimum, a test loss, a squared gradient norm or the worst
+device's accuracy), and the energy split."""
 
 from __future__ import annotations
 
@@ -30,13 +30,15 @@ SUMMARY_COLUMNS = [
 def reached_mask(group: pd.DataFrame, target: float | None,
                  target_suboptimality: float | None = None,
                  target_loss: float | None = None,
-                 target_grad_norm_sq: float | None = None) -> pd.Series:
+                 target_grad_norm_sq: float | None = None,
+                 target_worst_device_accuracy: float | None = None) -> pd.Series:
     """Rows at which every given target holds: test accuracy >= ``target``, f - f* <=
-    ``target_suboptimality``, test loss <= ``target_loss`` and ||grad f||^2 <=
-    ``target_grad_norm_sq`` (the last two also a reproduction claim's own target,
-    tune/claims.py); all False when none is given."""
+    ``target_suboptimality``, test loss <= ``target_loss``, ||grad f||^2 <=
+    ``target_grad_norm_sq`` and the worst device's accuracy >= ``target_worst_device_accuracy``
+    (all but the gap also a reproduction claim's own target, tune/claims.py); all False when
+    none is given."""
     if target is None and target_suboptimality is None and target_loss is None \
-            and target_grad_norm_sq is None:
+            and target_grad_norm_sq is None and target_worst_device_accuracy is None:
         return pd.Series(False, index=group.index)
     ok = pd.Series(True, index=group.index)
     if target is not None:
@@ -47,6 +49,11 @@ def reached_mask(group: pd.DataFrame, target: float | None,
         ok &= group.test_loss <= target_loss
     if target_grad_norm_sq is not None:
         ok &= group.grad_norm_sq <= target_grad_norm_sq
+    if target_worst_device_accuracy is not None:
+        # NaN (a problem without per-device accuracy, a diverged run's last row, a run recorded
+        # before the column) never holds
+        worst = group.get("worst_device_accuracy", pd.Series(math.nan, index=group.index))
+        ok &= worst >= target_worst_device_accuracy
     return ok
 
 
@@ -63,11 +70,13 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
     ``health:`` limits; without it the default limits apply and a diverged run is recognised by
     its last row (NaN test loss). An algorithm that failed before recording a row (status
     ``failed`` in the manifest) gets a row of its own, unhealthy, its numbers NaN. A test-loss
-    target and a gradient-norm target (the scenario's ``target_loss``, ``target_grad_norm_sq``)
-    are read from the manifest too."""
+    target, a gradient-norm target and a worst-device accuracy target (the scenario's
+    ``target_loss``, ``target_grad_norm_sq``, ``target_worst_device_accuracy``) are read from
+    the manifest too."""
     limits, algorithms = manifest_health(manifest)
     scenario = (manifest or {}).get("scenario", {})
     target_loss, target_grad = scenario.get("target_loss"), scenario.get("target_grad_norm_sq")
+    target_worst = scenario.get("target_worst_device_accuracy")
     out = []
     for algorithm, group in rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round")
@@ -79,7 +88,7 @@ def summarize(rounds: pd.DataFrame, target: float | None, num_devices: int,
         last = group.iloc[-1]
         final = evaluated.iloc[-1] if len(evaluated) else last
         reached = group[reached_mask(group, target, target_suboptimality, target_loss,
-                                     target_grad)]
+                                     target_grad, target_worst)]
         at = reached.iloc[0] if len(reached) else None
         basis = at if at is not None else last
         radio = basis.energy_uplink_j + basis.energy_downlink_j
@@ -148,13 +157,16 @@ def _fmt(value, kind: str) -> str:
 
 def describe_target(target: float | None, target_suboptimality: float | None,
                     target_loss: float | None = None,
-                    target_grad_norm_sq: float | None = None) -> str:
+                    target_grad_norm_sq: float | None = None,
+                    target_worst_device_accuracy: float | None = None) -> str:
     """The summary's title line for the targets in force."""
     parts = ([f"target accuracy {target:.3f}"] if target is not None else []) + \
         ([f"target f - f* <= {target_suboptimality:g}"] if target_suboptimality is not None
          else []) + ([f"target test loss <= {target_loss:g}"] if target_loss is not None else []) \
         + ([f"target ||grad f||^2 <= {target_grad_norm_sq:g}"]
-           if target_grad_norm_sq is not None else [])
+           if target_grad_norm_sq is not None else []) \
+        + ([f"target worst-device accuracy {target_worst_device_accuracy:.3f}"]
+           if target_worst_device_accuracy is not None else [])
     return " and ".join(parts) if parts else "no target set"
 
 
@@ -225,7 +237,8 @@ LEARNING = [("final_accuracy", "final acc.", "acc"),
 def format_summary(table: pd.DataFrame, target: float | None,
                    target_suboptimality: float | None = None,
                    width: int = TERMINAL_WIDTH, target_loss: float | None = None,
-                   target_grad_norm_sq: float | None = None) -> str:
+                   target_grad_norm_sq: float | None = None,
+                   target_worst_device_accuracy: float | None = None) -> str:
     """The summary for the terminal, in three tables of at most ``width`` columns (the wide
     table of summary_cells needs ~250): to the target (with the energy split), after the last
     round, at the last evaluation. Columns with nothing to say are left out (module constants'
@@ -235,8 +248,9 @@ def format_summary(table: pd.DataFrame, target: float | None,
     if target_grad_norm_sq is not None:
         drop.discard("gradient_evaluations_to_target")
     targeted = target is not None or target_suboptimality is not None or target_loss is not None \
-        or target_grad_norm_sq is not None
-    goal = describe_target(target, target_suboptimality, target_loss, target_grad_norm_sq)
+        or target_grad_norm_sq is not None or target_worst_device_accuracy is not None
+    goal = describe_target(target, target_suboptimality, target_loss, target_grad_norm_sq,
+                           target_worst_device_accuracy)
     system = "" if "energy_system_j" in drop else "system: devices + base station; "
     split = ("compute, radio, idle: shares of the devices' energy to the target (of all of it "
              "if not reached)")

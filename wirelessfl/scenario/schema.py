@@ -305,6 +305,17 @@ def _default_problem() -> ProblemConfig:
     return _spec("classification").Config(name="classification")
 
 
+# Built-in problems whose rounds leave worst_device_accuracy NaN (no per-device accuracy: their
+# evaluate_devices is the contract's default, contract/problem.py), and the targets that serve
+# instead of target_worst_device_accuracy.
+WITHOUT_DEVICE_ACCURACY = {
+    "quadratic": "target_suboptimality, target_loss or target_grad_norm_sq",
+    "bilevel-quadratic": "target_suboptimality, target_loss or target_grad_norm_sq",
+    "risk-averse-mco": "target_loss or target_grad_norm_sq",
+    "loss-tuning": "target_accuracy or target_loss",
+}
+
+
 class Scenario(_Strict):
     """A complete, resolved scenario: every profile looked up, every default filled in."""
 
@@ -343,6 +354,13 @@ class Scenario(_Strict):
                                 "(with the other targets, all must hold): the measure where f* "
                                 "is unknown (quadratic instance: non-convex, fedred.md A14); "
                                 "only for problems that record grad_norm_sq")
+    target_worst_device_accuracy: float | None = Field(
+        None, gt=0, le=1, description="the worst device's accuracy on its own label mix (the "
+                                      "rounds column worst_device_accuracy) at or above which a "
+                                      "run counts as converged (with the other targets, all "
+                                      "must hold): seed 003's worst-client accuracy target "
+                                      "(fgdro.md Sec. 5); only for problems with per-device "
+                                      "accuracy (classification, logistic)")
     stop_at_target: bool = Field(
         False, description="end each algorithm at the first evaluated round where every target "
                            "holds (what to-target comparisons and tuning need; final-round "
@@ -379,10 +397,11 @@ class Scenario(_Strict):
     def _stop_needs_a_target(self):
         if self.stop_at_target and self.target_accuracy is None \
                 and self.target_suboptimality is None and self.target_loss is None \
-                and self.target_grad_norm_sq is None:
+                and self.target_grad_norm_sq is None \
+                and self.target_worst_device_accuracy is None:
             raise ValueError("stop_at_target needs target_accuracy, target_suboptimality, "
-                             "target_loss or target_grad_norm_sq; set one, or drop "
-                             "stop_at_target")
+                             "target_loss, target_grad_norm_sq or "
+                             "target_worst_device_accuracy; set one, or drop stop_at_target")
         return self
 
     @model_validator(mode="after")
@@ -408,14 +427,30 @@ class Scenario(_Strict):
                              "unknown w*(x)); remove it and use target_accuracy or target_loss")
         return self
 
+    @model_validator(mode="after")
+    def _worst_device_target_recorded(self):
+        """target_worst_device_accuracy reads the rounds column worst_device_accuracy, which
+        the built-in problems without per-device accuracy (``WITHOUT_DEVICE_ACCURACY``) leave
+        NaN: a target there could never be reached. Classification and logistic record it. A
+        plugin problem is taken at its word."""
+        if self.target_worst_device_accuracy is None:
+            return self
+        fix = WITHOUT_DEVICE_ACCURACY.get(self.problem.name)
+        if fix is not None:
+            raise ValueError(f"target_worst_device_accuracy needs the worst_device_accuracy "
+                             f"column (each device's accuracy on its own label mix), which "
+                             f"problem '{self.problem.name}' does not record; remove it and "
+                             f"use {fix} instead, or a classification or logistic problem")
+        return self
+
     @model_serializer(mode="wrap")
     def _without_unset_loss_target(self, handler):
-        """target_loss and target_grad_norm_sq are dumped only when set, so every scenario
-        written before they existed keeps its resolved document and fingerprint
-        (pipeline/fingerprint.py)."""
+        """target_loss, target_grad_norm_sq and target_worst_device_accuracy are dumped only
+        when set, so every scenario written before they existed keeps its resolved document and
+        fingerprint (pipeline/fingerprint.py)."""
         doc = handler(self)
         if isinstance(doc, dict):
-            for key in ("target_loss", "target_grad_norm_sq"):
+            for key in ("target_loss", "target_grad_norm_sq", "target_worst_device_accuracy"):
                 if key in doc and doc[key] is None:
                     del doc[key]
         return doc

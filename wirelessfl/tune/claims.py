@@ -21,9 +21,9 @@ whose loser reached the target at its first evaluation on every scored seed is m
 by per-round cost alone**: the loser could not have needed fewer rounds, so the verdict says
 nothing about convergence, only about what one round costs.
 
-A claim may name its own ``target`` (an accuracy, a test loss or a squared gradient norm), read
-from the same evaluation runs as the study's own target (tune/reproduce.py): one study answers
-several targets.
+A claim may name its own ``target`` (an accuracy, a test loss, a squared gradient norm or the
+worst device's accuracy), read from the same evaluation runs as the study's own target
+(tune/reproduce.py): one study answers several targets.
 """
 
 from __future__ import annotations
@@ -61,23 +61,31 @@ class ClaimTarget(BaseModel):
     grad_norm_sq: float | None = Field(
         None, gt=0, description="||grad f||^2 (the rounds column grad_norm_sq) at most this: "
                                 "for problems without a known optimum (fedred.md A14)")
+    worst_device_accuracy: float | None = Field(
+        None, gt=0, le=1, description="the worst device's accuracy (the rounds column "
+                                      "worst_device_accuracy) at least this: seed 003's "
+                                      "worst-client target (fgdro.md Sec. 5)")
 
     @model_validator(mode="after")
     def _one_bound(self):
-        if self.accuracy is None and self.loss is None and self.grad_norm_sq is None:
-            raise ValueError("a claim's target needs 'accuracy', 'loss' or 'grad_norm_sq'")
+        if self.accuracy is None and self.loss is None and self.grad_norm_sq is None \
+                and self.worst_device_accuracy is None:
+            raise ValueError("a claim's target needs 'accuracy', 'loss', 'grad_norm_sq' or "
+                             "'worst_device_accuracy'")
         return self
 
     @property
-    def bounds(self) -> tuple[float | None, None, float | None, float | None]:
-        """(accuracy, f - f*, test loss, ||grad f||^2): the arguments of tune/objectives.py
-        ``score`` after the rounds (a claim has no gap target)."""
-        return self.accuracy, None, self.loss, self.grad_norm_sq
+    def bounds(self) -> tuple[float | None, None, float | None, float | None, float | None]:
+        """(accuracy, f - f*, test loss, ||grad f||^2, worst-device accuracy): the arguments of
+        tune/objectives.py ``score`` after the rounds (a claim has no gap target)."""
+        return self.accuracy, None, self.loss, self.grad_norm_sq, self.worst_device_accuracy
 
     def describe(self) -> str:
         parts = ([f"accuracy {self.accuracy:g}"] if self.accuracy is not None else []) + \
             ([f"test loss {self.loss:g}"] if self.loss is not None else []) + \
-            ([f"grad_norm_sq {self.grad_norm_sq:g}"] if self.grad_norm_sq is not None else [])
+            ([f"grad_norm_sq {self.grad_norm_sq:g}"] if self.grad_norm_sq is not None else []) + \
+            ([f"worst-device accuracy {self.worst_device_accuracy:g}"]
+             if self.worst_device_accuracy is not None else [])
         return " and ".join(parts)
 
 

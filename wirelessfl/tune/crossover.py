@@ -269,11 +269,13 @@ def row_cost(row: pd.Series, label: str, per_pass: dict, setting: dict, where: s
 
 def run_costs(folder: Path, targets=None) -> dict[str, Cost | None]:
     """Label -> cost to the target of each algorithm in one run folder (None: not reached);
-    ``targets`` (accuracy, f - f*, test loss[, ||grad f||^2]) default to the run's own."""
+    ``targets`` (accuracy, f - f*, test loss[, ||grad f||^2[, worst-device accuracy]]) default to
+    the run's own."""
     record = read_run(folder)
     setting = _setting(record.manifest, folder)
     target = (record.target_accuracy, record.target_suboptimality, record.target_loss,
-              record.target_grad_norm_sq) if targets is None else targets
+              record.target_grad_norm_sq, record.target_worst_device_accuracy) \
+        if targets is None else targets
     file = str(folder / "manifest.json")
     per_pass = _section(_section(record.manifest, "model", file), "per_pass", file, "model")
     out = {}

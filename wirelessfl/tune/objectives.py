@@ -2,8 +2,9 @@
 
 A to-target objective is the value of a cumulative column (energy, time, rounds, exchanges) at the
 first evaluated round where every target holds; a run that never got there scores NaN and is ranked
-by how close it came (its best test accuracy, its smallest f - f*, or its smallest ||grad f||^2). A
-final objective is a column's value at the last evaluated round.
+by how close it came (its best test accuracy, its smallest f - f*, its smallest ||grad f||^2, or
+its worst device's best accuracy). A final objective is a column's value at the last evaluated
+round.
 """
 
 from __future__ import annotations
@@ -53,15 +54,23 @@ OBJECTIVES = {o.name: o for o in (
 
 def closeness(rounds: pd.DataFrame, target: float | None,
               target_suboptimality: float | None, target_loss: float | None = None,
-              target_grad_norm_sq: float | None = None) -> float:
+              target_grad_norm_sq: float | None = None,
+              target_worst_device_accuracy: float | None = None) -> float:
     """How close a run came to its target, larger is closer: the smallest test loss (negated)
-    when a loss target is set, else the best test accuracy when an accuracy target is set, else
-    -log10 of the smallest f - f* when a gap target is set, else -log10 of the smallest
-    ||grad f||^2 when a gradient-norm target is set; NaN without rows."""
+    when a loss target is set, else the best worst-device accuracy (the largest of the rounds'
+    ``worst_device_accuracy``) when a worst-device target is set (the stricter of the two
+    accuracies: the worst device's is at most the devices' mean), else the best test accuracy
+    when an accuracy target is set, else -log10 of the smallest f - f* when a gap target is set,
+    else -log10 of the smallest ||grad f||^2 when a gradient-norm target is set; NaN without
+    rows."""
     if rounds.empty:
         return math.nan
     if target_loss is not None:
         return -float(rounds.test_loss.min())
+    if target_worst_device_accuracy is not None:
+        if "worst_device_accuracy" not in rounds:  # recorded before the column existed
+            return math.nan
+        return float(rounds.worst_device_accuracy.max())
     if target is not None:
         return float(rounds.test_accuracy.max())
     if target_suboptimality is not None:
@@ -75,22 +84,25 @@ def closeness(rounds: pd.DataFrame, target: float | None,
 
 def score(objective: Objective, rounds: pd.DataFrame, target: float | None,
           target_suboptimality: float | None, target_loss: float | None = None,
-          target_grad_norm_sq: float | None = None) -> dict:
+          target_grad_norm_sq: float | None = None,
+          target_worst_device_accuracy: float | None = None) -> dict:
     """``{value, reached, closeness}`` of one algorithm's evaluated rounds (sorted or not); a
     to-target objective also says whether the target held at the first evaluated round
     (``first``: the run could not have reached it in fewer rounds)."""
     rounds = rounds.sort_values("round")
-    near = closeness(rounds, target, target_suboptimality, target_loss, target_grad_norm_sq)
+    near = closeness(rounds, target, target_suboptimality, target_loss, target_grad_norm_sq,
+                     target_worst_device_accuracy)
     if rounds.empty:
         return {"value": math.nan, "reached": False, "closeness": near}
     if objective.to_target:
         mask = reached_mask(rounds, target, target_suboptimality, target_loss,
-                            target_grad_norm_sq)
+                            target_grad_norm_sq, target_worst_device_accuracy)
         hit = rounds[mask]
         if hit.empty:
             return {"value": math.nan, "reached": False, "closeness": near}
         used = [c for c, t in (("test_accuracy", target), ("suboptimality", target_suboptimality),
-                               ("test_loss", target_loss), ("grad_norm_sq", target_grad_norm_sq))
+                               ("test_loss", target_loss), ("grad_norm_sq", target_grad_norm_sq),
+                               ("worst_device_accuracy", target_worst_device_accuracy))
                 if t is not None]
         # round 0 is the untrained model's evaluation: "first" is the first after training
         evaluated = rounds[rounds[used].notna().all(axis=1) & (rounds["round"] > 0)]

@@ -305,10 +305,12 @@ def load_tune(name_or_path: str) -> Tune:
     objective = OBJECTIVES[spec.objective]
     if objective.to_target and resolved.target_accuracy is None \
             and resolved.target_suboptimality is None and resolved.target_loss is None \
-            and resolved.target_grad_norm_sq is None:
+            and resolved.target_grad_norm_sq is None \
+            and resolved.target_worst_device_accuracy is None:
         _fail(source, "objective", f"'{spec.objective}' needs a target: the scenario sets "
                                    "none of target_accuracy, target_suboptimality, "
-                                   "target_loss and target_grad_norm_sq (add one under 'set')")
+                                   "target_loss, target_grad_norm_sq and "
+                                   "target_worst_device_accuracy (add one under 'set')")
     if objective.column in ("worst_device_accuracy", "worst_class_accuracy") \
             and resolved.problem is not None \
             and resolved.problem.name != "classification":

@@ -133,7 +133,7 @@ def _outcome(folder: Path, entry: dict, label: str, tune: Tune) -> dict:
     rounds = record.rounds[record.rounds.algorithm == label]
     scenario = record.manifest.get("scenario", {})
     targets = (record.target_accuracy, record.target_suboptimality, record.target_loss,
-               record.target_grad_norm_sq)
+               record.target_grad_norm_sq, record.target_worst_device_accuracy)
     n = scenario.get("population", {}).get("num_devices", 1)
     row = (summarize(rounds, targets[0], n, targets[1], manifest=record.manifest).iloc[0]
            if len(rounds) else None)
