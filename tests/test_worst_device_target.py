@@ -318,6 +318,24 @@ def test_closeness_of_a_run_that_missed_is_its_best_worst_device_accuracy():
     assert both["value"] == 10.0 and not both["first"]
 
 
+def test_bits_and_gradients_to_target_read_the_first_row_at_target():
+    """The communication and computation a method spends to reach the worst-device target
+    (seed 003's comparison against DRFA and DR-DSGD): the cumulative uplink bits and gradient
+    evaluations of the first evaluated row where every target holds."""
+    from wirelessfl.tune.objectives import OBJECTIVES, score
+
+    rounds = pd.DataFrame({"round": [0, 5, 10, 15], "bits_up": [0.0, 3e4, 6e4, 9e4],
+                           "gradient_evaluations": [0.0, 50.0, 100.0, 150.0],
+                           "test_accuracy": [0.1, 0.6, 0.8, 0.9],
+                           "worst_device_accuracy": [0.0, 0.2, 0.45, 0.5]})
+    bits = score(OBJECTIVES["bits_to_target"], rounds, None, None, None, None, 0.4)
+    assert bits["value"] == 6e4 and bits["reached"]
+    grads = score(OBJECTIVES["gradients_to_target"], rounds, None, None, None, None, 0.4)
+    assert grads["value"] == 100.0
+    assert math.isnan(score(OBJECTIVES["bits_to_target"], rounds, None, None, None, None,
+                            0.6)["value"])
+
+
 # ---- claims -----------------------------------------------------------------------------------
 CLAIM = {"id": "energy-worst", "statement": "FedAvg gets its worst device to 0.5 on little energy",
          "metric": "energy_to_target", "algorithm": "FedAvg", "below": 1.0,

@@ -40,6 +40,7 @@ OBJECTIVES = {o.name: o for o in (
     Objective("exchanges_to_target", "exchanges", "min", True, "exchanges to target"),
     Objective("gradients_to_target", "gradient_evaluations", "min", True,
               "gradient evaluations to target (per device)"),
+    Objective("bits_to_target", "bits_up", "min", True, "uplink bits to target (all devices)"),
     Objective("final_accuracy", "test_accuracy", "max", False, "final accuracy"),
     Objective("final_worst_device_accuracy", "worst_device_accuracy", "max", False,
               "final worst-device accuracy"),
