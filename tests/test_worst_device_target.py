@@ -374,6 +374,21 @@ def test_a_claim_is_read_at_a_worst_device_target(tmp_path, free_run):
             Claim.model_validate({**CLAIM, "target": bad})
 
 
+def test_a_to_target_claim_with_its_own_target_needs_no_to_target_tuning(tmp_path):
+    """A study tuned for a final value (seed 003: the final worst-device accuracy) runs every
+    evaluation to its end, so a to-target claim can be read at the claim's own target; without
+    one it is refused in one line naming the fix."""
+    from wirelessfl.tune.reproduce import load_reproduction
+
+    _tune_file(tmp_path, objective="final_worst_device_accuracy", set={})
+    claim = {**CLAIM, "metric": "bits_to_target"}
+    parsed = load_reproduction(str(_reproduction(tmp_path, [claim]))).spec.claims[0]
+    assert parsed.target.worst_device_accuracy == 0.5
+    with pytest.raises(UserError, match="give the claim one") as err:
+        load_reproduction(str(_reproduction(tmp_path, [{**claim, "target": None}])))
+    assert "\n" not in str(err.value)
+
+
 def test_a_claim_at_a_worst_device_target_on_a_problem_without_one_is_one_line(
         tmp_path, capsys):
     """A quadratic study (its own target a gap) cannot answer a worst-device claim."""

@@ -165,9 +165,11 @@ def load_reproduction(name_or_path: str) -> Reproduction:
                                     f"by {tune_path.name} (tuned: {', '.join(tune.grids)}); "
                                     "claims are judged on tuned settings only")
             objective = OBJECTIVES.get(claim.metric)
-            if objective is not None and objective.to_target and not tune.objective.to_target:
+            if objective is not None and objective.to_target and not tune.objective.to_target \
+                    and claim.target is None:  # a claim's own target is read from full runs
                 raise UserError(f"{path}: claims[{i}] ({claim.id}): '{claim.metric}' needs a "
-                                "target, which the tune file's scenario does not set")
+                                "target, which the tune file's scenario does not set; give "
+                                "the claim one (target: {accuracy: ...}, ...)")
             problem = _problem_name(tune.base)
             if claim.target is not None and claim.target.worst_device_accuracy is not None \
                     and problem in WITHOUT_DEVICE_ACCURACY:
