@@ -412,7 +412,9 @@ def check_energy_accounting(subject: _Subject) -> None:
     """Energies are non-negative and add up: each device's, compute (forward + backward) +
     uplink + downlink per row, rising every round with the simulated time, the last row the
     ledger's total; the base station's, its draw (transmit power + circuit power) times its
-    airtime, rising every round, and system = devices + base station."""
+    airtime (with ``channel.downlink.bs_power_model: earth``, EARTH's on-air draw times its
+    airtime + its sleep draw times the rest of the simulated time), rising every round, and
+    system = devices + base station."""
     sc, _, run = subject.run()
     rows = pd.DataFrame(run.rows)
     _require(bool((run.ledger.energy_j >= 0).all()), "a device's ledger energy is negative")
@@ -434,6 +436,14 @@ def check_energy_accounting(subject: _Subject) -> None:
                   and (np.diff(rows.bs_airtime_s) > 0).all()),
              "the base station's energy or airtime does not rise every evaluated round")
     downlink = sc.channel.downlink
+    if downlink.bs_power_model == "earth":  # EARTH: N_TRX (P_0 + Delta_p P_out) on air,
+        e = downlink.earth                  # N_TRX P_sleep the rest of the simulated time
+        p_out = 10 ** ((downlink.tx_power_dbm - 30) / 10)
+        np.testing.assert_allclose(
+            rows.energy_bs_j, e.n_trx * (e.p0_w + e.delta_p * p_out) * rows.bs_airtime_s
+            + e.n_trx * e.p_sleep_w * (rows.sim_time_s - rows.bs_airtime_s), rtol=1e-12,
+            err_msg="energy_bs_j != EARTH's on-air draw x airtime + sleep draw x the rest")
+        return
     draw_w = 10 ** ((downlink.tx_power_dbm - 30) / 10) + downlink.circuit_power_w
     np.testing.assert_allclose(rows.energy_bs_j, draw_w * rows.bs_airtime_s, rtol=1e-12,
                                err_msg="energy_bs_j != (transmit + circuit power) x airtime")

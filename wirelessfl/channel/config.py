@@ -22,6 +22,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -150,6 +151,37 @@ class UplinkConfig(_Strict):
         return float(self.bandwidth_hz)
 
 
+# EARTH's macro base station (Auer et al., "How much energy is needed to run a wireless
+# network?", IEEE Wireless Communications 18(5), 2011, Table 2 and eq. (1)): per transceiver
+# (eq. (1) multiplies P_0, Delta_p P_out and P_sleep by N_TRX, and P_max is the RF output of one
+# transceiver chain); N_TRX = 6 is 3 sectors x 2 antennas.
+EARTH_MACRO = {"n_trx": 6, "p_max_w": 20.0, "p0_w": 130.0, "delta_p": 4.7, "p_sleep_w": 75.0}
+
+
+class EarthConfig(_Strict):
+    """The EARTH load-dependent base-station power model's constants (docs/energy.md): the
+    station draws n_trx (p0_w + delta_p P_out) while on air, P_out its transmit power
+    (``downlink.tx_power_dbm``, read as the RF output of each transceiver, at most p_max_w),
+    and n_trx p_sleep_w while it is not."""
+
+    n_trx: PositiveInt = Field(
+        EARTH_MACRO["n_trx"], description="transceiver chains N_TRX (Auer et al. 2011, Table 2, "
+                                          "macro: 6 = 3 sectors x 2 antennas)")
+    p_max_w: PositiveFloat = Field(
+        EARTH_MACRO["p_max_w"], description="maximum RF output power per transceiver P_max [W] "
+                                            "(Auer et al. 2011, Table 2, macro: 20 W)")
+    p0_w: NonNegativeFloat = Field(
+        EARTH_MACRO["p0_w"], description="power draw per transceiver at zero RF output P_0 [W] "
+                                         "(Auer et al. 2011, Table 2, macro: 130 W)")
+    delta_p: NonNegativeFloat = Field(
+        EARTH_MACRO["delta_p"], description="slope of the load-dependent draw Delta_p "
+                                            "(Auer et al. 2011, Table 2, macro: 4.7)")
+    p_sleep_w: NonNegativeFloat = Field(
+        EARTH_MACRO["p_sleep_w"], description="draw per transceiver while not transmitting "
+                                              "P_sleep [W] (Auer et al. 2011, Table 2, macro: "
+                                              "75 W)")
+
+
 class DownlinkConfig(_Strict):
     """Base station -> devices: one broadcast at the weakest receiver's rate, or unicasts."""
 
@@ -171,11 +203,55 @@ class DownlinkConfig(_Strict):
     circuit_power_w: NonNegativeFloat = Field(
         0.0, description="[D] base-station transmitter circuit power while on air [W], added to "
                          "the transmit power in the base station's energy (energy_bs_j)")
+    bs_power_model: Literal["transmit-only", "earth"] = Field(
+        "transmit-only", description="the base station's power draw (energy_bs_j): "
+                                     "transmit-only, (transmit + circuit power) x airtime; "
+                                     "earth, EARTH's load-dependent model (Auer et al. 2011): "
+                                     "n_trx (p0_w + delta_p P_out) on air, n_trx p_sleep_w the "
+                                     "rest of the simulated time")
+    earth: EarthConfig | None = Field(
+        None, description="bs_power_model earth only: its constants (default: the macro base "
+                          "station of Auer et al. 2011, Table 2)")
 
     @field_validator("tx_power_dbm")
     @classmethod
     def _power(cls, value: float) -> float:
         return _check_tx_power(value, "downlink")
+
+    @model_validator(mode="after")
+    def _power_model_fields(self):
+        if self.bs_power_model != "earth":
+            if self.earth is not None:
+                raise ValueError("'earth' is only read with bs_power_model 'earth' but it is "
+                                 f"{self.bs_power_model!r}; set bs_power_model: earth, or "
+                                 "remove it (set it to null where a profile sets it)")
+            return self
+        if self.earth is None:
+            self.earth = EarthConfig()
+        if self.circuit_power_w:
+            raise ValueError("circuit_power_w is the transmit-only model's; with "
+                             "bs_power_model 'earth' the circuits are in earth.p0_w; set "
+                             "circuit_power_w: 0, or bs_power_model: transmit-only")
+        p_out = 10 ** ((self.tx_power_dbm - 30) / 10)
+        if p_out > self.earth.p_max_w:
+            limit = 10 * math.log10(self.earth.p_max_w) + 30
+            raise ValueError(f"bs_power_model 'earth' reads tx_power_dbm as each transceiver's "
+                             f"RF output P_out, at most earth.p_max_w = {self.earth.p_max_w:g} W "
+                             f"({limit:.2f} dBm); tx_power_dbm {self.tx_power_dbm:g} is "
+                             f"{p_out:.4g} W: set tx_power_dbm <= {math.floor(limit * 100) / 100:g}"
+                             f" or raise earth.p_max_w")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_default_power_model(self, handler):
+        """bs_power_model and earth are dumped only with the earth model, so every scenario
+        written before they existed keeps its resolved document and fingerprint
+        (pipeline/fingerprint.py)."""
+        doc = handler(self)
+        if isinstance(doc, dict) and self.bs_power_model == "transmit-only":
+            doc.pop("bs_power_model", None)
+            doc.pop("earth", None)
+        return doc
 
 
 class ChannelConfig(_Strict):

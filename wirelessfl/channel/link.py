@@ -252,8 +252,41 @@ class Downlink(_FadingOwner):
 
     @property
     def draw_w(self) -> float:
-        """What the base station draws while on air [W]: transmit + circuit power."""
+        """What the base station draws while on air [W]: transmit + circuit power
+        (``bs_power_model`` transmit-only), or EARTH's N_TRX (P_0 + Delta_p P_out), P_out the
+        transmit power (earth; docs/energy.md)."""
+        earth = self.config.downlink.earth
+        if self.config.downlink.bs_power_model == "earth":
+            return float(earth.n_trx * (earth.p0_w + earth.delta_p * self.tx_power_w))
         return self.tx_power_w + self.circuit_power_w
+
+    @property
+    def sleep_w(self) -> float:
+        """What the base station draws while not on air [W]: nothing (transmit-only), or
+        EARTH's N_TRX P_sleep (earth)."""
+        earth = self.config.downlink.earth
+        if self.config.downlink.bs_power_model == "earth":
+            return float(earth.n_trx * earth.p_sleep_w)
+        return 0.0
+
+    def power_record(self) -> dict:
+        """The manifest's ``base_station`` entry: the power model, its constants, and the draws
+        on and off air [W] they give."""
+        down = self.config.downlink
+        record = {"power_model": down.bs_power_model, "tx_power_w": self.tx_power_w}
+        if down.bs_power_model == "earth":
+            record["earth"] = down.earth.model_dump(mode="json")
+        else:
+            record["circuit_power_w"] = self.circuit_power_w
+        return {**record, "on_air_w": self.draw_w, "sleep_w": self.sleep_w}
+
+    def energy_j(self, on_air_j: float, airtime_s: float, now_s: float) -> float:
+        """The base station's energy by ``now_s`` [J]: what it drew on air (``on_air_j``, the
+        ledger's, over ``airtime_s``) + its sleep draw for the rest of the simulated time."""
+        sleep_w = self.sleep_w
+        if not sleep_w:
+            return float(on_air_j)
+        return float(on_air_j) + sleep_w * max(float(now_s) - float(airtime_s), 0.0)
 
     @property
     def rate_bps(self) -> float:

@@ -195,7 +195,11 @@ class RunRecorder:
         by_kind = self.ledger.energy_by_kind()
         compute = by_kind["compute_forward"] + by_kind["compute_backward"]
         devices = compute + by_kind["uplink"] + by_kind["downlink"] + by_kind["idle"]
-        base_station = float(self.ledger.bs_energy_j)
+        # the base station: on air (the ledger's), + its sleep draw for the rest of the
+        # simulated time under an EARTH power model (channel/link.py Downlink.energy_j)
+        downlink = getattr(self.net, "downlink", None)
+        base_station = float(self.ledger.bs_energy_j) if downlink is None else \
+            downlink.energy_j(self.ledger.bs_energy_j, self.ledger.bs_airtime_s, self.env.now)
         return {
             "algorithm": self.algorithm,
             "round": completed,

@@ -145,6 +145,7 @@ def run_to_record(scenario: Scenario, out: Path | None, *,
             notes = [n for n in (same_slots_note(world),) if n is not None]
             facts = (resolved_document(scenario), scenario.seed,
                      {"model": model_facts(world), "problem": world.problem_record(),
+                      "base_station": world.downlink().power_record(),
                       **({"notes": notes} if notes else {}),
                       "checkpoint_every": checkpoint_every, "threads": setting.record(),
                       MANIFEST_KEY: scenario_fingerprint(scenario), **(extra or {})},
