@@ -76,6 +76,22 @@ def test_earth_is_recorded_in_the_manifest():
     assert station["sleep_w"] == N_TRX * P_SLEEP
 
 
+def test_the_energy_figures_name_the_base_stations_model():
+    """The per-round and breakdown figures label the base station's band by its model: its
+    transmit energy, or under EARTH its draw on air and asleep (the manifest says which)."""
+    from wirelessfl.report import plots
+
+    _, earth = _rows(EARTH)
+    _, default = _rows(PINNED)
+    label = dict(plots.energy_kinds(earth.rounds, earth.manifest))["energy_bs_j"]
+    assert label == "base station (EARTH: on air and asleep)"
+    assert dict(plots.energy_kinds(default.rounds, default.manifest))["energy_bs_j"] \
+        == "base station (transmit)"
+    fig = plots.energy_per_round(earth)
+    labels = {p.get_label() for ax in fig.axes for p in ax.patches}
+    assert "base station (EARTH: on air and asleep)" in labels
+
+
 def test_the_default_stays_transmit_only_and_keeps_the_fingerprint():
     sc, record = _rows(PINNED)
     down = sc.channel.downlink

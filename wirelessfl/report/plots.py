@@ -336,7 +336,7 @@ def energy_breakdown(record) -> Figure | None:
         goal = describe_target(accuracy, gap, None, gradient, worst)
         panels.insert(0, (at_target, f"to {goal} (first evaluated round that met it)",
                           "energy to the target [J]"))
-    kinds = [k for k in energy_kinds(last)
+    kinds = [k for k in energy_kinds(last, record.manifest)
              if any((p[k[0]].fillna(0.0) > 0).any() for p, _, _ in panels)]
     width = max(6.4, 2.4 + 1.1 * len(order)) if len(panels) == 1 else \
         max(11.0, 3.6 + 2.0 * len(order))
@@ -385,15 +385,18 @@ def _stacked_kinds(ax, rows: pd.DataFrame, order: list[str], kinds: list[tuple[s
                   else "linear")
 
 
-def energy_kinds(rounds) -> list[tuple[str, str]]:
+def energy_kinds(rounds, manifest: dict | None = None) -> list[tuple[str, str]]:
     """(column, label) of the kinds of energy ``rounds`` recorded, devices' first: compute split
     into forward and backward where recorded (else one compute column), uplink, downlink, idle,
-    then the base station's transmit energy where the run recorded it."""
+    then the base station's energy where the run recorded it: its transmit energy, or with the
+    EARTH model (the manifest's ``base_station``) its draw on air and asleep."""
     kinds = [(c, label) for c, label in BREAKDOWN if c in rounds]
     if "energy_compute_forward_j" not in rounds and "energy_compute_j" in rounds:
         kinds.insert(0, ("energy_compute_j", "compute"))
     if STATION[0] in rounds and rounds[STATION[0]].notna().any():
-        kinds.append(STATION)
+        model = ((manifest or {}).get("base_station") or {}).get("power_model")
+        kinds.append((STATION[0], "base station (EARTH: on air and asleep)") if model == "earth"
+                     else STATION)
     return kinds
 
 
@@ -404,7 +407,8 @@ def energy_per_round(record) -> Figure | None:
     1). None when no algorithm has two recorded rounds."""
     rounds = record.rounds
     # a kind the run never spent (no idle power, no backward pass) is no band and no legend entry
-    kinds = [k for k in energy_kinds(rounds) if (rounds[k[0]].fillna(0.0) != 0).any()]
+    kinds = [k for k in energy_kinds(rounds, record.manifest)
+             if (rounds[k[0]].fillna(0.0) != 0).any()]
     groups = []
     for algorithm, group in rounds.groupby("algorithm", sort=False):
         group = group.sort_values("round", kind="stable").drop_duplicates("round", keep="last")
