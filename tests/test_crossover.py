@@ -243,6 +243,32 @@ def test_recosting_gives_back_the_run_and_predicts_another_setting(runs):
 
 
 
+def test_recosting_follows_an_earth_base_station_asleep_between_transmissions(tmp_path):
+    """Under the EARTH model the base station draws its sleep power whenever it is off air, so
+    its energy grows with the time to the target: re-costed at another throughput and rate,
+    every row's system energy is the simulator's own at that setting."""
+    earth = ("channel.downlink.tx_power_dbm=43", "channel.downlink.bs_power_model=earth")
+    here = _run(tmp_path / "here", *earth)
+    there = _run(tmp_path / "there", *earth, "energy.throughput_macs_per_s=4e8",
+                 "channel.uplink.rate_bps=5e5")
+    a, b = read_run(here), read_run(there)
+    setting = _setting(a.manifest, here)
+    assert setting["bs_sleep_w"] == a.manifest["base_station"]["sleep_w"] > 0
+    per_pass = a.manifest["model"]["per_pass"]
+    checked = 0
+    for (_, ra), (_, rb) in zip(a.rounds.iterrows(), b.rounds.iterrows()):
+        if ra["round"] == 0:
+            continue
+        cost = row_cost(ra, ra.algorithm, per_pass[ra.algorithm], setting, "test")
+        assert float(cost.system_j(4e8, 5e5)) == pytest.approx(float(rb.energy_system_j),
+                                                               rel=1e-9)
+        # the sleep draw is most of the difference: without it the prediction misses
+        awake_only = replace(cost, bs_sleep_w=0.0)
+        assert float(awake_only.system_j(4e8, 5e5)) < 0.99 * float(rb.energy_system_j)
+        checked += 1
+    assert checked >= 10
+
+
 def test_command_writes_the_table_figure_and_marks_the_scenario(runs, capsys, tmp_path):
     base, _, _ = runs
     out = tmp_path / "x"

@@ -12,7 +12,9 @@ split into what that cost, from its own recorded cumulative quantities:
 * the downlink's wall time D (the base station's airtime) and every other energy as recorded.
 
 Re-costed at (Theta, r):  time = C Theta0 / Theta + P a(r) + D,  device energy = E_compute +
-X w a(r) + E_down + E_idle,  system energy = that + E_bs,  with a(r) = ceil((b + h) / (r slot))
+X w a(r) + E_down + E_idle,  system energy = that + E_bs + s (time - D),  with a(r) =
+ceil((b + h) / (r slot)), E_bs the base station's energy on air and s its sleep draw (0 unless
+the run's ``base_station`` model is EARTH, which draws it whenever it is off air)
 slot the airtime of one packet (``channel.link.airtime_s``) and w the devices' transmit draw.
 Before anything is re-costed, the split is checked to give back the run's own sim_time_s,
 energy_j and energy_system_j at (Theta0, r0); a run it does not fit is refused.
@@ -108,6 +110,7 @@ class Cost:
     bandwidth_hz: float  # a device's uplink band [Hz]: with the MCS table, the rates carried
     rounds: float  # rounds to the target (mean over seeds)
     seeds: int = 1
+    bs_sleep_w: float = 0.0  # the base station's draw off air [W] (EARTH's sleep power)
 
     def airtime(self, rate) -> np.ndarray:
         """One packet's airtime [s] at uplink ``rate`` [bit/s]."""
@@ -125,8 +128,10 @@ class Cost:
         return np.broadcast_to(self.energy_fixed_j + up, shape).astype(float)
 
     def system_j(self, theta, rate) -> np.ndarray:
-        """Devices + base station [J]."""
-        return self.energy_j(theta, rate) + self.energy_bs_j
+        """Devices + base station [J]: its energy on air, and its sleep draw for the time it is
+        off air (the time to the target less the downlink's airtime D)."""
+        asleep = self.bs_sleep_w * (self.time_s(theta, rate) - self.downlink_s)
+        return self.energy_j(theta, rate) + self.energy_bs_j + asleep
 
     def metric(self, name: str, theta, rate) -> np.ndarray:
         return {"time": self.time_s, "energy": self.energy_j, "system": self.system_j}[name](
@@ -216,7 +221,10 @@ def _setting(manifest: dict, where: Path) -> dict:
                                    UplinkConfig.model_fields["bandwidth_hz"].default, True),
             "slot_s": number(channel, "slot_s", "channel", positive=True),
             "header_bits": number(up, "header_bits", "channel.uplink", 0),
-            "tx_draw_w": _number(draw, f"{file}: the devices' transmit draw")}
+            "tx_draw_w": _number(draw, f"{file}: the devices' transmit draw"),
+            # runs recorded before the base station's power models drew nothing off air
+            "bs_sleep_w": _number((manifest.get("base_station") or {}).get("sleep_w", 0.0),
+                                  f"{file}: base_station.sleep_w")}
 
 
 def row_cost(row: pd.Series, label: str, per_pass: dict, setting: dict, where: str) -> Cost:
@@ -238,7 +246,9 @@ def row_cost(row: pd.Series, label: str, per_pass: dict, setting: dict, where: s
             device_s += spent / e * t
     sent, phases = float(row.transmissions), float(row.exchanges)
     bits = float(row.bits_up) / sent if sent else 0.0
-    energy_bs = float(row.energy_bs_j)
+    # the base station's energy on air: what it drew asleep follows the time (``system_j``)
+    energy_bs = float(row.energy_bs_j) - setting["bs_sleep_w"] * (
+        float(row.sim_time_s) - float(row.bs_airtime_s))
     fixed = float(row.energy_j) - float(row.energy_uplink_j)
     cost = Cost(label=label, compute_s=0.0, phases=phases, transmissions=sent,
                 payload_bits=bits, downlink_s=float(row.bs_airtime_s), energy_fixed_j=fixed,
@@ -296,9 +306,9 @@ def mean_cost(costs: list[Cost]) -> Cost:
     first = costs[0]
     for c in costs[1:]:
         same = (c.payload_bits, c.theta0, c.rate0, c.slot_s, c.header_bits, c.tx_draw_w,
-                c.bandwidth_hz)
+                c.bandwidth_hz, c.bs_sleep_w)
         if same != (first.payload_bits, first.theta0, first.rate0, first.slot_s,
-                    first.header_bits, first.tx_draw_w, first.bandwidth_hz):
+                    first.header_bits, first.tx_draw_w, first.bandwidth_hz, first.bs_sleep_w):
             raise UserError(f"{first.label}: evaluation runs differ in packet size or setting; "
                             "the crossover needs one setting across seeds")
     fields = ("compute_s", "phases", "transmissions", "downlink_s", "energy_fixed_j",
