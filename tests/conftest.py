@@ -206,6 +206,28 @@ def small_quadratic(algorithm: dict, delivery: float = 1.0, seed: int | None = N
     return scenario_from_document(doc, "quadratic.yaml")
 
 
+def quadratic_noise_draws(problem, batch: int = 4, steps: int = 200):
+    """What the quadratic's noise tests measure (tests/test_problems.py and
+    tests/test_quadratic_instances.py): (theta, idx, noise [steps * n, d]: each step's minibatch gradients less the exact ones, row: one
+    device's minibatch gradient at theta, fd: its central finite differences of the minibatch
+    loss, h = 1e-5), on fixed generator seeds."""
+    import torch
+
+    d = problem.d
+    theta = torch.randn(d, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    idx = problem.sample(torch.Generator().manual_seed(5), batch, steps=steps)
+    exact = problem.full_gradients(theta)
+    n = exact.shape[0]
+    noise = torch.cat([problem.stacked_gradients(theta.expand(n, -1), idx[s]) - exact
+                       for s in range(steps)]).numpy()
+    h, eye = 1e-5, torch.eye(d, dtype=torch.float64)
+    row = problem.stacked_gradients(theta[None], idx[0, :1])[0]
+    fd = torch.stack([(problem.stacked_losses((theta + h * e)[None], idx[0, :1])
+                       - problem.stacked_losses((theta - h * e)[None], idx[0, :1]))[0] / (2 * h)
+                      for e in eye])
+    return theta, idx, noise, row, fd
+
+
 def write_yaml(folder: Path, doc, name: str = "scenario.yaml") -> Path:
     """Write a document (or a text as it is) to ``folder/name`` as YAML; returns the path."""
     path = Path(folder) / name

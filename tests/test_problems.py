@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from scipy import optimize, stats
 from torch.func import functional_call
 
-from tests.conftest import small_doc, small_scenario
+from tests.conftest import quadratic_noise_draws, small_doc, small_scenario
 from wirelessfl.errors import UserError
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
@@ -82,22 +82,13 @@ def test_quadratic_gradients_match_autograd_and_finite_differences():
 def test_quadratic_noise_is_unbiased_with_the_declared_variance_and_keyed_by_idx():
     sigma, b, d = 2.0, 4, 50
     p = make_quadratic(noise_std=sigma, d=d, L=20.0, delta=2.0)
-    theta = torch.randn(d, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    idx = p.sample(torch.Generator().manual_seed(5), b, steps=200)
-    exact = p.full_gradients(theta)
-    noise = torch.cat([p.stacked_gradients(theta.expand(4, -1), idx[s]) - exact
-                       for s in range(200)]).numpy()
+    theta, idx, noise, row, fd = quadratic_noise_draws(p, b)
     # Assumption 1 (fedred.md Sec. 1.4): E||g - grad f_i||^2 = sigma^2 / b, Gaussian, mean 0.
     assert np.mean(np.sum(noise**2, 1)) == pytest.approx(sigma**2 / b, rel=0.03)
     assert abs(noise.mean()) < 4 * sigma / math.sqrt(b * d * noise.size)
     scaled = noise.ravel() / (sigma / math.sqrt(b * d))
     assert stats.kstest(scaled, "norm").pvalue > 1e-3
     # A loss consistent with its gradient: finite differences of the noisy minibatch loss.
-    h, eye = 1e-5, torch.eye(d, dtype=torch.float64)
-    row = p.stacked_gradients(theta[None], idx[0, :1])[0]
-    fd = torch.stack([(p.stacked_losses((theta + h * e)[None], idx[0, :1])
-                       - p.stacked_losses((theta - h * e)[None], idx[0, :1]))[0] / (2 * h)
-                      for e in eye])
     torch.testing.assert_close(row, fd, rtol=1e-6, atol=1e-6)
     # The same idx gives the same noise, however devices are chunked (bmm may round the
     # products differently by batch size); another key gives other noise.

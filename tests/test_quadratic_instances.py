@@ -19,7 +19,7 @@ import pytest
 import torch
 from scipy import optimize, stats
 
-from tests.conftest import small_doc
+from tests.conftest import quadratic_noise_draws, small_doc
 from wirelessfl.errors import UserError
 from wirelessfl.pipeline.build import build_world
 from wirelessfl.pipeline.simulation import run_algorithm
@@ -178,20 +178,11 @@ def test_minibatch_noise_keeps_its_law_and_keys_with_the_beta_term():
     sigma, b, d, beta = 2.0, 4, 50, 400.0
     a, c = fedred_quadratic(4, d, 20.0, -1.0, 2.0, np.random.default_rng(5), indefinite=True)
     p = QuadraticProblem(a, c, sigma, beta=beta)
-    theta = torch.randn(d, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    idx = p.sample(torch.Generator().manual_seed(5), b, steps=200)
-    exact = p.full_gradients(theta)
-    noise = torch.cat([p.stacked_gradients(theta.expand(4, -1), idx[s]) - exact
-                       for s in range(200)]).numpy()
+    theta, idx, noise, row, fd = quadratic_noise_draws(p, b)
     # Assumption 1 (fedred.md Sec. 1.4): unbiased, E||g - grad f_i||^2 = sigma^2 / b, Gaussian
     assert np.mean(np.sum(noise**2, 1)) == pytest.approx(sigma**2 / b, rel=0.03)
     assert stats.kstest(noise.ravel() / (sigma / math.sqrt(b * d)), "norm").pvalue > 1e-3
     # the noisy minibatch loss is consistent with its gradient (finite differences)
-    h, eye = 1e-5, torch.eye(d, dtype=torch.float64)
-    row = p.stacked_gradients(theta[None], idx[0, :1])[0]
-    fd = torch.stack([(p.stacked_losses((theta + h * e)[None], idx[0, :1])
-                       - p.stacked_losses((theta - h * e)[None], idx[0, :1]))[0] / (2 * h)
-                      for e in eye])
     torch.testing.assert_close(row, fd, rtol=1e-6, atol=1e-5)
     # the same keys give the same gradients however devices are chunked
     small = QuadraticProblem(a, c, sigma, max_chunk_mb=1e-6, beta=beta)
