@@ -189,7 +189,8 @@ def algorithm_scenario(algorithm: dict, overrides=()):
     return scenario_from_document(doc, "small.yaml", kept)
 
 
-def small_quadratic(algorithm: dict, delivery: float = 1.0, seed: int | None = None):
+def small_quadratic(algorithm: dict, delivery: float = 1.0, seed: int | None = None,
+                    overrides=()):
     """Five quadratic clients f_i(x) = 1/2 x^T A_i x - c_i^T x in 4 dimensions (one device each),
     exact gradients, 32-bit values, the pinned channel delivering uploads with ``delivery``:
     the problem the algorithms' numpy transcriptions run on (tests/test_fgdro.py, test_drfa.py)."""
@@ -203,7 +204,7 @@ def small_quadratic(algorithm: dict, delivery: float = 1.0, seed: int | None = N
     doc["population"] = {"num_devices": 5}
     if seed is not None:
         doc["seed"] = seed
-    return scenario_from_document(doc, "quadratic.yaml")
+    return scenario_from_document(doc, "quadratic.yaml", list(overrides))
 
 
 def quadratic_noise_draws(problem, batch: int = 4, steps: int = 200):

@@ -243,8 +243,8 @@ def test_no_layer_violation_in_the_checks_that_were_special_cases():
 
 
 class _Superposing(FedAvg):
-    """FedAvg's round, declared as an over-the-air method (the way no network of this release
-    simulates: preflight must refuse it before anything runs)."""
+    """FedAvg's round, declared as an over-the-air method: preflight must refuse it before
+    anything runs on a network that cannot superpose."""
 
     name = "fedavg-air"
     air = "superposition"
@@ -254,16 +254,16 @@ def test_an_algorithm_that_needs_superposition_is_refused_where_the_network_cann
     ALGORITHMS.register(_Superposing)
     try:
         sc = small_scenario(algorithms=[{"name": "fedavg-air", "rounds": 1}])
+        assert preflight.check_runnable(sc) == []  # both engines implement superpose
+
+        class PacketsOnly:  # a network of the first way only (contract/port.py)
+            def collect(self, cost, payload, active=None):
+                yield from ()
+
+        monkeypatch.setitem(preflight.ENGINES, "vectorized", PacketsOnly)
         with pytest.raises(UserError, match="sends its uploads by superposition .* engine.mode "
                                             "'vectorized' does not simulate"):
             preflight.check_runnable(sc)
-
-        class Air:  # a network that implements the second way (contract/port.py)
-            def superpose(self, cost, payload, values, active=None):
-                yield from ()
-
-        monkeypatch.setitem(preflight.ENGINES, "vectorized", Air)
-        assert preflight.check_runnable(sc) == []
         monkeypatch.setattr(_Superposing, "air", "smoke-signals")
         with pytest.raises(UserError, match="declares air = 'smoke-signals'"):
             preflight.check_runnable(sc)

@@ -51,7 +51,9 @@ import numpy as np
 import pandas as pd
 
 from wirelessfl.algorithms.base import Algorithm, AlgorithmParams
+from wirelessfl.channel.analog import analog_airtime_s
 from wirelessfl.contract.facts import SINGLE_LEVEL
+from wirelessfl.engine.ledger import KIND_INDEX
 from wirelessfl.errors import UserError
 from wirelessfl.pipeline.build import World, build_world
 from wirelessfl.pipeline.simulation import AlgorithmRun, run_algorithm
@@ -325,7 +327,8 @@ def check_declared_payloads(subject: _Subject) -> None:
     for bits in PAYLOAD_BITS:
         sc, world, run = subject.run("channel=seed002-pinned",
                                      "channel.uplink.delivery_probability=1.0",
-                                     f"quantization_bits={bits}", participation=1.0)
+                                     _ANALOG_ALL_SEND, f"quantization_bits={bits}",
+                                     participation=1.0)
         params, n, led = sc.algorithms[0], world.num_devices, run.ledger
         rounds, m = params.rounds, int(params.bits)
         d = world.evaluator.d
@@ -352,6 +355,13 @@ def check_declared_payloads(subject: _Subject) -> None:
                  f"{packets0} = {packets} each")
         _require(led.exchanges == packets,
                  f"{at}: {led.exchanges} upload exchanges, declared {packets}")
+        if getattr(cls, "air", "packets") == "superposition":  # channel uses, not bits
+            on_air = run.ledger.busy_s[:, KIND_INDEX["uplink"]]
+            phase = analog_airtime_s(up.values, sc.channel.uplink.bandwidth_hz,
+                                     sc.channel.slot_s)
+            _require(bool(np.all(on_air == phase * packets)),
+                     f"{at}: analog uplink airtime per device {_counts(on_air)} s, declared "
+                     f"{up.values} values a phase = {phase:g} s x {packets} phases")
 
 
 def _check_sampled_payloads(cls: type, led, rounds: int, declared: tuple, phases: tuple,
@@ -449,8 +459,13 @@ def check_energy_accounting(subject: _Subject) -> None:
                                err_msg="energy_bs_j != (transmit + circuit power) x airtime")
 
 
-# Every upload lost: the pinned channel (no fading) with a delivery probability of almost 0.
-_ALL_LOST = ("channel=seed002-pinned", "channel.uplink.delivery_probability=1e-12")
+# Every upload lost: the pinned channel (no fading) with a delivery probability of almost 0;
+# on the analog uplink, a scheduling radius inside the cell's nearest device: nobody transmits.
+_ALL_LOST = ("channel=seed002-pinned", "channel.uplink.delivery_probability=1e-12",
+             "channel.uplink.analog={interior_radius_m: 1}")
+# Every analog upload in the sum: a truncation threshold no Rayleigh gain falls below in any
+# test's lifetime (-300 dB: P(silent) = 1e-30 per device and phase).
+_ANALOG_ALL_SEND = "channel.uplink.analog={threshold_db: -300}"
 # The other split of the devices' data the trajectory must not depend on.
 _OTHER_SPLIT = "partition={scheme: dirichlet, alpha: 0.1}"
 
@@ -458,14 +473,20 @@ _OTHER_SPLIT = "partition={scheme: dirichlet, alpha: 0.1}"
 @_check
 def check_lost_uploads_never_reach_the_model(subject: _Subject) -> None:
     """With every upload lost, nothing is delivered but uplink energy is still spent (devices
-    transmit what is lost), and nothing the devices hold reaches the global model: on a problem
+    transmit what is lost; on the analog uplink, where nobody is scheduled, none is: a silent
+    device draws nothing), and nothing the devices hold reaches the global model: on a problem
     with data, the test loss does not change when the devices' data is split otherwise (a
     Dirichlet split), so only the base station's own data (``server_learns``) can move it."""
     sc, _, run = subject.run(*_ALL_LOST)
     rows = pd.DataFrame(run.rows)
     delivered = int(run.ledger.packets_delivered.sum())
     _require(delivered == 0, f"{delivered} packets delivered at delivery probability 1e-12")
-    _require(bool(rows.energy_uplink_j.iloc[-1] > 0), "no uplink energy spent on the lost uploads")
+    if getattr(subject.cls, "air", "packets") == "superposition":
+        _require(bool(rows.energy_uplink_j.iloc[-1] == 0),
+                 "uplink energy spent by analog devices that were all silent")
+    else:
+        _require(bool(rows.energy_uplink_j.iloc[-1] > 0),
+                 "no uplink energy spent on the lost uploads")
     if problem_spec(sc.problem.name).reads_data:
         other = pd.DataFrame(subject.run(*_ALL_LOST, _OTHER_SPLIT)[2].rows)
         pd.testing.assert_series_equal(rows.test_loss, other.test_loss,

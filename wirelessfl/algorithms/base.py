@@ -307,6 +307,24 @@ class Algorithm:
         self.ctx.health.collected(result.active, result.delivered)
         return result
 
+    def analog_devices(self) -> np.ndarray:
+        """This round's participants (increasing indices) that hold the current model and still
+        have energy: the devices an analog phase asks (``superpose``), whose values the
+        algorithm computes before the phase."""
+        asked = self.participant_devices(self.round_index)
+        return asked[(self.missed[asked] == 0) & self.ctx.net.alive[asked]]
+
+    def superpose(self, cost, payload: Payload, values: torch.Tensor, devices: np.ndarray):
+        """``net.superpose`` (the analog uplink, ``air = "superposition"``): the devices
+        ``devices`` (from ``analog_devices``) compute ``cost`` and transmit ``values`` [n, k] at
+        once, with the parameters' ``power_control``; a NaN or inf among them stops the run as
+        diverged. Returns the ``SuperposedResult``: the received sum and who transmitted."""
+        self.ctx.check_finite(values, "up", self.round_index)
+        result = yield from self.ctx.net.superpose(cost, payload, values, devices,
+                                                   self.params.power_control)
+        self.ctx.health.collected(result.active, result.transmitted)
+        return result
+
     def minibatches(self, k: int, devices: np.ndarray, steps: int = 1, stream: str = "batch",
                     *keys: int) -> torch.Tensor:
         """Round k's minibatches [steps, n, w] for the devices ``devices`` (increasing indices;

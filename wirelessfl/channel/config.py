@@ -87,6 +87,39 @@ class SpectrumConfig(_Strict):
         return self
 
 
+class AnalogConfig(_Strict):
+    """The analog uplink's radio (channel/analog.py; docs/radio.md "Analog uplink"), read by the
+    algorithms whose uploads superpose on the air (1P-ZOFL, AirComp); whether the transmitters
+    know their channel (the power control) is the algorithm's ``power_control``."""
+
+    truncate_on: Literal["fading", "gain"] = Field(
+        "fading", description="truncated inversion: the gain compared with the threshold: "
+                              "fading, the small-scale |h|^2 (path loss always inverted); gain, "
+                              "the whole large-scale x small-scale gain (Zhu et al.'s rule)")
+    threshold_db: float | None = Field(
+        None, description="truncated inversion: g_th [dB] (fading: of |h|^2, default -10 dB, "
+                          "a tenth of the mean [D]; gain: of the whole path gain, e.g. -120, "
+                          "no default)")
+    interior_radius_m: PositiveFloat | None = Field(
+        None, description="cell-interior scheduling (Zhu et al. 2020, Sec. IV): only devices "
+                          "within this distance of the base station transmit (default: all)")
+
+    @model_validator(mode="after")
+    def _threshold(self):
+        if self.threshold_db is None:
+            if self.truncate_on == "gain":
+                raise ValueError("truncate_on 'gain' compares the whole path gain (path loss x "
+                                 "fading) with threshold_db, which has no default; add it (e.g. "
+                                 "threshold_db: -120)")
+            self.threshold_db = DEFAULT_FADING_THRESHOLD_DB
+        return self
+
+
+# g_th of truncation on the small-scale gain [dB] [D]: a tenth of its mean, silent w.p.
+# 1 - exp(-0.1) = 9.5% under Rayleigh.
+DEFAULT_FADING_THRESHOLD_DB = -10.0
+
+
 class UplinkConfig(_Strict):
     """Device -> base station: power, bandwidth, and how rate and delivery are decided."""
 
@@ -120,11 +153,30 @@ class UplinkConfig(_Strict):
     circuit_power_w: NonNegativeFloat = Field(
         0.0, description="[D] transmitter circuit power while on air [W] (stored for energy work)")
     header_bits: NonNegativeInt = Field(0, description="bits added to every packet [bit]")
+    analog: AnalogConfig | None = Field(
+        None, description="the analog uplink that algorithms sending by superposition use "
+                          "(1P-ZOFL, AirComp): truncation gain and threshold, interior radius "
+                          "(default: -10 dB on the fading, every device); the uplink power "
+                          "limit is tx_power_dbm")
 
     @field_validator("tx_power_dbm")
     @classmethod
     def _power(cls, value: float) -> float:
         return _check_tx_power(value, "uplink")
+
+    @property
+    def analog_settings(self) -> AnalogConfig:
+        """The analog uplink's settings (``analog``, or its defaults)."""
+        return self.analog if self.analog is not None else AnalogConfig()
+
+    @model_serializer(mode="wrap")
+    def _without_default_analog(self, handler):
+        """analog is dumped only when given, so every scenario written before it existed keeps
+        its resolved document and fingerprint (pipeline/fingerprint.py)."""
+        doc = handler(self)
+        if isinstance(doc, dict) and self.analog is None:
+            doc.pop("analog", None)
+        return doc
 
     @model_validator(mode="after")
     def _mode_fields(self):

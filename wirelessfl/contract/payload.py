@@ -40,6 +40,12 @@ class Payload:
         return cls(values=count, bits_per_value=bits_per_value, label=label)
 
     @classmethod
+    def analog(cls, count: int, label: str = "analog values") -> Payload:
+        """``count`` real values sent as analog symbols (one channel use each, superposed on the
+        air; channel/analog.py): no bits, so a ledger's bit counts leave them out."""
+        return cls(values=count, bits_per_value=0, label=label)
+
+    @classmethod
     def vectors(cls, length: int, bits_per_value: int, count: int = 1, label: str = "vector") -> Payload:
         """``count`` vectors of ``length`` values; below 32 bits each carries its scale header."""
         header = VECTOR_SCALE_HEADER_BITS * count if bits_per_value < 32 else 0

@@ -8,13 +8,13 @@ The two sides meet only here, which is what lets a plugin algorithm be written, 
 
 **Ways of crossing the air.** What an algorithm sends is a ``Payload`` (contract/payload.py)
 and what a device computes first a ``Cost``; how the values reach the base station is the
-network's business. Today there is one way, ``Air.collect``: every device's upload is a packet
+network's business. There are two ways. The first, ``Air.collect``: every device's upload is a packet
 of its own, decoded or lost (fading, deadline, ARQ), and the algorithm learns who delivered
-(``CollectResult``) and aggregates those devices' values, which it quantised itself. The port
-leaves room for a second way, where the channel transforms the values on the way rather than
-carrying packets: devices transmit at once on one resource and the base station receives the
-fading-weighted sum plus noise (over-the-air aggregation). Such a network implements
-``SuperposingAir`` as well (``superpose`` returns a ``SuperposedResult``: the received sum,
+(``CollectResult``) and aggregates those devices' values, which it quantised itself. In the
+second, the channel transforms the values on the way rather than carrying packets: devices
+transmit at once on one resource and the base station receives the fading-weighted sum plus
+noise (over-the-air aggregation, channel/analog.py). Both engines implement it as
+``SuperposingAir`` (``superpose`` returns a ``SuperposedResult``: the received sum,
 not a delivered mask), and an algorithm that needs it declares so (``Algorithm.air``), so that
 a scenario whose network cannot superpose is refused before it runs. The packet way is then one
 implementation of "values transformed by the channel": erased or delivered, per device.
@@ -90,13 +90,21 @@ class BroadcastResult:
 class SuperposedResult:
     """What the base station receives from one analog phase: the sum over the transmitting
     devices of each one's values as the channel weighted them, plus the receiver's noise
-    (``received`` [k]), who transmitted (``active``, aligned with ``devices`` when asked by
-    index) and when each finished [s]."""
+    (``received`` [k]); who took part (``active``: asked, with energy) and who of them
+    transmitted (``transmitted``: not silenced by truncation, scheduling or the deadline;
+    each device signals it [D]), aligned with ``devices`` when asked by index; when each
+    finished [s]. Never a device's own values."""
 
     received: torch.Tensor
     active: np.ndarray
     finish_s: np.ndarray
     devices: np.ndarray | None = None
+    transmitted: np.ndarray | None = None
+
+    @property
+    def count(self) -> int:
+        """K, the number of devices whose values are in the sum."""
+        return int(np.count_nonzero(self.transmitted))
 
 
 # A SimPy process step: what ``yield from`` on a port method gives back at its end.
@@ -130,12 +138,16 @@ class Air(Protocol):
 @runtime_checkable
 class SuperposingAir(Air, Protocol):
     """A cell whose uplink can also superpose: the second way of crossing the air (module
-    docstring). No network of this release implements it; ``Algorithm.air`` says who needs it."""
+    docstring; engine/network.py implements it in both engines); ``Algorithm.air`` says who
+    needs it."""
 
     def superpose(self, cost: Cost, payload: Payload, values: torch.Tensor,
-                  active: np.ndarray | None = None) -> Phase:
-        """Each asked device computes ``cost``, then all transmit their ``values`` [n, k] at
-        once as ``payload``'s analog symbols; returns a ``SuperposedResult``."""
+                  active: np.ndarray | None = None,
+                  power_control: str = "truncated-inversion") -> Phase:
+        """Each asked device computes ``cost``, then all transmit their ``values`` [n, k] (rows
+        aligned with the asked devices, increasing) at once as ``payload``'s analog symbols,
+        setting their power by ``power_control`` (channel/analog.py); returns a
+        ``SuperposedResult``."""
 
 
 class HealthLog(Protocol):

@@ -61,10 +61,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import simpy
+import torch
 
+from wirelessfl.channel.analog import AnalogUplink
 from wirelessfl.channel.link import DOWNLINK_FADING_STREAM, UPLINK_FADING_STREAM
 from wirelessfl.contract.payload import Cost, Payload
-from wirelessfl.contract.port import BroadcastResult, CollectResult
+from wirelessfl.contract.port import BroadcastResult, CollectResult, SuperposedResult
 from wirelessfl.energy.device import DevicePower
 from wirelessfl.energy.radio import radio_energy_j
 from wirelessfl.engine.ledger import Ledger
@@ -74,8 +76,11 @@ from wirelessfl.engine.spectrum import (
     schedule_uploads,
     scheduler_priorities,
 )
+from wirelessfl.learning.seeds import keyed_rng
 
 _NO_DEVICES = np.zeros(0, dtype=np.int64)
+# The receiver noise of analog phases under per-device streams: keyed per (seed, phase).
+ANALOG_NOISE_STREAM = "uplink-analog-noise"
 
 
 @dataclass
@@ -130,6 +135,30 @@ class _Sent:
             else devices[rows]
 
 
+# Rows of an analog phase's values summed at once in float64 [D]: a fixed block, so the sum's
+# order (and its last bits) never depends on how many devices transmit.
+SUM_BLOCK_ROWS = 256
+
+
+def _weighted_sum(values: torch.Tensor, weights: np.ndarray, sending: np.ndarray
+                  ) -> tuple[torch.Tensor, float]:
+    """(sum_i w_i x_i in float64 [k], the largest root mean square of a transmitting row, 0 when
+    none transmits) of ``values`` [n, k], block by block: the float64 copies an analog phase
+    makes stay SUM_BLOCK_ROWS rows whatever n."""
+    total = torch.zeros(values.shape[1], dtype=torch.float64, device=values.device)
+    amplitude = 0.0
+    for start in range(0, values.shape[0], SUM_BLOCK_ROWS):
+        block = values[start:start + SUM_BLOCK_ROWS].to(torch.float64)
+        w = torch.as_tensor(weights[start:start + SUM_BLOCK_ROWS], dtype=torch.float64,
+                            device=values.device)
+        total += (block * w[:, None]).sum(0)
+        on = torch.as_tensor(np.flatnonzero(sending[start:start + SUM_BLOCK_ROWS]),
+                             device=values.device)
+        if len(on):
+            amplitude = max(amplitude, float(block[on].square().mean(1).sqrt().max()))
+    return total.cpu(), amplitude
+
+
 def _cost_for(cost: Cost, asked: _Asked, num_devices: int) -> Cost:
     """``cost`` with its per-device arrays aligned with the phase's arrays. An array is either
     [N] (one value per registered device) or, when the devices were asked by index, one value
@@ -162,6 +191,10 @@ def _cost_for(cost: Cost, asked: _Asked, num_devices: int) -> Cost:
 
 class Network:
     """Shared state and physics of both engines; subclasses advance the clock."""
+
+    # Rebuilt from the cell and the profile when an analog phase first needs it: not state a
+    # checkpoint holds (pipeline/state_tree.py).
+    derived_state = ("_analog_uplink",)
 
     def __init__(self, env: simpy.Environment, ledger: Ledger, uplink, downlink, compute,
                  power: DevicePower | float, rng: np.random.Generator,
@@ -217,6 +250,7 @@ class Network:
         self.pf_average_bps: np.ndarray | None = None  # proportional-fair served-rate average
         self.pf_phase: np.ndarray | None = None  # per-device streams: phase of each average
         self.accounting = accounting
+        self._analog_uplink: AnalogUplink | None = None
 
     @property
     def alive(self) -> np.ndarray:
@@ -388,12 +422,9 @@ class Network:
                 out[k, here] = rows(price, devices[here])
         return tuple(out)
 
-    def _plan_collect(self, cost: Cost, payload: Payload, asked: _Asked) -> _Plan:
-        """Per-device compute, queueing and uplink outcome of one phase (the same for both
-        engines): fading is drawn at each device's ready time, the deadline cuts late uploads.
-        ``asked.devices``: slice(None) (shared streams, every array over N) or the phase's
-        device indices (per-device streams, arrays aligned with them)."""
-        start = self.env.now
+    def _compute(self, cost: Cost, asked: _Asked) -> tuple[np.ndarray, ...]:
+        """The asked devices' work on ``cost``: forward and backward energy [J] and time [s],
+        backward passes and Hessian-vector products, zero for devices without energy."""
         active, devices = asked.active, asked.devices
         on = active.astype(float)
         cost, count = _cost_for(cost, asked, self.num_devices), len(active)
@@ -402,8 +433,112 @@ class Network:
         gradients = cost.per_device(count)[1] * on
         hvps = cost.hvp_per_device(count) * on
         e_fwd, e_bwd, t_fwd, t_bwd = self._prices(cost.batch_size, devices)
-        forward_time, backward_time = fwd * t_fwd, bwd * t_bwd
-        forward_energy, backward_energy = fwd * e_fwd, bwd * e_bwd
+        return (fwd * e_fwd, bwd * e_bwd, fwd * t_fwd, bwd * t_bwd, gradients, hvps)
+
+    def superpose(self, cost: Cost, payload: Payload, values: torch.Tensor,
+                  active: np.ndarray | None = None,
+                  power_control: str = "truncated-inversion"):
+        """Each asked device (an [N] mask, int indices or None: all) computes ``cost``; then, when
+        the last of them is ready, the devices transmit their ``values`` (rows aligned with the
+        asked devices in increasing order, [n, k]) at once on the analog uplink
+        (channel/analog.py), one channel use per value; returns a ``SuperposedResult``: the
+        base station's estimate of the weighted sum and who transmitted, never a device's
+        value. ``power_control``: channel/analog.py's POWER_CONTROLS. Both engines advance the
+        clock once: an analog phase is synchronous."""
+        self._catch_up()
+        alive = None if self._lazy else self.alive
+        asked = self._asked(active)
+        start = float(self.env.now)
+        analog = self._analog()
+        (forward_energy, backward_energy, forward_time, backward_time, gradients,
+         hvps) = self._compute(cost, asked)
+        compute_time = forward_time + backward_time
+        ready = start + compute_time
+        air = analog.airtime_s(payload.values)
+        cutoff = start + self.deadline_s if self.deadline_s is not None else math.inf
+        # a device not ready in time to finish the phase before the deadline stays silent
+        late = asked.active & (ready + air > cutoff)
+        on_time = asked.active & ~late
+        begin = float(ready[on_time].max()) if on_time.any() else start
+        if late.any():  # computing at the deadline: stops there, pays for what it did
+            share = np.where(late, np.clip((cutoff - start) / np.where(late, compute_time, 1.0),
+                                           0.0, 1.0), 1.0)
+            forward_time, backward_time = forward_time * share, backward_time * share
+            forward_energy, backward_energy = forward_energy * share, backward_energy * share
+        devices = asked.devices
+        if self.per_device:
+            fading = self.uplink.keyed_fading(self.seed, UPLINK_FADING_STREAM)
+            fading.mark(start)
+            power = fading.power(devices, np.full(len(devices), begin), (self.phase, 0))
+            noise = keyed_rng(self.seed, ANALOG_NOISE_STREAM, self.phase)
+        else:
+            power = self.uplink.fading_for(self.rng).power(np.full(self.num_devices, begin))
+            noise = self.rng
+        out = analog.transmit(power_control, power, on_time, devices)
+        rows = self._asked_rows(asked)
+        values = torch.as_tensor(values)
+        if values.ndim != 2 or values.shape[0] != len(rows) \
+                or values.shape[1] != payload.values:
+            raise ValueError(f"superpose needs values [asked devices, payload values] = "
+                             f"[{len(rows)}, {payload.values}], got {list(values.shape)}")
+        total, amplitude = _weighted_sum(values, out.weight[rows], out.transmitting[rows])
+        z = torch.from_numpy(noise.standard_normal(payload.values))
+        if amplitude > 0:  # nobody transmitted: an empty sum (the base station knows it, K = 0)
+            total = total + amplitude * out.noise_std * z
+        received = total.to(values.dtype)
+        self.phase += 1
+        self.ledger.exchanges += 1
+        busy_air = np.where(out.transmitting, air, 0.0)
+        led = self.ledger
+        led.charge("compute_forward", forward_energy, forward_time, devices)
+        led.charge("compute_backward", backward_energy, backward_time, devices)
+        led.backward_passes[devices] += gradients
+        led.hvp_passes[devices] += hvps
+        draw = out.tx_power_w + np.where(out.transmitting, analog.circuit_power_w, 0.0)
+        led.charge("uplink", radio_energy_j(draw, busy_air), busy_air, devices)
+        # asked devices with energy count as sent, those in the sum as delivered: a device that
+        # truncation, scheduling or the deadline silenced is a lost upload
+        led.transmissions[devices] += out.transmitting
+        led.packets_sent[devices] += asked.active
+        led.packets_delivered[devices] += out.transmitting
+        led.late_uploads[devices] += late
+        end = begin + air if on_time.any() else start + float(compute_time.max(initial=0.0))
+        end = min(end, cutoff)
+        if end > start:
+            yield self.env.timeout(end - start)
+        busy = forward_time + backward_time + busy_air
+        self._close_phase(start, busy, alive, devices)
+        finish = np.where(asked.active, np.where(late, cutoff, end), start)
+        return SuperposedResult(received=received,
+                                active=self._shape(asked, asked.active, False),
+                                finish_s=self._shape(asked, finish, start),
+                                devices=asked.given,
+                                transmitted=self._shape(asked, out.transmitting, False))
+
+    def _analog(self) -> AnalogUplink:
+        """The cell's analog uplink (built on first use: O(N) once)."""
+        if self._analog_uplink is None:
+            self._analog_uplink = AnalogUplink(self.uplink.cell, self.uplink.config)
+        return self._analog_uplink
+
+    def _asked_rows(self, asked: _Asked) -> np.ndarray:
+        """The rows of the phase's arrays that hold the asked devices, in increasing device
+        order (the rows of the values a caller passes)."""
+        if not isinstance(asked.devices, slice):
+            return np.arange(len(asked.devices))
+        if asked.given is not None:
+            return asked.given
+        return np.arange(self.num_devices)
+
+    def _plan_collect(self, cost: Cost, payload: Payload, asked: _Asked) -> _Plan:
+        """Per-device compute, queueing and uplink outcome of one phase (the same for both
+        engines): fading is drawn at each device's ready time, the deadline cuts late uploads.
+        ``asked.devices``: slice(None) (shared streams, every array over N) or the phase's
+        device indices (per-device streams, arrays aligned with them)."""
+        start = self.env.now
+        active, devices = asked.active, asked.devices
+        (forward_energy, backward_energy, forward_time, backward_time, gradients,
+         hvps) = self._compute(cost, asked)
         compute_time = forward_time + backward_time
         ready = start + compute_time
         if self.per_device:

@@ -64,6 +64,8 @@ def _slots(world, params: AlgorithmParams, bits: int, up_rate: np.ndarray,
     channel = world.scenario.channel
     if cls.uploads_per_round == 0:  # off the air (a centralized reference): nothing to say
         return None
+    if cls.air == "superposition":  # analog uploads: airtime in channel uses, not bits
+        return None
     try:
         up, down = cls.declared_payloads(world.evaluator.d, bits,
                                          participants=world.num_devices,

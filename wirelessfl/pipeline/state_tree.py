@@ -17,6 +17,8 @@ What a node can be:
 * ``code``: a module-level function an object holds (a pricing rule the constructor picked):
   behaviour, not state; the fresh run's own is kept, after checking it has the same name
   (lambdas and nested functions, which could hide state, are refused);
+* ``derived``: an attribute an object's class names in ``derived_state``, a cache rebuilt from
+  the scenario when first needed: neither saved nor restored;
 * ``kept``: an object the run is given rather than one it evolves (the SimPy environment, the
   learning problem, the callbacks, what the World shares between algorithms, pydantic
   configuration); restoring keeps the fresh run's own;
@@ -97,6 +99,14 @@ def _own_object(value) -> bool:
 
 def _function_name(function) -> str:
     return f"{function.__module__}.{function.__qualname__}"
+
+
+def _derived(value) -> frozenset[str]:
+    """The attributes an object names in its class's ``derived_state``: caches rebuilt from the
+    scenario when first needed (the network's analog uplink), neither saved nor restored, so a
+    checkpoint written before one existed still resumes and one created during a run is no new
+    state."""
+    return frozenset(getattr(type(value), "derived_state", ()))
 
 
 def _external(value, kept: set[int]) -> bool:
@@ -206,9 +216,10 @@ class _Capture:
             return {"$": "code", "name": _function_name(value)}
         if _own_object(value):
             self.signatures[path] = _signature(value)
+            derived = _derived(value)
             return {"$": "object", "class": class_name(value),
                     "attrs": {name: self.node(v, _join(path, name), depth + 1)
-                              for name, v in vars(value).items()}}
+                              for name, v in vars(value).items() if name not in derived}}
         raise StateError(f"{path}: a {class_name(value)} is not data a checkpoint can hold "
                          "(arrays, tensors, numbers, strings, lists and dicts of them, random "
                          "generators and wirelessfl's own objects)")
@@ -449,7 +460,7 @@ class _Restore:
                              f"fresh run has {found}")
         if type(attrs) is not dict:
             raise StateError(f"{path}: an object without attributes")
-        missing = sorted(set(vars(fresh)) - set(attrs))
+        missing = sorted(set(vars(fresh)) - set(attrs) - _derived(fresh))
         if missing:
             raise StateError(f"{path or 'the algorithm'}: the checkpoint lacks "
                              f"{', '.join(missing)}")

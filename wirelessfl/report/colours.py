@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 # One colour per built-in algorithm [D]: matplotlib's tab10 without its grey (grey is the base
 # station's and the target line's), then eight darker, saturated colours, grey and black for the
-# references off the air (a CIEDE2000 distance of at least 14 between any two of the twenty-three;
+# references off the air (a CIEDE2000 distance of at least 14 between any two of the twenty-six;
 # tests/test_report_view.py). The
 # names compared together in a shipped scenario take colours far apart: seed 002's DZOFL,
 # FedSGD and FedAvg blue, orange, green (as the quickstart always drew them); seed 000's ZO-HFL
@@ -59,6 +59,10 @@ FIXED = {
     "local-adam": "#005f73",     # dark cyan blue
     "dr-dsgd": "#800000",        # maroon
     "drfa": "#00008b",           # dark blue
+    # the methods over the analog uplink (issue 39), after the rest for the same reason
+    "1p-zofl": "#008080",        # teal
+    "aircomp-fedsgd": "#808000",  # olive
+    "aircomp-fedavg": "#7fff00",  # chartreuse
 }
 # The colours a label without a fixed one takes, first free first: the fixed colours in the
 # order above (tab10's first).
