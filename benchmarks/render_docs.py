@@ -676,6 +676,57 @@ def radio_power_sweep_reading() -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- over the air
+
+
+OVER_THE_AIR = "docs/data/over-the-air"
+
+
+@block("over-the-air-reproduction", f"{OVER_THE_AIR}/reproduce.json", f"{OVER_THE_AIR}/tune.json",
+       f"{OVER_THE_AIR}/tuning.csv", f"{OVER_THE_AIR}/evaluation.csv",
+       f"{OVER_THE_AIR}/runs.csv", f"{OVER_THE_AIR}/facts.json")
+def over_the_air_reproduction() -> str:
+    """Digital against analog uplinks (`wirelessfl reproduce over-the-air`)."""
+    return _noted_reproduction(OVER_THE_AIR)
+
+
+def _devices_rows() -> dict[str, list[dict]]:
+    """Per algorithm, the device-count sweep's points in increasing N."""
+    out: dict[str, list[dict]] = {}
+    for r in _json("benchmarks/over_the_air_devices.json")["rows"]:
+        out.setdefault(r["algorithm"], []).append(r)
+    return out
+
+
+@block("over-the-air-devices-table", "benchmarks/over_the_air_devices.json")
+def over_the_air_devices_table() -> str:
+    rows = _devices_rows()
+    labels = list(rows)
+    counts = [r["devices"] for r in rows[labels[0]]]
+    body = [[f"{n:,}"] + [g3(rows[label][i]["upload_per_round_s"] * 1e3) for label in labels]
+            for i, n in enumerate(counts)]
+    return table(["devices N"] + [f"{label} upload [ms/round]" for label in labels], body)
+
+
+@block("over-the-air-devices-reading", "benchmarks/over_the_air_devices.json")
+def over_the_air_devices_reading() -> str:
+    rows = _devices_rows()
+    lines = []
+    for label, points in rows.items():
+        first, last = points[0], points[-1]
+        growth = last["upload_per_round_s"] / first["upload_per_round_s"]
+        what = ("the same at every N" if growth == 1 else
+                f"{g3(growth)} times longer at N = {last['devices']:,} than at "
+                f"N = {first['devices']:,} ({g3(last['devices'] / first['devices'])} times as "
+                "many devices)")
+        lines.append(f"* {label}: {g3(first['upload_per_round_s'] * 1e3)} ms of upload a round "
+                     f"at N = {first['devices']:,}, {what}; "
+                     f"{pct(min(p['delivered_fraction'] for p in points))} to "
+                     f"{pct(max(p['delivered_fraction'] for p in points))} of the uploads in "
+                     "the sum or delivered.")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- seed000
 
 
