@@ -193,6 +193,11 @@ class ZOFL(Algorithm):
         broadcast)."""
         return Payload.analog(1), Payload.scalar(bits)
 
+    @classmethod
+    def round_memory(cls, params, shape: RoundShape) -> tuple[int, bool]:
+        """Forward passes only, one value a device: a chunk's forward minibatch pass (DZOFL's)."""
+        return shape.forward_bytes(), True
+
     def perturbation(self, k: int) -> torch.Tensor:
         """Phi_k, Rademacher +-1/sqrt(d) from (seed, k) (DZOFL's law, a stream of its own)."""
         d = self.theta.numel()
