@@ -46,6 +46,7 @@ from wirelessfl.engine.network import ANALOG_NOISE_STREAM, ENGINES
 from wirelessfl.errors import UserError
 from wirelessfl.learning.seeds import keyed_generator, keyed_rng
 from wirelessfl.pipeline.build import build_world, draw_population
+from wirelessfl.pipeline.notes import silent_analog_warning
 from wirelessfl.pipeline.simulation import run_algorithm
 
 MODEL = ModelProfile(params=650, macs_per_sample=640, activations_per_sample=10, input_size=64)
@@ -325,3 +326,23 @@ def test_both_engines_give_the_same_analog_run(name):
         rows[engine] = pd.DataFrame(run_algorithm(build_world(sc), sc.algorithms[0]).rows)
     pd.testing.assert_frame_equal(rows["vectorized"], rows["processes"])
     assert rows["processes"].energy_uplink_j.iloc[-1] > 0
+
+
+def test_an_interior_radius_that_holds_no_device_is_warned_before_the_run():
+    """Cell-interior scheduling inside the nearest device: nobody would transmit, so the
+    analog methods could never move; the runner's warning names the radius, the nearest device
+    and the fix. Without analog methods, or with a radius that holds a device, no warning."""
+    sc = small_quadratic({"name": "1p-zofl"}, overrides=[
+        "channel=seed002-cell", "channel.uplink.analog={interior_radius_m: 5}"])
+    world = build_world(sc)
+    nearest = float(world.cell.distances_m.min())
+    assert nearest > 5  # min_distance_m is 10 m
+    line = silent_analog_warning(world)
+    assert "interior_radius_m = 5 m schedules none of the 5 devices" in line
+    assert f"raise interior_radius_m above {nearest:.4g} m" in line
+    wide = small_quadratic({"name": "1p-zofl"}, overrides=[
+        "channel=seed002-cell", f"channel.uplink.analog={{interior_radius_m: {nearest}}}"])
+    assert silent_analog_warning(build_world(wide)) is None
+    digital = small_quadratic({"name": "dzofl"}, overrides=[
+        "channel=seed002-cell", "channel.uplink.analog={interior_radius_m: 5}"])
+    assert silent_analog_warning(build_world(digital)) is None

@@ -6,6 +6,9 @@ alone (nothing simulated): the lines ``wirelessfl run`` prints beside its tables
   their data, the same set at every step (learning/minibatch.py, full local batches), so
   "minibatch SGD" there is full local gradient descent. A ``warning:`` line before the run
   (pipeline/runner.py).
+* ``silent_analog_warning``: an interior radius (cell-interior scheduling of the analog
+  uplink, channel/analog.py) that holds no device: the analog methods would never move. A
+  ``warning:`` line before the run.
 * ``same_slots_note``: an algorithm whose packets take the same whole slots on air at every
   bit width from lo to hi around its own (DZOFL's 16-bit scalar and an 8-bit one both fit one
   NR slot at the seed-002 cell's 4 Mbit/s): changing its bits changes neither its airtime nor
@@ -54,6 +57,24 @@ def small_share_warning(world) -> str | None:
             "local batches, docs/algorithms.md): their steps are full local gradient steps, "
             "not stochastic ones; for minibatches, give the devices more samples than "
             "batch_size (fewer devices) or lower batch_size")
+
+
+def silent_analog_warning(world) -> str | None:
+    """One line when the scenario's analog methods (``air = "superposition"``) have no device
+    to hear: ``uplink.analog.interior_radius_m`` closer than every device (none transmits, the
+    methods never move); None otherwise."""
+    names = [p.display_name for p in world.scenario.algorithms
+             if algorithm_class(p.name).air == "superposition"]
+    radius = world.scenario.channel.uplink.analog_settings.interior_radius_m
+    if not names or radius is None:
+        return None
+    nearest = float(np.min(world.cell.distances_m))
+    if nearest <= radius:
+        return None
+    return (f"channel.uplink.analog.interior_radius_m = {radius:g} m schedules none of the "
+            f"{world.num_devices:,} devices (the nearest lies at {nearest:.4g} m): no device "
+            f"transmits on the analog uplink, so {', '.join(names)} never move; raise "
+            f"interior_radius_m above {nearest:.4g} m, or remove it")
 
 
 def _slots(world, params: AlgorithmParams, bits: int, up_rate: np.ndarray,

@@ -28,7 +28,11 @@ from wirelessfl.pipeline.checkpoint import CHECKPOINT_NAME, read_checkpoint, ref
 from wirelessfl.pipeline.fingerprint import MANIFEST_KEY, check_resumable, scenario_fingerprint
 from wirelessfl.pipeline.lockstep import lane_world, lanes_per_group, run_lockstep
 from wirelessfl.pipeline.memory import check_memory_from_scenario
-from wirelessfl.pipeline.notes import same_slots_note, small_share_warning
+from wirelessfl.pipeline.notes import (
+    same_slots_note,
+    silent_analog_warning,
+    small_share_warning,
+)
 from wirelessfl.pipeline.preflight import check_runnable
 from wirelessfl.pipeline.simulation import AlgorithmRun, run_algorithm
 from wirelessfl.results.health import manifest_entry
@@ -128,9 +132,10 @@ def run_to_record(scenario: Scenario, out: Path | None, *,
     check_runnable(scenario, checkpoint_every, warn)  # before anything is built or written
     check_memory_from_scenario(scenario)  # before anything large is loaded or built
     world = build_world(scenario) if world is None else world
-    short = small_share_warning(world)  # known once the data is split, before any round
-    if short is not None:
-        warn(f"warning: {short}")
+    for line in (small_share_warning(world),  # known once the data is split
+                 silent_analog_warning(world)):  # and once the devices are placed
+        if line is not None:
+            warn(f"warning: {line}")
     if on_world is not None:
         on_world(world)
     writer = None
