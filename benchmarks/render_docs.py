@@ -682,12 +682,9 @@ def radio_power_sweep_reading() -> str:
 OVER_THE_AIR = "docs/data/over-the-air"
 
 
-@block("over-the-air-reproduction", f"{OVER_THE_AIR}/reproduce.json", f"{OVER_THE_AIR}/tune.json",
-       f"{OVER_THE_AIR}/tuning.csv", f"{OVER_THE_AIR}/evaluation.csv",
-       f"{OVER_THE_AIR}/runs.csv", f"{OVER_THE_AIR}/facts.json")
-def over_the_air_reproduction() -> str:
-    """Digital against analog uplinks (`wirelessfl reproduce over-the-air`)."""
-    return _noted_reproduction(OVER_THE_AIR)
+_verdicts_block("over-the-air-verdicts", OVER_THE_AIR)
+for _regime in ("transmit-only", "earth"):
+    _regime_block(f"over-the-air-{_regime}", OVER_THE_AIR, _regime)
 
 
 def _devices_rows() -> dict[str, list[dict]]:
