@@ -346,3 +346,16 @@ def test_an_interior_radius_that_holds_no_device_is_warned_before_the_run():
     digital = small_quadratic({"name": "dzofl"}, overrides=[
         "channel=seed002-cell", "channel.uplink.analog={interior_radius_m: 5}"])
     assert silent_analog_warning(build_world(digital)) is None
+
+
+def test_an_analog_device_draws_its_profiles_rule_at_the_power_its_control_chose():
+    """pa_efficiency 0.5, a 0.1 W transmitter circuit and a 0.05 W channel circuit: one device
+    alone at 250 m without fading transmits rf = P_max / E1(0.1) (truncated inversion at its own,
+    the weakest, gain) and draws rf / 0.5 + 0.1 + 0.05 W for the 0.5 ms of 1,000 values; the
+    packet uplink's rule (energy/device.py) at the analog power."""
+    overrides = ["channel.fading=none", "energy.pa_efficiency=0.5",
+                 "energy.tx_circuit_power_w=0.1", "channel.uplink.circuit_power_w=0.05"]
+    env, net, _ = _network([250.0], overrides)
+    _phases(env, net, torch.ones(1, 1000), 1)
+    rf = 0.19952623149688797 / 1.8229239584193906
+    assert net.ledger.energy_j[0, UPLINK] == pytest.approx(0.5e-3 * (rf / 0.5 + 0.15), rel=1e-9)

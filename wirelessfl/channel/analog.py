@@ -42,8 +42,10 @@ Model (one analog phase of k real values; every choice without a source is marke
   station's estimate of the sum is sum_i w_i x_i + a z, z ~ N(0, 1 / rho_0) per value, with
   w_i = 1 (truncated inversion) or |h_i| (large-scale inversion). The algorithm gets this sum
   and who transmitted (each device signals whether it is silent [D]), never a device's value.
-* **Energy.** A transmitting device draws its transmit power (+ ``circuit_power_w``) for the
-  whole airtime; a silent one draws nothing for it.
+* **Energy.** A transmitting device draws, for the whole airtime, what its energy profile draws
+  at the power the control chose (rf / pa_efficiency + its tx circuit + the channel's
+  ``circuit_power_w``: the packet uplink's rule, ``DevicePower.draw_at``); a silent one draws
+  nothing.
 """
 
 from __future__ import annotations
@@ -112,7 +114,6 @@ class AnalogUplink:
         self.noise_w = float(dbm_to_w(noise_power_dbm(self.bandwidth_hz, config,
                                                       up.noise_figure_db)))
         self.max_power_w = float(dbm_to_w(up.tx_power_dbm))
-        self.circuit_power_w = float(up.circuit_power_w)
         # G_i / sigma^2 over B: the mean SNR at P_tx over the device's own band, rescaled
         snr = cell.uplink_mean_snr * (up.device_bandwidth_hz / self.bandwidth_hz)
         self.gain_over_noise = snr / self.max_power_w  # [1/W]

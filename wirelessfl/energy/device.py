@@ -20,10 +20,26 @@ from wirelessfl.energy.radio import transmit_power_draw_w
 class DevicePower:
     """Battery-side draws and budgets of N devices [W, J]."""
 
+    # Built from the profiles with the rest, never changed by a run: not state a checkpoint
+    # holds (pipeline/state_tree.py), so checkpoints written before they existed still resume.
+    derived_state = ("pa_efficiency", "tx_fixed_w")
+
     tx_draw_w: np.ndarray  # [N] while sending: rf / pa_efficiency + tx circuit + channel circuit
     rx_power_w: np.ndarray  # [N] while the device's own downlink packet is on air
     idle_power_w: np.ndarray  # [N] while waiting: not computing, sending or receiving
     battery_j: np.ndarray  # [N] energy budget [J]; inf = unlimited
+    # [N] the draw's parts, for a radiated power other than the channel's (the analog uplink's
+    # power control): pa_efficiency, and tx circuit + channel circuit [W]; None: 1 and 0
+    pa_efficiency: np.ndarray | None = None
+    tx_fixed_w: np.ndarray | None = None
+
+    def draw_at(self, rf_output_w: np.ndarray, devices=slice(None)) -> np.ndarray:
+        """[n] DC draw [W] of ``devices`` while radiating ``rf_output_w`` [W] each (aligned with
+        them): rf / pa_efficiency + tx circuit + channel circuit, the rule of ``tx_draw_w``."""
+        rf = np.asarray(rf_output_w, dtype=float)
+        if self.pa_efficiency is None:
+            return rf
+        return rf / self.pa_efficiency[devices] + self.tx_fixed_w[devices]
 
     @classmethod
     def from_profiles(cls, profiles: Sequence[EnergyProfile], device_class, rf_output_w: float,
@@ -47,6 +63,8 @@ class DevicePower:
             idle_power_w=per_device([p.idle_power_w for p in profiles]),
             battery_j=per_device([np.inf if p.battery_j is None else p.battery_j
                                   for p in profiles]),
+            pa_efficiency=per_device([p.pa_efficiency for p in profiles]),
+            tx_fixed_w=per_device([p.tx_circuit_power_w for p in profiles]) + channel_circuit_w,
         )
 
     @classmethod

@@ -215,7 +215,8 @@ class Network:
             power = DevicePower(
                 tx_draw_w=np.full(n, uplink.tx_power_w + uplink.circuit_power_w),
                 rx_power_w=np.full(n, float(power)), idle_power_w=np.zeros(n),
-                battery_j=np.full(n, np.inf))
+                battery_j=np.full(n, np.inf), pa_efficiency=np.ones(n),
+                tx_fixed_w=np.full(n, uplink.circuit_power_w))
         self.power = power
         self._batteries = power.has_batteries
         self._idle_draw = bool(np.any(power.idle_power_w))
@@ -494,7 +495,8 @@ class Network:
         led.charge("compute_backward", backward_energy, backward_time, devices)
         led.backward_passes[devices] += gradients
         led.hvp_passes[devices] += hvps
-        draw = out.tx_power_w + np.where(out.transmitting, analog.circuit_power_w, 0.0)
+        # the profile's rule at the power the control chose (rf / pa_efficiency + circuits)
+        draw = np.where(out.transmitting, self.power.draw_at(out.tx_power_w, devices), 0.0)
         led.charge("uplink", radio_energy_j(draw, busy_air), busy_air, devices)
         # asked devices with energy count as sent, those in the sum as delivered: a device that
         # truncation, scheduling or the deadline silenced is a lost upload
