@@ -220,7 +220,7 @@ class ZOFL(Algorithm):
         passes = 2 if two else 1
         cost = Cost(forward_passes=passes, paper_forward_passes=1,
                     batch_size=ctx.evaluator.minibatch_sizes(p.batch_size))
-        values = torch.zeros((len(devices), 1), dtype=self.theta.dtype)
+        values = torch.zeros((len(devices), 1), dtype=self.theta.dtype, device=self.theta.device)
         if len(devices):
             idx = self.minibatches(k, devices)[0]
             values[:, 0] = ctx.evaluator.device_losses(self.theta + gamma * phi, idx)
