@@ -359,3 +359,26 @@ def test_an_analog_device_draws_its_profiles_rule_at_the_power_its_control_chose
     _phases(env, net, torch.ones(1, 1000), 1)
     rf = 0.19952623149688797 / 1.8229239584193906
     assert net.ledger.energy_j[0, UPLINK] == pytest.approx(0.5e-3 * (rf / 0.5 + 0.15), rel=1e-9)
+
+
+@pytest.mark.parametrize("per_device", [False, True])
+def test_a_mask_and_indices_ask_the_same_rows(per_device):
+    """The values' rows are the asked devices' in increasing order, whether they are asked by
+    an [N] mask or by indices, in both stream modes: the same received sum and transmitters."""
+    distances = np.linspace(50.0, 450.0, 8)
+    chosen = np.array([1, 4, 6])
+    values = torch.arange(3 * 5, dtype=torch.float64).reshape(3, 5)
+    got = []
+    for asked in (chosen, np.isin(np.arange(8), chosen)):
+        env, net, _ = _network(distances, ["channel.fading=none"], per_device=per_device)
+        out = []
+
+        def run(net=net, asked=asked, out=out):
+            out.append((yield from net.superpose(Cost(), Payload.analog(5), values, asked,
+                                                 "large-scale-inversion")))
+
+        env.process(run())
+        env.run()
+        got.append(out[0])
+    np.testing.assert_array_equal(got[0].received.numpy(), got[1].received.numpy())
+    assert got[0].count == got[1].count == 3

@@ -439,15 +439,18 @@ class Network:
     def superpose(self, cost: Cost, payload: Payload, values: torch.Tensor,
                   active: np.ndarray | None = None,
                   power_control: str = "truncated-inversion"):
-        """Each asked device (an [N] mask, int indices or None: all) computes ``cost``; then, when
+        """Each asked device (int indices, an [N] mask or None: all) computes ``cost``; then, when
         the last of them is ready, the devices transmit their ``values`` (rows aligned with the
         asked devices in increasing order, [n, k]) at once on the analog uplink
         (channel/analog.py), one channel use per value; returns a ``SuperposedResult``: the
-        base station's estimate of the weighted sum and who transmitted, never a device's
-        value. ``power_control``: channel/analog.py's POWER_CONTROLS. Both engines advance the
+        base station's estimate of the weighted sum and who transmitted (arrays aligned with
+        the asked devices, ``devices``; all N when none were named), never a device's value. ``power_control``: channel/analog.py's POWER_CONTROLS. Both engines advance the
         clock once: an analog phase is synchronous."""
         self._catch_up()
         alive = None if self._lazy else self.alive
+        if active is not None and np.asarray(active).dtype == bool:
+            # a mask asks its devices as indices: the values' rows are theirs in either mode
+            active = np.flatnonzero(np.asarray(active))
         asked = self._asked(active)
         start = float(self.env.now)
         analog = self._analog()
