@@ -16,6 +16,7 @@ machine.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import matplotlib
@@ -67,7 +68,7 @@ def plot(rows: list[dict], path: str) -> None:
     # the analog methods' lines coincide: distinct markers and widths keep both visible
     styles = [("o", 4.0, "-"), ("s", 3.0, "--"), ("^", 2.0, "-"), ("x", 1.2, ":")]
     for (label, group), (marker, width, line) in zip(frame.groupby("algorithm", sort=False),
-                                                     styles * len(frame), strict=False):
+                                                     itertools.cycle(styles)):
         ax.plot(group.devices, group.upload_per_round_s * 1e3, marker=marker, linestyle=line,
                 linewidth=width, markersize=4 + 2 * width, label=label, color=colour[label],
                 markerfacecolor="none")

@@ -307,16 +307,16 @@ class Algorithm:
         self.ctx.health.collected(result.active, result.delivered)
         return result
 
-    def analog_devices(self) -> np.ndarray:
-        """This round's participants (increasing indices) that hold the current model and still
-        have energy: the devices an analog phase asks (``superpose``), whose values the
-        algorithm computes before the phase."""
+    def holder_devices(self) -> np.ndarray:
+        """Increasing indices of the devices asked this round that hold the current global
+        state and have energy left: those a phase whose values are computed before it asks
+        (an analog phase, ``superpose``; the drift family's exchanges)."""
         asked = self.participant_devices(self.round_index)
         return asked[(self.missed[asked] == 0) & self.ctx.net.alive[asked]]
 
     def superpose(self, cost, payload: Payload, values: torch.Tensor, devices: np.ndarray):
         """``net.superpose`` (the analog uplink, ``air = "superposition"``): the devices
-        ``devices`` (from ``analog_devices``) compute ``cost`` and transmit ``values`` [n, k] at
+        ``devices`` (from ``holder_devices``) compute ``cost`` and transmit ``values`` [n, k] at
         once, with the parameters' ``power_control``; a NaN or inf among them stops the run as
         diverged. Returns the ``SuperposedResult``: the received sum and who transmitted."""
         self.ctx.check_finite(values, "up", self.round_index)

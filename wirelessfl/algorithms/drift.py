@@ -356,12 +356,6 @@ class DriftCorrected(Algorithm):
         yield from self.broadcast_mean(mean, d)
         return mean
 
-    def holder_devices(self) -> np.ndarray:
-        """Increasing indices of the devices asked this round that hold the current global
-        state and have energy left."""
-        asked = self.participant_devices(self.round_index)
-        return asked[(self.missed[asked] == 0) & self.ctx.net.alive[asked]]
-
     def selected_device(self, r: int) -> int:
         """Rand's j_r: uniform over round r's asked devices (all of [D] at participation 1),
         from the stream (seed, "rand-averaging", r), the same for every method of a scenario."""

@@ -39,6 +39,20 @@ class DZOFLParams(ScalarFormatParams):
         return self
 
 
+def rademacher_direction(seed: int, stream: str, k: int, d: int) -> torch.Tensor:
+    """Phi_k [d], Rademacher +-1/sqrt(d) (float32, CPU) from (seed, stream, k): regenerated on
+    every call, never stored (seed 002's perturbation law; its analog counterpart draws its own
+    stream)."""
+    gen = keyed_generator(seed, stream, k)
+    signs = torch.randint(0, 2, (d,), generator=gen, dtype=torch.int8).float() * 2 - 1
+    return signs / d**0.5
+
+
+def decaying_steps(params, k: int) -> tuple[float, float]:
+    """(alpha_k, gamma_k) = (alpha_0 (1+k)^-v1, gamma_0 (1+k)^-v2) of ``params``."""
+    return (params.alpha0 * (1 + k) ** (-params.v1), params.gamma0 * (1 + k) ** (-params.v2))
+
+
 def aggregate_delivered(q_delivered: torch.Tensor, num_devices: int) -> torch.Tensor | None:
     """Delta f_k = (N / |S_k|) sum_{i in S_k} Q(Delta f_i) from the delivered values
     q_delivered [|S_k|] (a lost packet cannot reach the aggregate); None when S_k is empty."""
@@ -72,10 +86,8 @@ class DZOFL(Algorithm):
 
     def perturbation(self, k: int) -> torch.Tensor:
         """Phi_k, Rademacher +-1/sqrt(d), regenerated from (seed, k) on every call: never stored."""
-        d = self.theta.numel()
-        gen = keyed_generator(self.ctx.seed, "dzofl-phi", k)
-        signs = torch.randint(0, 2, (d,), generator=gen, dtype=torch.int8).float() * 2 - 1
-        return (signs / d**0.5).to(self.theta.device)
+        return rademacher_direction(self.ctx.seed, "dzofl-phi", k,
+                                    self.theta.numel()).to(self.theta.device)
 
     # Step sizes: they change theta alone, never what crosses the air or when, so a grid over
     # them runs in lockstep (algorithms/lanes.py).
@@ -128,5 +140,4 @@ class DZOFL(Algorithm):
 
     def step_sizes(self, k: int) -> tuple[float, float]:
         """(alpha_k, gamma_k) = (alpha_0 (1+k)^-v1, gamma_0 (1+k)^-v2)."""
-        p = self.params
-        return p.alpha0 * (1 + k) ** (-p.v1), p.gamma0 * (1 + k) ** (-p.v2)
+        return decaying_steps(self.params, k)

@@ -130,6 +130,10 @@ class VectorUploadAlgorithm(Algorithm):
                 q = self.quantize(vectors, f"{self.name}-up", k, devices[rows])
                 total += q.mul_(weights[rows, None]).sum(0)
                 del vectors, q  # freed before the next chunk is computed: one chunk at a time
+        yield from self.send_mean(k, total, weight, broadcast)
+
+    def send_mean(self, k: int, total: torch.Tensor, weight: float, broadcast: Payload):
+        """Broadcast the quantised mean Q(total / weight) of what arrived, then apply it."""
         mean = (total / weight).unsqueeze(0)
         q_mean = self.quantize(mean, f"{self.name}-down", k, slice(0, 1), direction="down")[0]
         yield from self.broadcast(broadcast)

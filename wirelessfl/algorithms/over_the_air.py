@@ -49,6 +49,7 @@ import torch
 from pydantic import Field, model_validator
 
 from wirelessfl.algorithms.base import Algorithm, ScalarFormatParams
+from wirelessfl.algorithms.dzofl import decaying_steps, rademacher_direction
 from wirelessfl.algorithms.fedavg import (
     FedAvg,
     FedAvgParams,
@@ -58,9 +59,8 @@ from wirelessfl.algorithms.fedavg import (
 )
 from wirelessfl.contract.memory import RoundShape
 from wirelessfl.contract.payload import Cost, Payload
+from wirelessfl.contract.port import PowerControl
 from wirelessfl.learning.seeds import keyed_generator
-
-PowerControl = Literal["truncated-inversion", "large-scale-inversion"]
 
 
 def power_control_field(default: str, why: str):
@@ -99,7 +99,7 @@ class OverTheAirVectors(VectorUploadAlgorithm):
     def round(self, k: int):
         d = self.theta.numel()
         up, down = self.declared_payloads(d, self.bits)
-        devices = self.analog_devices()
+        devices = self.holder_devices()
         weights = self.weights[torch.as_tensor(devices, device=self.theta.device)]
         values = torch.empty((len(devices), d), dtype=self.theta.dtype, device=self.theta.device)
         if len(devices):
@@ -121,10 +121,7 @@ class OverTheAirVectors(VectorUploadAlgorithm):
         if not received:
             yield from self.broadcast(Payload.scalar(self.bits, label="no-update flag"))
             return
-        mean = (total / weight).unsqueeze(0)
-        q_mean = self.quantize(mean, f"{self.name}-down", k, slice(0, 1), direction="down")[0]
-        yield from self.broadcast(down)
-        self.apply(q_mean)
+        yield from self.send_mean(k, total, weight, down)
 
 
 class AirCompFedSGDParams(FedSGDParams):
@@ -200,15 +197,12 @@ class ZOFL(Algorithm):
 
     def perturbation(self, k: int) -> torch.Tensor:
         """Phi_k, Rademacher +-1/sqrt(d) from (seed, k) (DZOFL's law, a stream of its own)."""
-        d = self.theta.numel()
-        gen = keyed_generator(self.ctx.seed, "zofl-phi", k)
-        signs = torch.randint(0, 2, (d,), generator=gen, dtype=torch.int8).float() * 2 - 1
-        return (signs / d**0.5).to(self.theta.device, self.theta.dtype)
+        return rademacher_direction(self.ctx.seed, "zofl-phi", k,
+                                    self.theta.numel()).to(self.theta.device, self.theta.dtype)
 
     def step_sizes(self, k: int) -> tuple[float, float]:
         """(alpha_k, gamma_k) = (alpha_0 (1+k)^-v1, gamma_0 (1+k)^-v2)."""
-        p = self.params
-        return p.alpha0 * (1 + k) ** (-p.v1), p.gamma0 * (1 + k) ** (-p.v2)
+        return decaying_steps(self.params, k)
 
     def round(self, k: int):
         p, ctx = self.params, self.ctx
@@ -216,7 +210,7 @@ class ZOFL(Algorithm):
         up, down = self.declared_payloads(self.theta.numel(), self.bits)
         phi = self.perturbation(k)
         alpha, gamma = self.step_sizes(k)
-        devices = self.analog_devices()
+        devices = self.holder_devices()
         passes = 2 if two else 1
         cost = Cost(forward_passes=passes, paper_forward_passes=1,
                     batch_size=ctx.evaluator.minibatch_sizes(p.batch_size))

@@ -58,9 +58,8 @@ from scipy import special
 from wirelessfl.channel.cell import Cell, dbm_to_w, noise_power_dbm
 from wirelessfl.channel.config import ChannelConfig
 from wirelessfl.channel.link import airtime_s
+from wirelessfl.contract.port import POWER_CONTROLS
 
-# How the transmitters set their power (the algorithm's ``power_control``, module docstring).
-POWER_CONTROLS = ("truncated-inversion", "large-scale-inversion")
 # E|h| of a Rayleigh amplitude with E|h|^2 = 1: sqrt(pi) / 2 (the Rayleigh law's mean,
 # sigma sqrt(pi / 2) with 2 sigma^2 = 1).
 RAYLEIGH_MEAN_AMPLITUDE = float(np.sqrt(np.pi) / 2.0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import numpy as np
 import torch
@@ -38,6 +38,10 @@ _NO_DEVICES = np.zeros(0, dtype=np.int64)
 # or lost packet per device (every network); "superposition", the channel-weighted sum of
 # simultaneous analog transmissions (a network that implements ``SuperposingAir``).
 AIR_WAYS = ("packets", "superposition")
+# How the transmitters of an analog phase set their power (``superpose``'s ``power_control``,
+# channel/analog.py): truncated inversion with channel state, or large-scale inversion without.
+PowerControl = Literal["truncated-inversion", "large-scale-inversion"]
+POWER_CONTROLS: tuple[str, ...] = get_args(PowerControl)
 
 
 @dataclass
@@ -143,7 +147,7 @@ class SuperposingAir(Air, Protocol):
 
     def superpose(self, cost: Cost, payload: Payload, values: torch.Tensor,
                   active: np.ndarray | None = None,
-                  power_control: str = "truncated-inversion") -> Phase:
+                  power_control: PowerControl = "truncated-inversion") -> Phase:
         """Each asked device computes ``cost``, then all transmit their ``values`` [n, k] (rows
         aligned with the asked devices, increasing) at once as ``payload``'s analog symbols,
         setting their power by ``power_control`` (channel/analog.py); returns a

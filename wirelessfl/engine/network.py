@@ -66,7 +66,12 @@ import torch
 from wirelessfl.channel.analog import AnalogUplink
 from wirelessfl.channel.link import DOWNLINK_FADING_STREAM, UPLINK_FADING_STREAM
 from wirelessfl.contract.payload import Cost, Payload
-from wirelessfl.contract.port import BroadcastResult, CollectResult, SuperposedResult
+from wirelessfl.contract.port import (
+    BroadcastResult,
+    CollectResult,
+    PowerControl,
+    SuperposedResult,
+)
 from wirelessfl.energy.device import DevicePower
 from wirelessfl.energy.radio import radio_energy_j
 from wirelessfl.engine.ledger import Ledger
@@ -84,13 +89,29 @@ ANALOG_NOISE_STREAM = "uplink-analog-noise"
 
 
 @dataclass
-class _Plan:
+class _Work:
+    """The asked devices' compute in a phase (arrays aligned with them; zero without energy):
+    what ``_record_compute`` charges, for a packet phase (``_Plan``) or an analog one."""
+
     forward_energy_j: np.ndarray
     backward_energy_j: np.ndarray
-    forward_time_s: np.ndarray  # [N] time computing [s], both parts cut at the deadline
+    forward_time_s: np.ndarray
     backward_time_s: np.ndarray
-    backward_passes: np.ndarray  # [N] backward passes (gradient evaluations) of active devices
-    hvp_passes: np.ndarray  # [N] Hessian-vector products of active devices
+    backward_passes: np.ndarray  # backward passes (gradient evaluations)
+    hvp_passes: np.ndarray  # Hessian-vector products
+
+    def cut_at(self, share: np.ndarray) -> None:
+        """Scale each device's compute times and energies by ``share`` (1 for a device the
+        deadline did not cut): it stopped computing there and pays for what it did."""
+        for name in ("forward_time_s", "backward_time_s", "forward_energy_j",
+                     "backward_energy_j"):
+            setattr(self, name, getattr(self, name) * share)
+
+
+@dataclass
+class _Plan(_Work):
+    """A packet phase's work and uplink outcome per device."""
+
     ready_s: np.ndarray  # absolute time the packet is ready [s]
     hold_s: np.ndarray  # airtime the upload needs, all ARQ attempts [s]
     upload_start_s: np.ndarray  # absolute start of the upload [s] (after any queueing)
@@ -423,7 +444,7 @@ class Network:
                 out[k, here] = rows(price, devices[here])
         return tuple(out)
 
-    def _compute(self, cost: Cost, asked: _Asked) -> tuple[np.ndarray, ...]:
+    def _compute(self, cost: Cost, asked: _Asked) -> _Work:
         """The asked devices' work on ``cost``: forward and backward energy [J] and time [s],
         backward passes and Hessian-vector products, zero for devices without energy."""
         active, devices = asked.active, asked.devices
@@ -434,11 +455,11 @@ class Network:
         gradients = cost.per_device(count)[1] * on
         hvps = cost.hvp_per_device(count) * on
         e_fwd, e_bwd, t_fwd, t_bwd = self._prices(cost.batch_size, devices)
-        return (fwd * e_fwd, bwd * e_bwd, fwd * t_fwd, bwd * t_bwd, gradients, hvps)
+        return _Work(fwd * e_fwd, bwd * e_bwd, fwd * t_fwd, bwd * t_bwd, gradients, hvps)
 
     def superpose(self, cost: Cost, payload: Payload, values: torch.Tensor,
                   active: np.ndarray | None = None,
-                  power_control: str = "truncated-inversion"):
+                  power_control: PowerControl = "truncated-inversion"):
         """Each asked device (int indices, an [N] mask or None: all) computes ``cost``; then, when
         the last of them is ready, the devices transmit their ``values`` (rows aligned with the
         asked devices in increasing order, [n, k]) at once on the analog uplink
@@ -454,9 +475,8 @@ class Network:
         asked = self._asked(active)
         start = float(self.env.now)
         analog = self._analog()
-        (forward_energy, backward_energy, forward_time, backward_time, gradients,
-         hvps) = self._compute(cost, asked)
-        compute_time = forward_time + backward_time
+        work = self._compute(cost, asked)
+        compute_time = work.forward_time_s + work.backward_time_s
         ready = start + compute_time
         air = analog.airtime_s(payload.values)
         cutoff = start + self.deadline_s if self.deadline_s is not None else math.inf
@@ -465,10 +485,8 @@ class Network:
         on_time = asked.active & ~late
         begin = float(ready[on_time].max()) if on_time.any() else start
         if late.any():  # computing at the deadline: stops there, pays for what it did
-            share = np.where(late, np.clip((cutoff - start) / np.where(late, compute_time, 1.0),
-                                           0.0, 1.0), 1.0)
-            forward_time, backward_time = forward_time * share, backward_time * share
-            forward_energy, backward_energy = forward_energy * share, backward_energy * share
+            work.cut_at(np.where(late, np.clip((cutoff - start) / np.where(late, compute_time, 1.0),
+                                               0.0, 1.0), 1.0))
         devices = asked.devices
         if self.per_device:
             fading = self.uplink.keyed_fading(self.seed, UPLINK_FADING_STREAM)
@@ -494,10 +512,7 @@ class Network:
         self.ledger.exchanges += 1
         busy_air = np.where(out.transmitting, air, 0.0)
         led = self.ledger
-        led.charge("compute_forward", forward_energy, forward_time, devices)
-        led.charge("compute_backward", backward_energy, backward_time, devices)
-        led.backward_passes[devices] += gradients
-        led.hvp_passes[devices] += hvps
+        self._record_compute(work, slice(None), devices)
         # the profile's rule at the power the control chose (rf / pa_efficiency + circuits)
         draw = np.where(out.transmitting, self.power.draw_at(out.tx_power_w, devices), 0.0)
         led.charge("uplink", radio_energy_j(draw, busy_air), busy_air, devices)
@@ -511,7 +526,7 @@ class Network:
         end = min(end, cutoff)
         if end > start:
             yield self.env.timeout(end - start)
-        busy = forward_time + backward_time + busy_air
+        busy = work.forward_time_s + work.backward_time_s + busy_air
         self._close_phase(start, busy, alive, devices)
         finish = np.where(asked.active, np.where(late, cutoff, end), start)
         return SuperposedResult(received=received,
@@ -542,9 +557,8 @@ class Network:
         device indices (per-device streams, arrays aligned with them)."""
         start = self.env.now
         active, devices = asked.active, asked.devices
-        (forward_energy, backward_energy, forward_time, backward_time, gradients,
-         hvps) = self._compute(cost, asked)
-        compute_time = forward_time + backward_time
+        work = self._compute(cost, asked)
+        compute_time = work.forward_time_s + work.backward_time_s
         ready = start + compute_time
         if self.per_device:
             outcome = self.uplink.transmit_devices(payload.bits, devices, ready, self.seed,
@@ -562,9 +576,7 @@ class Network:
         cutoff = start + self.deadline_s if self.deadline_s is not None else math.inf
         cut = active & (ready > cutoff)
         if cut.any():  # still computing at the deadline: stops there, pays for what it did
-            share = np.where(cut, (cutoff - start) / np.where(cut, compute_time, 1.0), 1.0)
-            forward_time, backward_time = forward_time * share, backward_time * share
-            forward_energy, backward_energy = forward_energy * share, backward_energy * share
+            work.cut_at(np.where(cut, (cutoff - start) / np.where(cut, compute_time, 1.0), 1.0))
         late = active & (upload_start + hold > cutoff)
         air = np.where(late, np.clip(cutoff - upload_start, 0.0, None), hold)
         attempts = outcome.attempts
@@ -573,12 +585,7 @@ class Network:
             attempts = np.where(late, np.minimum(attempts, np.ceil(air / per_attempt)),
                                 attempts).astype(np.int64)
         return _Plan(
-            forward_energy_j=forward_energy,
-            backward_energy_j=backward_energy,
-            forward_time_s=forward_time,
-            backward_time_s=backward_time,
-            backward_passes=gradients,
-            hvp_passes=hvps,
+            **vars(work),
             ready_s=ready,
             hold_s=hold,
             upload_start_s=upload_start,
@@ -591,8 +598,9 @@ class Network:
             attempts=attempts,
         )
 
-    def _record_compute(self, plan: _Plan, rows, where) -> None:
-        """Charge the compute of the plan's ``rows`` to the ledger's devices ``where``."""
+    def _record_compute(self, plan: _Work, rows, where) -> None:
+        """Charge the compute of the phase's ``rows`` (a ``_Work``, or the ``_Plan`` that holds
+        one) to the ledger's devices ``where``."""
         self.ledger.charge("compute_forward", plan.forward_energy_j[rows],
                            plan.forward_time_s[rows], where)
         self.ledger.charge("compute_backward", plan.backward_energy_j[rows],
