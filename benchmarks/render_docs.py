@@ -435,8 +435,8 @@ _regime_block("seed003-large-i-study", SEED003, "large-i")
 _regime_block("seed003-digits-label-shift-study", SEED003_DIGITS, "label-shift")
 _verdicts_block("seed003-digits-verdicts", SEED003_DIGITS)
 _verdicts_block("seed003-verdicts", SEED003)
-for _regime in ("strongly-convex", "strongly-convex-d1000", "general-convex", "non-convex",
-                "logistic"):
+for _regime in ("strongly-convex", "strongly-convex-d1000", "general-convex",
+                "general-convex-d1000", "non-convex", "non-convex-d1000", "logistic"):
     _regime_block(f"seed004-{_regime}", SEED004, _regime)
 _verdicts_block("seed004-verdicts", SEED004)
 
