@@ -453,3 +453,50 @@ def test_the_crossover_costs_the_run_to_the_worst_device_target(free_run):
     cost = run_costs(free_run)["FedAvg"]
     assert cost.rounds == first_at(rounds, BOUND)["round"]
     assert run_costs(free_run, (None, None, None, None, 0.99))["FedAvg"] is None
+
+
+def _problem_doc(problem: dict | None, algorithm: str, **changes) -> dict:
+    """The small scenario on ``problem`` (None: the classifier) with ``algorithm`` for 2 rounds,
+    evaluated every round."""
+    doc = small_doc(algorithms=[{"name": algorithm, "rounds": 2, "eval_every": 1}], **changes)
+    if problem is not None:
+        doc["problem"] = problem
+        unread = (("model", "partition") if problem["name"] == "loss-tuning"
+                  else ("data", "model", "population"))
+        for key in unread:
+            doc.pop(key, None)
+    doc.pop("target_accuracy", None)
+    return doc
+
+
+@pytest.mark.parametrize("doc", [
+    _problem_doc(None, "fedavg"),
+    _problem_doc({"name": "classification", "train_metrics": True}, "fedavg"),
+    _problem_doc(None, "fedavg", model={"name": "logistic", "l2": 0.01}),
+    _problem_doc({"name": "quadratic", "clients": 5, "dimension": 4}, "gd"),
+    _problem_doc(SMALL_BILEVEL, "fedmsa"),
+    _problem_doc(SMALL_COMPOSITIONAL, "fedmsa"),
+    _problem_doc({"name": "loss-tuning"}, "fedmsa", population={"num_devices": 10}),
+], ids=["classifier", "classifier-train-metrics", "classifier-logistic-l2", "quadratic",
+        "bilevel-quadratic", "risk-averse-mco", "loss-tuning"])
+def test_each_problem_names_exactly_the_target_columns_its_runs_leave_nan(doc):
+    """The invariant the scenario's target refusals rest on: a column a problem's
+    ``unrecorded`` hook names is NaN in every evaluated row of a run, and one it does not name
+    is recorded (finite) there, so a target on it can be met and one on the other is refused."""
+    from wirelessfl.plugins import PROBLEMS
+    from wirelessfl.scenario.schema import TARGET_COLUMNS
+
+    scenario = scenario_from_document(doc, "s.yaml")
+    unrecorded = PROBLEMS.get(scenario.problem.name, "problem.name").unrecorded(scenario)
+    rounds = wirelessfl.run(doc, None, figures=False).rounds
+    evaluated = rounds[rounds.test_loss.notna() | rounds.objective.notna()]
+    assert len(evaluated) >= 2
+    for key, (column, _) in TARGET_COLUMNS.items():
+        values = evaluated[column].to_numpy(float)
+        if column in unrecorded:
+            assert np.isnan(values).all(), column
+            with pytest.raises(UserError, match=f"{key} needs the {column} column"):
+                scenario_from_document({**doc, key: 0.5}, "s.yaml")
+        else:
+            assert np.isfinite(values).all(), column
+            assert getattr(scenario_from_document({**doc, key: 0.5}, "s.yaml"), key) == 0.5

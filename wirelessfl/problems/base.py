@@ -33,6 +33,11 @@ problem edits no other module:
 * ``constants(scenario, facts)``: the problem constants its ``Problem.constants`` will hold (the
   drift-corrected methods' default rules read them), None when only building tells;
   ``server_loss(scenario, facts)``: whether the base station holds a loss of its own.
+* ``unrecorded(scenario)``: the rounds columns a target reads (scenario/schema.py
+  ``TARGET_COLUMNS``: ``grad_norm_sq``, ``worst_device_accuracy``) that the problem leaves NaN in this scenario,
+  each with the rest of the sentence that says so and names the fix ("does not record ...;
+  remove it and use ..."). The scenario refuses a target on such a column, as it could never be
+  met; a problem that omits the hook records them all (a plugin is taken at its word).
 * capabilities: ``reads_data`` (the ``data`` section is read: its files are checked),
   ``multi_sequence`` (an ``MSAProblem``: FedMSA runs on it and single-level methods do not),
   ``compositional`` (an ``MSAProblem`` with ``pooled_gradient``: centralized SGD runs on it),
@@ -66,7 +71,7 @@ if TYPE_CHECKING:
 __all__ = ["ALL_CONSTANTS", "KEY_LIMIT", "BuiltProblem", "Problem", "ProblemConfig",
            "ProblemFacts", "ProblemSpec", "default_field", "one_device_per_client",
            "problem_check", "problems_reading", "refuse_data_sections", "similarity_constants",
-           "unread_section"]
+           "unread_section", "without_device_accuracy"]
 
 
 # ---- the quadratic ------------------------------------------------------------------------------
@@ -117,6 +122,17 @@ def _no_server_loss(scenario: Scenario, facts: DataFacts | None) -> bool:
     return False
 
 
+def _records_every_column(scenario: Scenario) -> dict[str, str]:
+    return {}
+
+
+def without_device_accuracy(targets: str) -> str:
+    """``unrecorded``'s sentence for a problem whose ``evaluate_devices`` is the contract's
+    default (contract/problem.py: no per-device accuracy): ``targets`` serve instead."""
+    return (f"does not record; remove it and use {targets} instead, or a classification or "
+            "logistic problem")
+
+
 @dataclass(frozen=True)
 class ProblemSpec:
     """A learning problem as the registry holds it (see the module docstring for each hook)."""
@@ -129,6 +145,7 @@ class ProblemSpec:
     check: Callable[[Scenario, DataFacts | None], None] = _no_rule
     constants: Callable[[Scenario, DataFacts | None], set[str] | None] = _no_rule
     server_loss: Callable[[Scenario, DataFacts | None], bool] = _no_server_loss
+    unrecorded: Callable[[Scenario], dict[str, str]] = _records_every_column
     reads_data: bool = False
     multi_sequence: bool = False
     bilevel: bool = False

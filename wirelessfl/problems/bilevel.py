@@ -46,6 +46,7 @@ from wirelessfl.problems.base import (
     default_field,
     one_device_per_client,
     refuse_data_sections,
+    without_device_accuracy,
 )
 
 if TYPE_CHECKING:
@@ -230,7 +231,13 @@ def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:
                         held + 8 * n * p.dimension_w**2)
 
 
+def unrecorded(scenario: Scenario) -> dict[str, str]:
+    """No per-device accuracy (a quadratic has no labels)."""
+    return {"worst_device_accuracy": without_device_accuracy(
+        "target_suboptimality, target_loss or target_grad_norm_sq")}
+
+
 SPEC = ProblemSpec(
     name="bilevel-quadratic", Config=BilevelQuadraticConfig, build=build, memory=memory, fit=fit,
-    multi_sequence=True, bilevel=True,
+    unrecorded=unrecorded, multi_sequence=True, bilevel=True,
     summary="fedmsa.md's federated bilevel quadratic with known solution (fedmsa, fednest)")

@@ -155,7 +155,17 @@ def constants(scenario: Scenario, facts: DataFacts | None) -> set[str]:
     return set()
 
 
+def unrecorded(scenario: Scenario) -> dict[str, str]:
+    """grad_norm_sq needs a pass over the training set, made only when ``training_passes``."""
+    if training_passes(scenario):
+        return {}
+    return {"grad_norm_sq": "records only with problem.train_metrics: true (one pass over the "
+                            "training set per evaluation); set it, or use target_accuracy or "
+                            "target_loss instead"}
+
+
 SPEC = ProblemSpec(
     name="classification", Config=ClassificationConfig, build=build, memory=memory,
-    check=check, constants=constants, server_loss=server_keeps_data, reads_data=True,
+    check=check, constants=constants, server_loss=server_keeps_data, unrecorded=unrecorded,
+    reads_data=True,
     summary="a zoo model on a dataset split over devices (data, model, partition)")

@@ -48,6 +48,7 @@ from wirelessfl.problems.base import (
     ProblemSpec,
     default_field,
     unread_section,
+    without_device_accuracy,
 )
 from wirelessfl.problems.data import selected_classes
 from wirelessfl.problems.data_size import data_bytes
@@ -339,8 +340,16 @@ def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:
                         data.on_devices, data.shape.test, size, hidden + classes, classes)
 
 
+def unrecorded(scenario: Scenario) -> dict[str, str]:
+    """No gradient norm (the hypergradient needs the unknown w*(x)) and no per-device accuracy
+    (its evaluate_devices is the contract's default)."""
+    return {"grad_norm_sq": "does not record (its hypergradient needs the unknown w*(x)); "
+                            "remove it and use target_accuracy or target_loss",
+            "worst_device_accuracy": without_device_accuracy("target_accuracy or target_loss")}
+
+
 SPEC = ProblemSpec(
     name="loss-tuning", Config=LossTuningConfig, build=build, memory=memory, fit=fit,
-    check=check, reads_data=True, multi_sequence=True, bilevel=True,
+    check=check, unrecorded=unrecorded, reads_data=True, multi_sequence=True, bilevel=True,
     summary="fedmsa.md's federated loss-function tuning on a long-tailed dataset (fedmsa, "
             "fednest)")

@@ -42,6 +42,7 @@ from wirelessfl.problems.base import (
     default_field,
     one_device_per_client,
     refuse_data_sections,
+    without_device_accuracy,
 )
 
 if TYPE_CHECKING:
@@ -307,7 +308,12 @@ def memory(scenario: Scenario, limit_bytes: float) -> ProblemFacts:
     return ProblemFacts(p.dimension, 8, held, 3 * held)
 
 
+def unrecorded(scenario: Scenario) -> dict[str, str]:
+    """No per-device accuracy (a regression, no labels)."""
+    return {"worst_device_accuracy": without_device_accuracy("target_loss or target_grad_norm_sq")}
+
+
 SPEC = ProblemSpec(
     name="risk-averse-mco", Config=RiskAverseMCOConfig, build=build, memory=memory, fit=fit,
-    check=check, multi_sequence=True, compositional=True,
+    check=check, unrecorded=unrecorded, multi_sequence=True, compositional=True,
     summary="fedmsa.md's three-level risk-averse compositional problem (fedmsa)")

@@ -37,6 +37,7 @@ from wirelessfl.problems.base import (
     one_device_per_client,
     refuse_data_sections,
     similarity_constants,
+    without_device_accuracy,
 )
 
 if TYPE_CHECKING:
@@ -571,7 +572,13 @@ def server_loss(scenario: Scenario, facts: DataFacts | None) -> bool:
     return bool(scenario.problem.server_loss)
 
 
+def unrecorded(scenario: Scenario) -> dict[str, str]:
+    """No per-device accuracy (a quadratic has no labels)."""
+    return {"worst_device_accuracy": without_device_accuracy(
+        "target_suboptimality, target_loss or target_grad_norm_sq")}
+
+
 SPEC = ProblemSpec(
     name="quadratic", Config=QuadraticConfig, build=build, memory=memory, fit=fit,
-    constants=constants, server_loss=server_loss,
+    constants=constants, server_loss=server_loss, unrecorded=unrecorded,
     summary="fedred.md's synthetic quadratic with known optimum, one device per client")

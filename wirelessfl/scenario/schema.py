@@ -305,15 +305,24 @@ def _default_problem() -> ProblemConfig:
     return _spec("classification").Config(name="classification")
 
 
-# Built-in problems whose rounds leave worst_device_accuracy NaN (no per-device accuracy: their
-# evaluate_devices is the contract's default, contract/problem.py), and the targets that serve
-# instead of target_worst_device_accuracy.
-WITHOUT_DEVICE_ACCURACY = {
-    "quadratic": "target_suboptimality, target_loss or target_grad_norm_sq",
-    "bilevel-quadratic": "target_suboptimality, target_loss or target_grad_norm_sq",
-    "risk-averse-mco": "target_loss or target_grad_norm_sq",
-    "loss-tuning": "target_accuracy or target_loss",
+# Targets that read a rounds column some problems leave NaN: the scenario key -> (the column,
+# what it holds). A problem names the columns it leaves NaN in its ``unrecorded`` hook
+# (problems/base.py), and the scenario refuses a target on one of them.
+TARGET_COLUMNS = {
+    "target_grad_norm_sq": ("grad_norm_sq", ""),
+    "target_worst_device_accuracy": ("worst_device_accuracy",
+                                     " (each device's accuracy on its own label mix)"),
 }
+
+
+def unrecorded_target(scenario: Scenario, key: str) -> str | None:
+    """Why the target ``key`` (a ``TARGET_COLUMNS`` key) could never be met in ``scenario``:
+    the problem leaves its column NaN (the error's text, naming the fix); None when recorded."""
+    column, what = TARGET_COLUMNS[key]
+    why = _spec(scenario.problem.name).unrecorded(scenario).get(column)
+    if why is None:
+        return None
+    return f"{key} needs the {column} column{what}, which problem '{scenario.problem.name}' {why}"
 
 
 class Scenario(_Strict):
@@ -405,42 +414,15 @@ class Scenario(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _grad_norm_target_recorded(self):
-        """target_grad_norm_sq reads the rounds column grad_norm_sq, which some built-in
-        problems leave NaN (a target there could never be reached): classification unless
-        problem.train_metrics or f* is known (logistic with model.l2 > 0, as
-        problems/classification.py ``training_passes``), loss-tuning always (its hypergradient
-        needs the unknown w*(x)). A plugin problem is taken at its word."""
-        if self.target_grad_norm_sq is None:
-            return self
-        name = self.problem.name
-        if name == "classification" and not (
-                getattr(self.problem, "train_metrics", False)
-                or (self.model.name == "logistic" and self.model.l2 > 0)):
-            raise ValueError("target_grad_norm_sq needs the grad_norm_sq column, which problem "
-                             "'classification' records only with problem.train_metrics: true "
-                             "(one pass over the training set per evaluation); set it, or use "
-                             "target_accuracy or target_loss instead")
-        if name == "loss-tuning":
-            raise ValueError("target_grad_norm_sq needs the grad_norm_sq column, which problem "
-                             "'loss-tuning' does not record (its hypergradient needs the "
-                             "unknown w*(x)); remove it and use target_accuracy or target_loss")
-        return self
-
-    @model_validator(mode="after")
-    def _worst_device_target_recorded(self):
-        """target_worst_device_accuracy reads the rounds column worst_device_accuracy, which
-        the built-in problems without per-device accuracy (``WITHOUT_DEVICE_ACCURACY``) leave
-        NaN: a target there could never be reached. Classification and logistic record it. A
-        plugin problem is taken at its word."""
-        if self.target_worst_device_accuracy is None:
-            return self
-        fix = WITHOUT_DEVICE_ACCURACY.get(self.problem.name)
-        if fix is not None:
-            raise ValueError(f"target_worst_device_accuracy needs the worst_device_accuracy "
-                             f"column (each device's accuracy on its own label mix), which "
-                             f"problem '{self.problem.name}' does not record; remove it and "
-                             f"use {fix} instead, or a classification or logistic problem")
+    def _targets_recorded(self):
+        """A target on a column the problem leaves NaN (its ``unrecorded`` hook: e.g.
+        grad_norm_sq for a classifier without problem.train_metrics, worst_device_accuracy for
+        the quadratic) could never be met: refused, naming the fix."""
+        for key in TARGET_COLUMNS:
+            if getattr(self, key) is not None:
+                why = unrecorded_target(self, key)
+                if why is not None:
+                    raise ValueError(why)
         return self
 
     @model_serializer(mode="wrap")

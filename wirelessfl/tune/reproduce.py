@@ -17,12 +17,12 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from wirelessfl.errors import UserError
+from wirelessfl.plugins import PROBLEMS
 from wirelessfl.results.records import package_versions, write_csv, write_json
 from wirelessfl.results.summary import TERMINAL_WIDTH, text_table
 from wirelessfl.scenario import catalog
 from wirelessfl.scenario.loader import format_validation_error, refuse_other_kind
 from wirelessfl.scenario.names import safe_name, validated_name
-from wirelessfl.scenario.schema import WITHOUT_DEVICE_ACCURACY
 from wirelessfl.tune.claims import (
     PER_ROUND_COST,
     Claim,
@@ -170,21 +170,17 @@ def load_reproduction(name_or_path: str) -> Reproduction:
                 raise UserError(f"{path}: claims[{i}] ({claim.id}): '{claim.metric}' needs a "
                                 "target, which the tune file's scenario does not set; give "
                                 "the claim one (target: {accuracy: ...}, ...)")
-            problem = _problem_name(tune.base)
-            if claim.target is not None and claim.target.worst_device_accuracy is not None \
-                    and problem in WITHOUT_DEVICE_ACCURACY:
-                raise UserError(f"{path}: claims[{i}] ({claim.id}): target "
-                                f"worst_device_accuracy needs the worst_device_accuracy column, "
-                                f"which problem '{problem}' does not record; read the claim at "
-                                "another target (accuracy, loss, grad_norm_sq)")
+            if claim.target is not None and claim.target.worst_device_accuracy is not None:
+                base = tune.base_scenario()
+                problem = PROBLEMS.get(base.problem.name, "problem.name")
+                if "worst_device_accuracy" in problem.unrecorded(base):
+                    raise UserError(f"{path}: claims[{i}] ({claim.id}): target "
+                                    f"worst_device_accuracy needs the worst_device_accuracy "
+                                    f"column, which problem '{base.problem.name}' does not "
+                                    "record; read the claim at another target (accuracy, loss, "
+                                    "grad_norm_sq)")
     return Reproduction(path, spec.name or safe_name(path.stem, "reproduction"), spec, tunes,
                         doc)
-
-
-def _problem_name(document: dict) -> str | None:
-    """The problem a scenario document names (classification when it names none)."""
-    problem = document.get("problem", {}) if isinstance(document, dict) else None
-    return problem.get("name", "classification") if isinstance(problem, dict) else None
 
 
 def _metric(claim: Claim, outcome: dict) -> tuple[float, bool]:

@@ -14,7 +14,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -34,6 +34,9 @@ from wirelessfl.scenario.loader import (
 from wirelessfl.scenario.names import safe_name, validated_name
 from wirelessfl.sweep.spec import check_run_count, count_text
 from wirelessfl.tune.objectives import OBJECTIVES
+
+if TYPE_CHECKING:
+    from wirelessfl.scenario.schema import Scenario
 
 # Keys of an algorithm entry that identify it rather than tune it.
 NOT_TUNABLE = ("name", "label")
@@ -185,6 +188,11 @@ class Tune:
             if (entry.get("label") or entry.get("name")) == label:
                 return copy.deepcopy(entry)
         raise KeyError(label)
+
+    def base_scenario(self) -> Scenario:
+        """The base scenario (``set`` applied), validated: what every run of the file shares."""
+        return scenario_from_document(copy.deepcopy(self.base), str(self.base_path), [],
+                                      self.base_path.parent)
 
     def scenario(self, label: str, values: dict, seed: int, shown: str | None = None,
                  where: str = "", stop_at_target: bool = False,
