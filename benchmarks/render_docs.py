@@ -411,6 +411,7 @@ SEED000_FIG2 = "docs/data/seed000-fig2"
 SEED000_FMNIST = "docs/data/seed000-fmnist"
 SEED003 = "docs/data/seed003"
 SEED003_DIGITS = "docs/data/seed003-digits"
+SEED003_FMNIST = "docs/data/seed003-fmnist"
 SEED004 = "docs/data/seed004"
 
 
@@ -435,6 +436,8 @@ _regime_block("seed003-large-i-study", SEED003, "large-i")
 _regime_block("seed003-digits-label-shift-study", SEED003_DIGITS, "label-shift")
 _verdicts_block("seed003-digits-verdicts", SEED003_DIGITS)
 _verdicts_block("seed003-verdicts", SEED003)
+_regime_block("seed003-fmnist-dir03", SEED003_FMNIST, "dir03")
+_verdicts_block("seed003-fmnist-verdicts", SEED003_FMNIST)
 for _regime in ("strongly-convex", "strongly-convex-d1000", "general-convex",
                 "general-convex-d1000", "non-convex", "non-convex-d1000", "logistic"):
     _regime_block(f"seed004-{_regime}", SEED004, _regime)
