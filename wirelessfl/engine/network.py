@@ -465,8 +465,9 @@ class Network:
         asked devices in increasing order, [n, k]) at once on the analog uplink
         (channel/analog.py), one channel use per value; returns a ``SuperposedResult``: the
         base station's estimate of the weighted sum and who transmitted (arrays aligned with
-        the asked devices, ``devices``; all N when none were named), never a device's value. ``power_control``: channel/analog.py's POWER_CONTROLS. Both engines advance the
-        clock once: an analog phase is synchronous."""
+        the asked devices, ``devices``; all N when none were named), never a device's value.
+        ``power_control``: one of contract/port.py's POWER_CONTROLS (channel/analog.py). Both
+        engines advance the clock once: an analog phase is synchronous."""
         self._catch_up()
         alive = None if self._lazy else self.alive
         if active is not None and np.asarray(active).dtype == bool:

@@ -34,10 +34,11 @@ problem edits no other module:
   drift-corrected methods' default rules read them), None when only building tells;
   ``server_loss(scenario, facts)``: whether the base station holds a loss of its own.
 * ``unrecorded(scenario)``: the rounds columns a target reads (scenario/schema.py
-  ``TARGET_COLUMNS``: ``grad_norm_sq``, ``worst_device_accuracy``) that the problem leaves NaN in this scenario,
-  each with the rest of the sentence that says so and names the fix ("does not record ...;
-  remove it and use ..."). The scenario refuses a target on such a column, as it could never be
-  met; a problem that omits the hook records them all (a plugin is taken at its word).
+  ``TARGET_COLUMNS``: ``grad_norm_sq``, ``worst_device_accuracy``) that the problem leaves NaN
+  in this scenario, each with the rest of the sentence that says so and names the fix ("does
+  not record ...; remove it and use ..."). The scenario refuses a target on such a column, as
+  it could never be met; a problem that omits the hook records them all (a plugin is taken at
+  its word).
 * capabilities: ``reads_data`` (the ``data`` section is read: its files are checked),
   ``multi_sequence`` (an ``MSAProblem``: FedMSA runs on it and single-level methods do not),
   ``compositional`` (an ``MSAProblem`` with ``pooled_gradient``: centralized SGD runs on it),

@@ -17,12 +17,12 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from wirelessfl.errors import UserError
-from wirelessfl.plugins import PROBLEMS
 from wirelessfl.results.records import package_versions, write_csv, write_json
 from wirelessfl.results.summary import TERMINAL_WIDTH, text_table
 from wirelessfl.scenario import catalog
 from wirelessfl.scenario.loader import format_validation_error, refuse_other_kind
 from wirelessfl.scenario.names import safe_name, validated_name
+from wirelessfl.scenario.schema import unrecorded_target
 from wirelessfl.tune.claims import (
     PER_ROUND_COST,
     Claim,
@@ -156,6 +156,9 @@ def load_reproduction(name_or_path: str) -> Reproduction:
         where = f"{path}: tune" if regime == "" else f"{path}: regime {regime}: tune"
         tune_path = catalog.find("scenarios", file, where, path.parent)
         tune = tunes[regime] = load_tune(str(tune_path))
+        # the base problem's name when it leaves worst_device_accuracy NaN, else '' (asked
+        # once per tune file, when a claim reads that column)
+        worst_nan = None
         for i, claim in enumerate(spec.claims):
             if regime and not claim.judged_in(regime):
                 continue  # its methods are tuned where it is judged
@@ -171,12 +174,14 @@ def load_reproduction(name_or_path: str) -> Reproduction:
                                 "target, which the tune file's scenario does not set; give "
                                 "the claim one (target: {accuracy: ...}, ...)")
             if claim.target is not None and claim.target.worst_device_accuracy is not None:
-                base = tune.base_scenario()
-                problem = PROBLEMS.get(base.problem.name, "problem.name")
-                if "worst_device_accuracy" in problem.unrecorded(base):
+                if worst_nan is None:
+                    base = tune.base_scenario()
+                    worst_nan = (base.problem.name if unrecorded_target(
+                        base, "target_worst_device_accuracy") else "")
+                if worst_nan:
                     raise UserError(f"{path}: claims[{i}] ({claim.id}): target "
                                     f"worst_device_accuracy needs the worst_device_accuracy "
-                                    f"column, which problem '{base.problem.name}' does not "
+                                    f"column, which problem '{worst_nan}' does not "
                                     "record; read the claim at another target (accuracy, loss, "
                                     "grad_norm_sq)")
     return Reproduction(path, spec.name or safe_name(path.stem, "reproduction"), spec, tunes,
