@@ -14,8 +14,11 @@ output, in any order or subset, gets the right weights without carrying a mask a
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from wirelessfl.learning.seeds import counter_uniform
 
@@ -108,12 +111,52 @@ def minibatch_scale(counts: torch.Tensor, width: int, dtype: torch.dtype
 
 
 def minibatch_mean(values: torch.Tensor, counts: torch.Tensor | None) -> torch.Tensor:
-    """[n] mean of values [n, w] over each row's real slots (``minibatch_scale``); counts None:
-    every row is full, the plain mean (the same bits as the masked one, see minibatch_scale)."""
+    """[..., n] mean of values [..., n, w] over each row's real slots (``minibatch_scale``);
+    counts None: every row is full, the plain mean (the same bits as the masked one, see
+    minibatch_scale). A leading axis (runs in lockstep: one slice a lane) gives each slice the
+    bits it gets alone, as every operation here is per row."""
     if counts is None:
-        return values.mean(1)
-    mask, scale = minibatch_scale(counts, values.shape[1], values.dtype)
-    return torch.where(mask, values, 0.0).mean(1) * scale
+        return values.mean(-1)
+    mask, scale = minibatch_scale(counts, values.shape[-1], values.dtype)
+    return torch.where(mask, values, 0.0).mean(-1) * scale
+
+
+# Classes fewer than one SIMD vector of float32 holds, per torch CPU capability: where torch's
+# softmax kernel over the last dim reduces lane by lane (``sample_cross_entropy``).
+_SHORT_ROW_LANES = {"AVX512": 16, "AVX2": 8}
+
+
+@functools.cache
+def _short_row_lanes() -> int:
+    """Float32 lanes of torch's CPU vectors where ``sample_cross_entropy``'s transposed form is
+    known to give torch's bits (0: elsewhere, torch's own kernel)."""
+    return _SHORT_ROW_LANES.get(torch.backends.cpu.get_cpu_capability(), 0)
+
+
+def sample_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[n] cross-entropy of each row of logits [n, C] against target [n]: the bits of
+    ``F.cross_entropy(logits, target, reduction="none")``, several times faster for few classes.
+
+    Why: torch's CPU log-softmax over a last dim shorter than one vector (C < 16 float32 lanes
+    with AVX-512, C < 8 with AVX2) loads each row as a partial vector and adds its C
+    exponentials one at a time through vector stores and loads, about 10 ns an element. That
+    was most of a DZOFL lane's loss pass (10 classes, two loss passes an iteration,
+    benchmarks/README.md "Runs in lockstep"). Over any other dim the same kernel does the same
+    arithmetic (the row's max; the vector exp of x - max; the sum in class order starting from
+    the first class; the vector log; x - max - log) vectorised across rows instead. So the log-
+    softmax of the transposed [C, n] tensor gives each element the same bits, provided no row
+    falls in that kernel's scalar tail (std::exp in place of the vector exp): the rows are
+    padded to whole vectors. tests/test_minibatch.py compares the two exactly for every C and
+    many n and scales. Elsewhere (more classes, other CPUs, GPUs, float64, a graph to
+    differentiate) it is torch's own kernel."""
+    lanes = _short_row_lanes()
+    if (logits.shape[1] >= lanes or logits.dtype != torch.float32 or logits.device.type != "cpu"
+            or (logits.requires_grad and torch.is_grad_enabled())):
+        return F.cross_entropy(logits, target, reduction="none")
+    n = logits.shape[0]
+    by_class = F.pad(logits.t(), (0, -n % lanes))  # [C, whole vectors], contiguous
+    log_p = torch.log_softmax(by_class, 0)
+    return log_p.gather(0, target.view(1, n)).view(n).neg()
 
 
 def mean_cross_entropy_gradient(logits: torch.Tensor, target: torch.Tensor,

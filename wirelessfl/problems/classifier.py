@@ -43,6 +43,7 @@ from wirelessfl.learning.minibatch import (
     minibatch_mean,
     owner_sizes,
     real_batch_sizes,
+    sample_cross_entropy,
     sample_device_minibatches,
     sample_minibatches,
 )
@@ -298,14 +299,15 @@ class BatchedEvaluator(Problem):
         start = time.perf_counter()
         n, b = idx.shape
         counts = self._batch_counts(idx)
-        pieces: list[list[torch.Tensor]] = [[] for _ in thetas]
+        pieces: list[torch.Tensor] = []
         for rows in self.row_chunks(n, b, own_model=False):
             flat_idx = idx[rows].reshape(-1)
-            x, y, rows_counts = (self.data.inputs(flat_idx), self.data.labels(flat_idx),
-                                 counts_of(counts, rows))
-            for theta, out in zip(thetas, pieces, strict=True):
-                out.append(self._minibatch_losses(theta, x, y, b, rows_counts))
-        outs = [torch.cat(out) for out in pieces]
+            x, y = self.data.inputs(flat_idx), self.data.labels(flat_idx)
+            # one loss pass for every theta's logits: each row's loss is its own arithmetic
+            logits = torch.cat([self.flat.predict(theta, x) for theta in thetas])
+            losses = sample_cross_entropy(logits, y.repeat(len(thetas)))
+            pieces.append(minibatch_mean(losses.view(len(thetas), -1, b), counts_of(counts, rows)))
+        outs = list(torch.cat(pieces, 1).unbind(0))
         if self.l2:
             for theta, out in zip(thetas, outs, strict=True):
                 out += 0.5 * self.l2 * float(theta.square().sum())
@@ -316,8 +318,8 @@ class BatchedEvaluator(Problem):
                           counts: torch.Tensor | None) -> torch.Tensor:
         """Each device's mean loss at theta over its rows of minibatch samples x, labels y
         (b a device; ``counts``: the real samples of short rows)."""
-        losses = F.cross_entropy(self.flat.predict(theta, x), y, reduction="none")
-        return minibatch_mean(losses.view(-1, b), counts)
+        return minibatch_mean(sample_cross_entropy(self.flat.predict(theta, x), y).view(-1, b),
+                              counts)
 
     @torch.no_grad()
     def stacked_losses(self, models: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -325,7 +327,7 @@ class BatchedEvaluator(Problem):
         start = time.perf_counter()
         y = self.data.labels(idx)
         logits = self.stacked(models, self.data.inputs(idx))
-        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+        losses = sample_cross_entropy(logits.flatten(0, 1), y.flatten())
         out = minibatch_mean(losses.view(y.shape),
                              self._batch_counts(idx))
         if self.l2:
@@ -572,8 +574,7 @@ class BatchedEvaluator(Problem):
             w = weights[lo:lo + block]
             if not with_gradient:
                 with torch.no_grad():
-                    losses = F.cross_entropy(self.flat.predict(theta, x, statistics), y,
-                                             reduction="none")
+                    losses = sample_cross_entropy(self.flat.predict(theta, x, statistics), y)
                     return (losses.double() * w).sum(), None
             with torch.enable_grad():
                 leaf = theta.detach().requires_grad_(True)
