@@ -1,14 +1,17 @@
 """Tuning studies with and without runs in lockstep (docs/sweeps.md, "Runs in lockstep"): the
 wall time of ``wirelessfl tune quickstart-tune`` and ``wirelessfl reproduce seed002-quick`` as a
-user runs them (``--workers 2``, the CLI, reports included), each once with ``--no-lockstep``
-(every point alone, as before lockstep existed) and once by default, alternated ``--repeats``
-times in one sitting (the best of each side compared); and whether every table the study writes
-is the same file every time: every ``*.csv`` but the ``runs.csv`` files (the sweeps' hold host
-times, the reproduction's names each run's folder; tests/test_lockstep.py compares the run
-folders themselves). Also the time of one lane's cross-entropy with this host's torch kernels
-and with the AVX2 ones (what bounds a lane's cost, benchmarks/README.md).
+user runs them (``--workers 2``, the CLI, reports included), each with every point alone
+(``--no-lockstep``) at ``--before`` (the code before issue 36's last change, from a git worktree:
+what "before" means in its acceptance), alone with this code, and by default with this code,
+alternated ``--repeats`` times in one sitting (the best of each side compared); and whether every
+table the study writes is the same file every time: every ``*.csv`` but the ``runs.csv`` files
+(the sweeps' hold host times, the reproduction's names each run's folder; tests/test_lockstep.py
+compares the run folders themselves). Also the time of one lane's cross-entropy with this host's
+torch kernel, with the AVX2 ones and through ``sample_cross_entropy`` (what bounded a lane's
+cost, benchmarks/README.md).
 
     PYTHONPATH=. python benchmarks/bench_lockstep.py [--out benchmarks/lockstep.json] [--repeats 2]
+        [--before 140eb16]
 """
 
 from __future__ import annotations
@@ -38,12 +41,21 @@ def _machine_facts(load: tuple[float, ...]) -> dict:
     return module.machine_facts(load)
 
 
-def run_study(command: str, name: str, out: Path, lockstep: bool) -> float:
-    """Wall seconds of the study's command line, run to its end in ``out``."""
+# [D] the last commit before sample_cross_entropy: the code issue 36's "before" is measured at
+BEFORE = "140eb16"
+SIDES = ("before", "alone", "lockstep")
+
+
+def run_study(command: str, name: str, out: Path, lockstep: bool, code: Path | None = None
+              ) -> float:
+    """Wall seconds of the study's command line, run to its end in ``out`` (``code``: a
+    checkout whose package is imported instead of this one)."""
     args = [sys.executable, "-m", "wirelessfl", command, name, "--out", str(out),
             "--workers", str(WORKERS), "--quiet"] + ([] if lockstep else ["--no-lockstep"])
+    env = {**os.environ, **({"PYTHONPATH": str(code)} if code else {})}
     start = time.perf_counter()
-    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    done = subprocess.run(args, capture_output=True, text=True, check=False, env=env,
+                          cwd=code or Path.cwd())
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(args)} exited {done.returncode}:\n{done.stderr[-2000:]}")
@@ -64,12 +76,24 @@ print((time.perf_counter() - start) / 2000 * 1e6)
 """
 
 
-def cross_entropy_us(**env: str) -> float:
+def cross_entropy_us(ours: bool = False, **env: str) -> float:
     """Microseconds of one cross-entropy of a lane's 500 logits of 10 classes, with torch's
-    kernels as this host picks them or as ``env`` sets them (ATEN_CPU_CAPABILITY=avx2)."""
-    done = subprocess.run([sys.executable, "-c", CROSS_ENTROPY], capture_output=True, text=True,
+    kernels as this host picks them or as ``env`` sets them (ATEN_CPU_CAPABILITY=avx2), or
+    through ``sample_cross_entropy`` (``ours``)."""
+    code = CROSS_ENTROPY.replace("F.cross_entropy(logits, labels, reduction=\"none\")",
+                                 "sample_cross_entropy(logits, labels)") if ours else CROSS_ENTROPY
+    code = ("from wirelessfl.learning.minibatch import sample_cross_entropy\n" + code
+            if ours else code)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
     return float(done.stdout)
+
+
+def worktree(rev: str, where: Path) -> Path:
+    """A detached checkout of ``rev`` at ``where`` (git worktree), for the "before" side."""
+    subprocess.run(["git", "worktree", "add", "--detach", "-f", str(where), rev], check=True,
+                   capture_output=True)
+    return where
 
 
 def tables(out: Path) -> dict[str, bytes]:
@@ -83,37 +107,51 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/lockstep.json")
     parser.add_argument("--repeats", type=int, default=2,
                         help="runs of each side, alternated; the best of each is compared")
+    parser.add_argument("--before", default=BEFORE,
+                        help="git revision whose code the 'before' side runs (alone)")
     args = parser.parse_args()
     load = os.getloadavg()
+    before_commit = subprocess.run(["git", "rev-parse", args.before], capture_output=True,
+                                   text=True, check=True).stdout.strip()
     cases = []
     with tempfile.TemporaryDirectory(prefix="bench-lockstep-") as tmp:
-        for command, name in STUDIES:
-            seconds: dict[bool, list[float]] = {False: [], True: []}
-            written: dict[tuple[bool, int], dict[str, bytes]] = {}
-            for repeat in range(args.repeats):
-                for lockstep in (False, True):
-                    out = Path(tmp) / f"{name}-{'lockstep' if lockstep else 'alone'}-{repeat}"
-                    seconds[lockstep].append(run_study(command, name, out, lockstep))
-                    written[lockstep, repeat] = tables(out)
-                    shutil.rmtree(out)
-                    print(f"{command} {name} {'lockstep' if lockstep else 'alone'}: "
-                          f"{seconds[lockstep][-1]:.1f} s", flush=True)
-            reference = written[False, 0]
-            differing = sorted({k for got in written.values()
-                                for k in reference.keys() | got.keys()
-                                if reference.get(k) != got.get(k)})
-            best = {side: min(times) for side, times in seconds.items()}
-            cases.append({"command": f"wirelessfl {command} {name} --workers {WORKERS}",
-                          "alone_s": best[False], "lockstep_s": best[True],
-                          "alone_samples_s": seconds[False], "lockstep_samples_s": seconds[True],
-                          "speedup": best[False] / best[True],
-                          "tables": sorted(reference), "differing_tables": differing})
-            print(f"  {best[False] / best[True]:.2f}x faster (best of {args.repeats}); tables "
-                  f"{'identical' if not differing else 'DIFFER: ' + ', '.join(differing)}",
-                  flush=True)
-    kernels = {"default": cross_entropy_us(), "avx2": cross_entropy_us(ATEN_CPU_CAPABILITY="avx2")}
+        code = worktree(before_commit, Path(tmp) / "before")
+        try:
+            for command, name in STUDIES:
+                seconds: dict[str, list[float]] = {side: [] for side in SIDES}
+                written: dict[tuple[str, int], dict[str, bytes]] = {}
+                for repeat in range(args.repeats):
+                    for side in SIDES:
+                        out = Path(tmp) / f"{name}-{side}-{repeat}"
+                        seconds[side].append(run_study(command, name, out, side == "lockstep",
+                                                       code if side == "before" else None))
+                        written[side, repeat] = tables(out)
+                        shutil.rmtree(out)
+                        print(f"{command} {name} {side}: {seconds[side][-1]:.1f} s", flush=True)
+                reference = written["before", 0]
+                differing = sorted({k for got in written.values()
+                                    for k in reference.keys() | got.keys()
+                                    if reference.get(k) != got.get(k)})
+                best = {side: min(times) for side, times in seconds.items()}
+                cases.append({"command": f"wirelessfl {command} {name} --workers {WORKERS}",
+                              **{f"{side}_s": best[side] for side in SIDES},
+                              **{f"{side}_samples_s": seconds[side] for side in SIDES},
+                              "speedup": best["alone"] / best["lockstep"],
+                              "speedup_over_before": best["before"] / best["lockstep"],
+                              "tables": sorted(reference), "differing_tables": differing})
+                print(f"  {best['before'] / best['lockstep']:.2f}x faster than before, "
+                      f"{best['alone'] / best['lockstep']:.2f}x than alone (best of "
+                      f"{args.repeats}); tables "
+                      f"{'identical' if not differing else 'DIFFER: ' + ', '.join(differing)}",
+                      flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(code)], check=False,
+                           capture_output=True)
+    kernels = {"default": cross_entropy_us(), "avx2": cross_entropy_us(ATEN_CPU_CAPABILITY="avx2"),
+               "sample_cross_entropy": cross_entropy_us(ours=True)}
     record = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
               "command": "PYTHONPATH=. python benchmarks/bench_lockstep.py",
+              "before": {"revision": args.before, "commit": before_commit},
               "machine": _machine_facts(load), "workers": WORKERS, "cases": cases,
               "cross_entropy_us": kernels}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
