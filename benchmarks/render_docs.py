@@ -1895,26 +1895,30 @@ def gpu() -> str:
 
 @block("lockstep", "benchmarks/lockstep.json")
 def lockstep() -> str:
-    """Tuning studies with and without runs in lockstep (bench_lockstep.py)."""
+    """Tuning studies before issue 36's last change, alone and in lockstep (bench_lockstep.py)."""
     b = _json("benchmarks/lockstep.json")
     def samples(times: list[float]) -> str:
         return " / ".join(f"{t:,.0f}" for t in times)
 
-    rows = [[f"`{c['command']}`", samples(c["alone_samples_s"]),
-             samples(c["lockstep_samples_s"]), f"{c['speedup']:.2f}x",
+    rows = [[f"`{c['command']}`", samples(c["before_samples_s"]), samples(c["alone_samples_s"]),
+             samples(c["lockstep_samples_s"]), f"{c['speedup_over_before']:.2f}x",
+             f"{c['speedup']:.2f}x",
              "identical" if not c["differing_tables"] else
              "DIFFER: " + ", ".join(c["differing_tables"])]
             for c in b["cases"]]
     tables = sum(len(c["tables"]) for c in b["cases"])
     ce = b["cross_entropy_us"]
-    return (table(["study", "every point alone (`--no-lockstep`) s", "in lockstep s",
-                   "faster (best against best)", "tables"], rows)
+    return (table(["study", f"before ({b['before']['revision']}), every point alone s",
+                   "now, every point alone (`--no-lockstep`) s", "now, in lockstep s",
+                   "lockstep faster than before", "lockstep faster than alone", "tables"], rows)
             + f"\n\nWall seconds of each command, reports included, on {b['workers']} worker "
-            "processes, each side run in turn (alone, lockstep, alone, ...); the "
-            f"{tables} tables the studies write compared byte for byte across every run. One "
-            f"lane's cross-entropy (500 logits of 10 classes): {ce['default']:.0f} us with "
-            f"this host's torch kernels, {ce['avx2']:.0f} us with the AVX2 ones. "
-            + _recorded_on(b))
+            "processes, the three sides run in turn (before, alone, lockstep, before, ...); "
+            "faster: best against best; "
+            f"the {tables} tables the studies write compared byte for byte across every run of "
+            f"all three sides. One lane's cross-entropy (500 logits of 10 classes): "
+            f"{ce['default']:.0f} us with this host's torch kernel, {ce['avx2']:.0f} us with "
+            f"the AVX2 ones, {ce['sample_cross_entropy']:.0f} us through "
+            "`sample_cross_entropy` (this host's bits). " + _recorded_on(b))
 
 
 @block("memory-estimate", "benchmarks/memory_estimate.json")
