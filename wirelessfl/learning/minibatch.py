@@ -139,7 +139,8 @@ def sample_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Te
 
     Why: torch's CPU log-softmax over a last dim shorter than one vector (C < 16 float32 lanes
     with AVX-512, C < 8 with AVX2) loads each row as a partial vector and adds its C
-    exponentials one at a time through vector stores and loads, about 10 ns an element. That
+    exponentials one at a time through vector stores and loads, several times slower per
+    element than its AVX2 kernel (benchmarks/lockstep.json, ``cross_entropy_us``). That
     was most of a DZOFL lane's loss pass (10 classes, two loss passes an iteration,
     benchmarks/README.md "Runs in lockstep"). Over any other dim the same kernel does the same
     arithmetic (the row's max; the vector exp of x - max; the sum in class order starting from
