@@ -65,27 +65,27 @@ def run_study(command: str, name: str, out: Path, lockstep: bool, code: Path | N
 # [D] one lane's loss pass of the quickstart: 50 devices x 10 samples, 10 classes
 CROSS_ENTROPY = """
 import time, torch, torch.nn.functional as F
+from wirelessfl.learning.minibatch import sample_cross_entropy
 torch.set_num_threads(1)
 logits, labels = torch.randn(500, 10), torch.randint(0, 10, (500,))
 for _ in range(100):
-    F.cross_entropy(logits, labels, reduction="none")
+    {loss}
 start = time.perf_counter()
 for _ in range(2000):
-    F.cross_entropy(logits, labels, reduction="none")
+    {loss}
 print((time.perf_counter() - start) / 2000 * 1e6)
 """
+TORCH_LOSS = 'F.cross_entropy(logits, labels, reduction="none")'
+OUR_LOSS = "sample_cross_entropy(logits, labels)"
 
 
-def cross_entropy_us(ours: bool = False, **env: str) -> float:
-    """Microseconds of one cross-entropy of a lane's 500 logits of 10 classes, with torch's
-    kernels as this host picks them or as ``env`` sets them (ATEN_CPU_CAPABILITY=avx2), or
-    through ``sample_cross_entropy`` (``ours``)."""
-    code = CROSS_ENTROPY.replace("F.cross_entropy(logits, labels, reduction=\"none\")",
-                                 "sample_cross_entropy(logits, labels)") if ours else CROSS_ENTROPY
-    code = ("from wirelessfl.learning.minibatch import sample_cross_entropy\n" + code
-            if ours else code)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+def cross_entropy_us(loss: str = TORCH_LOSS, **env: str) -> float:
+    """Microseconds of one cross-entropy of a lane's 500 logits of 10 classes by ``loss``
+    (torch's kernel or ``sample_cross_entropy``), with torch's kernels as this host picks them
+    or as ``env`` sets them (ATEN_CPU_CAPABILITY=avx2)."""
+    done = subprocess.run([sys.executable, "-c", CROSS_ENTROPY.format(loss=loss)],
+                          capture_output=True, text=True, check=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **env})
     return float(done.stdout)
 
 
@@ -148,7 +148,7 @@ def main() -> None:
             subprocess.run(["git", "worktree", "remove", "--force", str(code)], check=False,
                            capture_output=True)
     kernels = {"default": cross_entropy_us(), "avx2": cross_entropy_us(ATEN_CPU_CAPABILITY="avx2"),
-               "sample_cross_entropy": cross_entropy_us(ours=True)}
+               "sample_cross_entropy": cross_entropy_us(OUR_LOSS)}
     record = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
               "command": "PYTHONPATH=. python benchmarks/bench_lockstep.py",
               "before": {"revision": args.before, "commit": before_commit},
