@@ -238,21 +238,22 @@ class ZOHFL(Algorithm):
         n = self.ctx.num_devices
         anchor = x[None].expand(n, -1)
         y = anchor.clone()
-        grad = ev.full_gradients(y) + p.mu * (y - anchor)
-        step = torch.full((n, 1), p.inner_lr0, dtype=y.dtype, device=y.device)
-        for _ in range(BEST_RESPONSE_STEPS):
-            moved = self._project(y - step * grad, anchor)
-            residual = (moved - y).norm(dim=1) / step[:, 0]  # the projected gradient's norm
-            if float(residual.max()) <= BEST_RESPONSE_TOL * p.mu:
-                break
-            new_grad = ev.full_gradients(moved) + p.mu * (moved - anchor)
-            s, g = moved - y, new_grad - grad
-            curvature = (s * g).sum(1, keepdim=True)
-            # BB1 step s.s / s.g where the curvature is positive (it is, h_i being strongly
-            # convex, up to rounding), kept within [1e-8, 1e8] [D]
-            bb = (s * s).sum(1, keepdim=True) / curvature.clamp_min(1e-30)
-            step = torch.where(curvature > 0, bb, step).clamp(1e-8, 1e8)
-            y, grad = moved, new_grad
+        with ev.holding_full_batches():  # every step reads the same samples: gathered once
+            grad = ev.full_gradients(y) + p.mu * (y - anchor)
+            step = torch.full((n, 1), p.inner_lr0, dtype=y.dtype, device=y.device)
+            for _ in range(BEST_RESPONSE_STEPS):
+                moved = self._project(y - step * grad, anchor)
+                residual = (moved - y).norm(dim=1) / step[:, 0]  # the projected gradient's norm
+                if float(residual.max()) <= BEST_RESPONSE_TOL * p.mu:
+                    break
+                new_grad = ev.full_gradients(moved) + p.mu * (moved - anchor)
+                s, g = moved - y, new_grad - grad
+                curvature = (s * g).sum(1, keepdim=True)
+                # BB1 step s.s / s.g where the curvature is positive (it is, h_i being strongly
+                # convex, up to rounding), kept within [1e-8, 1e8] [D]
+                bb = (s * s).sum(1, keepdim=True) / curvature.clamp_min(1e-30)
+                step = torch.where(curvature > 0, bb, step).clamp(1e-8, 1e8)
+                y, grad = moved, new_grad
         return y
 
     def _project(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -111,6 +111,14 @@ class Problem(ABC):
         ``devices`` (increasing indices; None: all N). A device's gradient reads its own data
         only, so a subset costs its own samples, not the population's (cross-device rounds)."""
 
+    @contextmanager
+    def holding_full_batches(self) -> Iterator[None]:
+        """Within the block, ``full_gradients`` over every device may keep the device data it
+        gathers for the next call, for a solver that calls it many times (ZO-HFL's best
+        responses, the drift family's exact local solves). The same numbers either way; a
+        problem without such a cost does nothing here."""
+        yield
+
     @abstractmethod
     def objective(self, theta: torch.Tensor) -> float:
         """f(theta) = (1/N) sum_i f_i(theta), exact (all data, regulariser included)."""

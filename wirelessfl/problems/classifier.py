@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import pairwise
@@ -192,6 +193,9 @@ class BatchedEvaluator(Problem):
         # device (``batch_counts`` returns None, a plain mean).
         self._smallest = int(data.sizes.min()) if len(data.sizes) else 0
         self._chunks: torch.Tensor | None = None  # ``local_sgd(reuse=True)``'s buffer
+        # ``full_gradients``' gathered device blocks over every device, kept while a solver
+        # holds them (``holding_full_batches``); None outside such a block.
+        self._held_batches: list | None = None
 
     @cached_property
     def _owner_sizes(self) -> torch.Tensor:
@@ -622,6 +626,42 @@ class BatchedEvaluator(Problem):
         gradient then refuses)."""
         return 0.0 if self.data.y_server is None else float(len(self.data.y_server))
 
+    @contextmanager
+    def holding_full_batches(self) -> Iterator[None]:
+        """Keep ``full_gradients``' gathered inputs over every device for the block's later
+        calls: the gather of every device's samples (a copy of its rows, padded to its chunk's
+        widest device) was a third of a best-response solve on Fashion-MNIST. Holds one padded
+        copy of the devices' data for the block's length; the numbers are the same bits."""
+        outer = self._held_batches
+        if outer is None:
+            self._held_batches = []
+        try:
+            yield
+        finally:
+            if outer is None:
+                self._held_batches = None
+
+    def _device_blocks(self, count: int, devices: np.ndarray | None
+                       ) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``full_gradients``' data, one block at a time: per chunk of devices (``row_chunks``,
+        rows of the output), its column blocks of (rows, inputs [n, w, ...], labels [n, w],
+        weights [n, w] = 1 / m_i on a device's samples, 0 on the padding past its last;
+        float32, cast to the model's dtype where used)."""
+        sizes, offsets = self.data.sizes, self.data.offsets
+        if devices is not None:
+            picked = torch.as_tensor(devices, dtype=torch.int64)
+            sizes, offsets = sizes[picked], offsets[picked]
+        block = min(int(self.data.sizes.max()), self._samples_per_chunk())
+        for rows in self.row_chunks(count, block, own_model=True):
+            m = sizes[rows]
+            for lo in range(0, int(m.max()), block):
+                cols = torch.arange(lo, min(lo + block, int(m.max())))
+                valid = cols[None, :] < m[:, None]
+                idx = (offsets[rows][:, None] + torch.minimum(cols[None, :], m[:, None] - 1))
+                idx = idx.to(self.device)
+                weight = (valid / m[:, None]).to(device=self.device)
+                yield rows, self.data.inputs(idx), self.data.labels(idx), weight
+
     def full_gradients(self, theta: torch.Tensor, devices: np.ndarray | None = None
                        ) -> torch.Tensor:
         """grad f_i over all of device i's samples, at theta [d] or at the devices' own models
@@ -629,37 +669,29 @@ class BatchedEvaluator(Problem):
 
         Devices are stacked as in ``stacked_gradients``, in chunks of the memory bound
         (``row_chunks``: a subset costs its own devices' samples); a device's samples are taken
-        in column blocks that fit the bound (shorter devices pad with weight 0)."""
+        in column blocks that fit the bound (shorter devices pad with weight 0). Within
+        ``holding_full_batches`` the blocks over every device are gathered once."""
         start = time.perf_counter()
         every = devices is None
         count = self.num_devices if every else len(devices)
-        sizes, offsets = self.data.sizes, self.data.offsets
-        if not every:
-            picked = torch.as_tensor(devices, dtype=torch.int64)
-            sizes, offsets = sizes[picked], offsets[picked]
-        block = min(int(self.data.sizes.max()), self._samples_per_chunk())
-        out = torch.empty(count, self.flat.d, device=self.device)
-        for rows in self.row_chunks(count, block, own_model=True):
-            m = sizes[rows]
-            models = theta.expand(len(m), -1) if theta.dim() == 1 else theta[rows]
-            total = torch.zeros(len(m), self.flat.d, device=self.device)
-            for lo in range(0, int(m.max()), block):
-                cols = torch.arange(lo, min(lo + block, int(m.max())))
-                valid = cols[None, :] < m[:, None]
-                idx = (offsets[rows][:, None] + torch.minimum(cols[None, :], m[:, None] - 1))
-                idx = idx.to(self.device)
-                weight = (valid / m[:, None]).to(device=self.device, dtype=theta.dtype)
-                y = self.data.labels(idx)
+        if every and self._held_batches is not None:
+            if not self._held_batches:
+                self._held_batches.extend(self._device_blocks(count, devices))
+            blocks = iter(self._held_batches)
+        else:
+            blocks = self._device_blocks(count, devices)
+        out = torch.zeros(count, self.flat.d, device=self.device)
+        for rows, inputs, y, weight in blocks:
+            models = theta.expand(rows.stop - rows.start, -1) if theta.dim() == 1 else theta[rows]
+            weight = weight.to(dtype=theta.dtype)
 
-                def device_losses(logits, rows, y=y, weight=weight):
-                    target = y[rows]
-                    losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(),
-                                             reduction="none")
-                    return (losses.view(target.shape) * weight[rows]).sum(1)
+            def device_losses(logits, rows, y=y, weight=weight):
+                target = y[rows]
+                losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(),
+                                         reduction="none")
+                return (losses.view(target.shape) * weight[rows]).sum(1)
 
-                total += self.stacked.losses_and_gradients(models, self.data.inputs(idx),
-                                                           device_losses)[1]
-            out[rows] = total
+            out[rows] += self.stacked.losses_and_gradients(models, inputs, device_losses)[1]
         if self.l2:
             out += self.l2 * theta
         self.compute_s += time.perf_counter() - start
