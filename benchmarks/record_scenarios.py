@@ -300,7 +300,8 @@ def _study_facts(out_dir: Path, host_s: float, commands: dict, studies: list[Pat
 # Reproductions (wirelessfl reproduce) whose verdicts the docs quote: key -> reproduction name.
 REPRODUCTIONS = {"seed002-quick": "seed002-quick", "seed002-fashionmnist": "seed002",
                  "seed000": "seed000", "seed000-fig2": "seed000-fig2", "seed001": "seed001",
-                 "seed000-fmnist": "seed000-fmnist", "seed003": "seed003", "seed003-digits": "seed003-digits",
+                 "seed000-fmnist": "seed000-fmnist", "seed000-fig2-fmnist": "seed000-fig2-fmnist",
+                 "seed003": "seed003", "seed003-digits": "seed003-digits",
                  "seed003-fmnist": "seed003-fmnist",
                  "seed004": "seed004", "over-the-air": "over-the-air"}
 # Those whose studies compare DZOFL with standard FL, where `wirelessfl crossover` applies.

@@ -409,6 +409,7 @@ SEED000 = "docs/data/seed000"
 SEED001 = "docs/data/seed001"
 SEED000_FIG2 = "docs/data/seed000-fig2"
 SEED000_FMNIST = "docs/data/seed000-fmnist"
+SEED000_FIG2_FMNIST = "docs/data/seed000-fig2-fmnist"
 SEED003 = "docs/data/seed003"
 SEED003_DIGITS = "docs/data/seed003-digits"
 SEED003_FMNIST = "docs/data/seed003-fmnist"
@@ -422,6 +423,9 @@ for _regime in ("homogeneous", "moderate", "extreme"):
 for _regime in ("homogeneous", "moderate", "extreme", "remedy"):
     _regime_block(f"seed000-fig2-{_regime}", SEED000_FIG2, _regime)
 _verdicts_block("seed000-fig2-verdicts", SEED000_FIG2)
+for _regime in ("homogeneous", "moderate", "extreme", "remedy"):
+    _regime_block(f"seed000-fig2-fmnist-{_regime}", SEED000_FIG2_FMNIST, _regime)
+_verdicts_block("seed000-fig2-fmnist-verdicts", SEED000_FIG2_FMNIST)
 for _regime in ("quadratic", "mco", "loss-k4", "loss-k8", "loss-k12", "loss-k4-q01", "loss-k8-q01",
                 "loss-k12-q01", "loss-k4-q03", "loss-k8-q03", "loss-k12-q03", "loss-mlp"):
     _regime_block(f"seed001-study-{_regime}", SEED001, _regime)

@@ -993,7 +993,13 @@ def record_values(file: Path, host: dict, args: argparse.Namespace) -> int:
                 raise SystemExit(f"configuration {name} ran as class {got}")
     document = build_value_record(dumps)
     if args.only and file.is_file():
-        document["scenarios"] = {**read_values(file)["scenarios"], **document["scenarios"]}
+        # Part of the record: it keeps the facts of its own recording, and each scenario
+        # recorded now says when and from which code.
+        provenance = {key: document[key] for key in ("recorded", "commit", "host")}
+        kept = read_values(file)
+        kept["scenarios"].update({n: {**e, "re_recorded": provenance}
+                                  for n, e in document["scenarios"].items()})
+        document = kept
     write_values(file, document)
     print(f"wrote {file} ({len(document['scenarios'])} scenarios, {', '.join(configs)}; "
           f"{file.stat().st_size} bytes, {time.perf_counter() - start:.0f} s)")
@@ -1091,10 +1097,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         record = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
         classes = record.get("classes", {})
-        kept = classes.get(host["class"], {}).get("scenarios", {}) if args.only else {}
-        classes[host["class"]] = {
-            "recorded": when, **facts, "host": host,
-            "scenarios": {**kept, **{n: record_entry(e) for n, e in entries.items()}}}
+        if args.only and host["class"] in classes:
+            # Part of a class: the class keeps the facts of its own recording, and each scenario
+            # recorded now says when, from which code and on which host.
+            provenance = {"commit": facts["commit"], "dirty": facts["dirty"], "recorded": when,
+                          "host": host}
+            classes[host["class"]]["scenarios"].update(
+                {n: {**record_entry(e), "re_recorded": provenance} for n, e in entries.items()})
+        else:
+            classes[host["class"]] = {
+                "recorded": when, **facts, "host": host,
+                "scenarios": {n: record_entry(e) for n, e in entries.items()}}
         record = {"what": "digests of rounds.parquet and devices.parquet of every shipped "
                           "scenario's short version (benchmarks/shipped_identity.py), per "
                           "host instruction-set class", "classes": classes}

@@ -248,6 +248,61 @@ def test_classifier_exact_gradients_match_per_device_autograd():
     assert worlds[0.002].evaluator._samples_per_chunk() < int(data.sizes.max())
 
 
+@pytest.mark.parametrize("max_chunk_mb", [1024, 0.002])
+def test_held_full_batches_gather_once_and_give_the_same_bits(max_chunk_mb):
+    """``holding_full_batches`` (ZO-HFL's best responses): within the block, full gradients over
+    every device gather the devices' samples on the first call only, and every call gives the
+    bits of the same call outside the block, at a shared point and at own models, also when the
+    chunk bound splits devices into sample blocks; a subset asked inside the block is gathered
+    anew; the held copy is released when the outermost block ends."""
+    sc = small_scenario([f"engine.max_chunk_mb={max_chunk_mb}"],
+                        model={"name": "mlp", "l2": 0.01, "hidden": [6]},
+                        partition={"scheme": "quantity-skew", "beta": 0.5},
+                        population={"num_devices": 4})
+    ev = build_world(sc).evaluator
+    g = torch.Generator().manual_seed(3)
+    points = [ev.flat.initial() + 0.1 * torch.randn(ev.d, generator=g),
+              ev.flat.initial() + 0.1 * torch.randn(4, ev.d, generator=g)]
+    plain = [ev.full_gradients(theta) for theta in points]
+    subset = ev.full_gradients(points[0], np.array([1, 3]))
+    gathers = []
+    original = ev.data.inputs
+    ev.data.inputs = lambda positions: gathers.append(1) or original(positions)
+    try:
+        with ev.holding_full_batches():
+            first = [ev.full_gradients(theta) for theta in points]
+            per_pass = len(gathers)
+            with ev.holding_full_batches():  # a nested block keeps the outer one's copy
+                again = [ev.full_gradients(theta) for theta in points]
+            assert len(gathers) == per_pass
+            assert ev._held_batches
+            inside_subset = ev.full_gradients(points[0], np.array([1, 3]))
+            assert len(gathers) > per_pass
+        assert ev._held_batches is None
+        after = ev.full_gradients(points[1])
+    finally:
+        ev.data.inputs = original
+    width = min(int(ev.data.sizes.max()), ev._samples_per_chunk())
+    blocks = sum(-(-int(ev.data.sizes[rows].max()) // width)
+                 for rows in ev.row_chunks(4, width, own_model=True))
+    assert per_pass == blocks  # one gather per sample block, for the first call only
+    for held in (first, again):
+        for a, b in zip(held, plain):
+            assert torch.equal(a, b)
+    assert torch.equal(inside_subset, subset)
+    assert torch.equal(subset, plain[0][[1, 3]])
+    assert torch.equal(after, plain[1])
+    # The independent truth: each device's mean cross-entropy (+ l2) by autograd.
+    data, flat = ev.data, ev.flat
+    for i in range(4):
+        lo, m = int(data.offsets[i]), int(data.sizes[i])
+        leaf = points[1][i].clone().requires_grad_(True)
+        logits = functional_call(flat.model, flat.unflatten(leaf), (data.x[lo:lo + m],))
+        value = F.cross_entropy(logits, data.y[lo:lo + m]) + 0.005 * leaf @ leaf
+        torch.testing.assert_close(first[1][i], torch.autograd.grad(value, leaf)[0],
+                                   rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("problem", ["classification", "quadratic"])
 def test_stacked_losses_equal_device_losses_when_all_models_are_equal(problem):
     if problem == "quadratic":
