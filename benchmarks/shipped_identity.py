@@ -203,12 +203,20 @@ CLASSES = ("default", "avx2", "avx512")
 # Each class's kernels on a host of a higher class, for the libraries that let an environment
 # variable lower their choice (read at import, hence in a fresh process): ATen's
 # ATEN_CPU_CAPABILITY, oneDNN's ONEDNN_MAX_CPU_ISA, and numpy's NPY_DISABLE_CPU_FEATURES, given
-# the numpy dispatch targets above the class (``emulation_env``). OPENBLAS_CORETYPE is left as
-# the environment sets it. Measured on an AMD EPYC (AVX-512) at 282c5be: with EMULATE["avx2"]
+# the numpy dispatch targets above the class (``emulation_env``). OPENBLAS_CORETYPE is pinned
+# for every class (``EXACT_OPENBLAS``, below). Measured on an AMD EPYC (AVX-512) at 282c5be: with EMULATE["avx2"]
 # every scenario gave exactly the digests recorded on an AVX2 host at 5d7e730 (16/16 equal,
 # both tables); without ONEDNN_MAX_CPU_ISA only the two seed-002 CNN scenarios still differed.
 EMULATE = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
            "default": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}}
+# The exact records' OpenBLAS kernels (numpy's and scipy's float64 products: the quadratics'
+# suboptimality and gradient norm, the channel's large-scale gains). OpenBLAS picks its kernels
+# by CPU model unless OPENBLAS_CORETYPE names them: SkylakeX's on an AVX-512 host, Haswell's on
+# an AVX2 one. Every exact record was made with Haswell's (its host facts' environment), which
+# run on every class here, so --record and --check pin them. Measured on an AMD EPYC at 1a7151e:
+# with SkylakeX's, seven scenarios' float64 metric columns (seed001-quadratic, seed004-fig1 and
+# the like) differed from the record in their last bits; with Haswell's every scenario was equal.
+EXACT_OPENBLAS = {"OPENBLAS_CORETYPE": "Haswell"}
 
 
 def torch_level(capability: str) -> str:
@@ -1036,6 +1044,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="rerun this command in a subprocess with that class's kernels "
                              "(EMULATE) on a host of a higher class")
     args = parser.parse_args(argv)
+    pinned = {**os.environ, **EXACT_OPENBLAS}
+    if (args.record or args.check) and pinned != dict(os.environ):
+        # OpenBLAS reads its kernel choice when it loads: rerun with the records' choice
+        return subprocess.run([sys.executable, str(Path(__file__).resolve()),
+                               *(sys.argv[1:] if argv is None else argv)], env=pinned,
+                              check=False).returncode
     if args.emulate:
         rest = list(sys.argv[1:] if argv is None else argv)
         if "--emulate" in rest:
