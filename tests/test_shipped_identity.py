@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -167,8 +168,11 @@ def test_one_and_two_host_threads_give_the_same_digests(work):
             assert two[table]["digest"] == one[table]["digest"], (name, table)
 
 
-def test_a_difference_fails_the_exact_check_and_names_the_column(tmp_path, capsys, work):
-    """--check against a record of this host's class: this host's own digests, one doctored."""
+def test_a_difference_fails_the_exact_check_and_names_the_column(tmp_path, capsys, work,
+                                                                monkeypatch):
+    """--check against a record of this host's class: this host's own digests, one doctored.
+    In this process (OpenBLAS pinned as the records are, so --check does not rerun itself)."""
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
     host = identity.host_facts()["class"]
     entry = identity.record_entry(short_run("seed004-quadratic", work))
     entry["rounds"]["digest"] = "0" * 64
@@ -185,6 +189,29 @@ def test_a_difference_fails_the_exact_check_and_names_the_column(tmp_path, capsy
     doctored.write_text(json.dumps({"classes": {"no-such-class": {"scenarios": {}}}}))
     assert identity.main(["--check", "--file", str(doctored)]) == 2
     assert f"no exact record for this host's class '{host}'" in capsys.readouterr().out
+
+
+def test_the_exact_actions_pin_the_records_openblas_kernels(monkeypatch):
+    """--record and --check rerun themselves with OPENBLAS_CORETYPE=Haswell (EXACT_OPENBLAS)
+    unless the environment already says so: OpenBLAS picks its kernels when it loads, by CPU
+    model (SkylakeX's on an AVX-512 host change the last bits of numpy's float64 products), and
+    every exact digest was recorded with Haswell's, as each record's environment says."""
+    reruns = []
+    monkeypatch.setattr(identity.subprocess, "run", lambda command, env, check: reruns.append(
+        (command, env)) or SimpleNamespace(returncode=7))
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "SkylakeX")
+    assert identity.main(["--check", "--only", "quickstart"]) == 7
+    command, env = reruns.pop()
+    assert env["OPENBLAS_CORETYPE"] == "Haswell" and command[-3:] == ["--check", "--only",
+                                                                      "quickstart"]
+    monkeypatch.delenv("OPENBLAS_CORETYPE")
+    assert identity.main(["--record", "--only", "quickstart", "--file", "unused.json"]) == 7
+    assert reruns.pop()[1]["OPENBLAS_CORETYPE"] == "Haswell"
+    # the records' own environments
+    for facts in RECORD["classes"].values():
+        for entry in facts["scenarios"].values():
+            environment = entry["re_recorded"]["host"]["environment"]
+            assert environment.get("OPENBLAS_CORETYPE") == "Haswell", environment
 
 
 def test_check_values_names_a_column_beyond_its_tolerance(tmp_path, capsys):
