@@ -204,9 +204,10 @@ CLASSES = ("default", "avx2", "avx512")
 # variable lower their choice (read at import, hence in a fresh process): ATen's
 # ATEN_CPU_CAPABILITY, oneDNN's ONEDNN_MAX_CPU_ISA, and numpy's NPY_DISABLE_CPU_FEATURES, given
 # the numpy dispatch targets above the class (``emulation_env``). OPENBLAS_CORETYPE is pinned
-# for every class (``EXACT_OPENBLAS``, below). Measured on an AMD EPYC (AVX-512) at 282c5be: with EMULATE["avx2"]
-# every scenario gave exactly the digests recorded on an AVX2 host at 5d7e730 (16/16 equal,
-# both tables); without ONEDNN_MAX_CPU_ISA only the two seed-002 CNN scenarios still differed.
+# for every class (``EXACT_OPENBLAS``, below). Measured on an AMD EPYC (AVX-512) at 282c5be:
+# with EMULATE["avx2"] every scenario gave exactly the digests recorded on an AVX2 host at
+# 5d7e730 (16/16 equal, both tables); without ONEDNN_MAX_CPU_ISA only the two seed-002 CNN
+# scenarios still differed.
 EMULATE = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
            "default": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}}
 # The exact records' OpenBLAS kernels (numpy's and scipy's float64 products: the quadratics'
@@ -1044,23 +1045,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="rerun this command in a subprocess with that class's kernels "
                              "(EMULATE) on a host of a higher class")
     args = parser.parse_args(argv)
-    pinned = {**os.environ, **EXACT_OPENBLAS}
-    if (args.record or args.check) and pinned != dict(os.environ):
-        # OpenBLAS reads its kernel choice when it loads: rerun with the records' choice
-        return subprocess.run([sys.executable, str(Path(__file__).resolve()),
-                               *(sys.argv[1:] if argv is None else argv)], env=pinned,
-                              check=False).returncode
+    # Libraries read their kernel choice when they load, so another choice reruns this command
+    # in a subprocess: the records' OpenBLAS kernels for the exact actions, a lower class's
+    # kernels with --emulate (which the rerun does not repeat).
+    rest = list(sys.argv[1:] if argv is None else argv)
+    choice = dict(EXACT_OPENBLAS) if args.record or args.check else {}
     if args.emulate:
-        rest = list(sys.argv[1:] if argv is None else argv)
         if "--emulate" in rest:
             at = rest.index("--emulate")
             del rest[at:at + 2]
         rest = [a for a in rest if not a.startswith("--emulate=")]
-        env = {**os.environ, **emulation_env(args.emulate)}
+        choice.update(emulation_env(args.emulate))
         print(f"emulating {args.emulate}: " + " ".join(f"{k}={v!r}" for k, v in
               emulation_env(args.emulate).items()), file=sys.stderr)
-        return subprocess.run([sys.executable, str(Path(__file__).resolve()), *rest], env=env,
-                              check=False).returncode
+    if args.emulate or any(os.environ.get(k) != v for k, v in choice.items()):
+        return subprocess.run([sys.executable, str(Path(__file__).resolve()), *rest],
+                              env={**os.environ, **choice}, check=False).returncode
     host = host_facts()
     if args.host:
         print(json.dumps(host, indent=1))

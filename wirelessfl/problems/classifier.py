@@ -641,7 +641,7 @@ class BatchedEvaluator(Problem):
             if outer is None:
                 self._held_batches = None
 
-    def _device_blocks(self, count: int, devices: np.ndarray | None
+    def _device_blocks(self, devices: np.ndarray | None
                        ) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor]]:
         """``full_gradients``' data, one block at a time: per chunk of devices (``row_chunks``,
         rows of the output), its column blocks of (rows, inputs [n, w, ...], labels [n, w],
@@ -652,7 +652,7 @@ class BatchedEvaluator(Problem):
             picked = torch.as_tensor(devices, dtype=torch.int64)
             sizes, offsets = sizes[picked], offsets[picked]
         block = min(int(self.data.sizes.max()), self._samples_per_chunk())
-        for rows in self.row_chunks(count, block, own_model=True):
+        for rows in self.row_chunks(len(sizes), block, own_model=True):
             m = sizes[rows]
             for lo in range(0, int(m.max()), block):
                 cols = torch.arange(lo, min(lo + block, int(m.max())))
@@ -676,10 +676,10 @@ class BatchedEvaluator(Problem):
         count = self.num_devices if every else len(devices)
         if every and self._held_batches is not None:
             if not self._held_batches:
-                self._held_batches.extend(self._device_blocks(count, devices))
+                self._held_batches.extend(self._device_blocks(devices))
             blocks = iter(self._held_batches)
         else:
-            blocks = self._device_blocks(count, devices)
+            blocks = self._device_blocks(devices)
         out = torch.zeros(count, self.flat.d, device=self.device)
         for rows, inputs, y, weight in blocks:
             models = theta.expand(rows.stop - rows.start, -1) if theta.dim() == 1 else theta[rows]
